@@ -1,0 +1,34 @@
+"""EngineConfig: the one frozen configuration object, built at the entry point and passed down.
+
+Unknown options are an error (the dataclass constructor refuses them). Facts found at run
+time (KV blocks, EOS ids, resolved lengths) live in the engine's RuntimeState, not here.
+"""
+
+from dataclasses import dataclass
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # Hugging Face folder; None = the built-in demo model
+    dtype: str = "auto"  # auto: float32 on CPU, the checkpoint's dtype on GPU
+    device: str = "auto"  # auto: cuda when available, else cpu
+    max_num_seqs: int = 64  # sequences in one batch
+    max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks share it)
+    max_model_len: int | None = None  # prompt + output; None = the model's max positions
+    block_size: int = 16  # tokens per KV-cache block
+    num_kv_blocks: int | None = None  # None = sized from kv_cache_memory_gib
+    kv_cache_memory_gib: float | None = None  # None: 4 GiB on CPU, 90% of free memory on GPU
+    seed: int = 0  # for unseeded sampling
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")

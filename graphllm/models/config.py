@@ -1,0 +1,88 @@
+"""ModelConfig: the architecture facts graphllm needs, read from a Hugging Face config.json.
+
+Reads both layouts: transformers 4 (`rope_theta`, `rope_scaling`) and transformers 5
+(`rope_parameters`). Only what the model code uses is kept, so the config is frozen and small.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    rope_type: str = "default"  # "default" | "llama3"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # bias on q/k/v projections (Qwen2: always)
+    qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
+    sliding_window: int = 0  # 0 = full attention
+    eos_token_ids: tuple[int, ...] = ()
+
+
+SUPPORTED_ROPE_TYPES = ("default", "llama3")
+
+
+def rope_from_hf(hf: dict[str, Any]) -> RopeConfig:
+    """Rope settings from either `rope_parameters` (v5) or `rope_theta` + `rope_scaling` (v4)."""
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = hf.get("rope_scaling") or {}
+    params = {**scaling, **params}
+    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(f"rope type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
+    if rope_type == "default":
+        return RopeConfig(theta=float(theta))
+    return RopeConfig(
+        theta=float(theta), rope_type=rope_type, factor=float(params["factor"]),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+    )
+
+
+def _eos_ids(hf: dict[str, Any]) -> tuple[int, ...]:
+    eos = hf.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def model_config_from_hf(hf: dict[str, Any], architecture: str, **family: Any) -> ModelConfig:
+    """Common Llama-family fields; `family` holds the architecture's own flags (qk_norm, ...)."""
+    heads = hf["num_attention_heads"]
+    return ModelConfig(
+        architecture=architecture,
+        vocab_size=hf["vocab_size"],
+        hidden_size=hf["hidden_size"],
+        intermediate_size=hf["intermediate_size"],
+        num_hidden_layers=hf["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=hf.get("num_key_value_heads") or heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+        rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=hf.get("max_position_embeddings", 4096),
+        rope=rope_from_hf(hf),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        eos_token_ids=_eos_ids(hf),
+        **family,
+    )

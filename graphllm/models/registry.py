@@ -1,0 +1,60 @@
+"""config.json `architectures[0]` -> (module class, ModelConfig).
+
+Each entry turns the Hugging Face config dict into a ModelConfig with that architecture's
+flags; the module class is shared when the difference is only a flag.
+"""
+
+from typing import Any, Callable
+
+from torch import nn
+
+from graphllm.models.config import ModelConfig, model_config_from_hf
+from graphllm.models.llama import LlamaForCausalLM
+
+
+def _reject(hf: dict[str, Any], key: str, why: str) -> None:
+    if hf.get(key):
+        raise ValueError(f"config.json sets {key}={hf[key]!r}: {why} is not supported yet")
+
+
+def _llama(hf: dict[str, Any], arch: str) -> ModelConfig:
+    _reject(hf, "mlp_bias", "a bias on the MLP projections")
+    return model_config_from_hf(hf, arch, attention_bias=bool(hf.get("attention_bias", False)))
+
+
+def _mistral(hf: dict[str, Any], arch: str) -> ModelConfig:
+    return model_config_from_hf(hf, arch, attention_bias=bool(hf.get("attention_bias", False)),
+                                sliding_window=int(hf.get("sliding_window") or 0))
+
+
+def _qwen2(hf: dict[str, Any], arch: str) -> ModelConfig:
+    _reject(hf, "use_sliding_window", "Qwen2's per-layer sliding window")
+    return model_config_from_hf(hf, arch, attention_bias=True)
+
+
+def _qwen3(hf: dict[str, Any], arch: str) -> ModelConfig:
+    _reject(hf, "use_sliding_window", "Qwen3's per-layer sliding window")
+    return model_config_from_hf(hf, arch, attention_bias=bool(hf.get("attention_bias", False)),
+                                qk_norm=True)
+
+
+ConfigBuilder = Callable[[dict[str, Any], str], ModelConfig]
+
+ARCHITECTURES: dict[str, tuple[type[nn.Module], ConfigBuilder]] = {
+    "LlamaForCausalLM": (LlamaForCausalLM, _llama),
+    "MistralForCausalLM": (LlamaForCausalLM, _mistral),
+    "Qwen2ForCausalLM": (LlamaForCausalLM, _qwen2),
+    "Qwen3ForCausalLM": (LlamaForCausalLM, _qwen3),
+}
+
+
+def resolve_architecture(hf: dict[str, Any]) -> tuple[type[nn.Module], ModelConfig]:
+    """The module class and ModelConfig for a Hugging Face config dict."""
+    archs = hf.get("architectures") or []
+    if not archs:
+        raise ValueError("config.json has no 'architectures' entry; cannot tell which model to build")
+    arch = archs[0]
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {arch!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
+    module_cls, build_config = ARCHITECTURES[arch]
+    return module_cls, build_config(hf, arch)

@@ -1,0 +1,240 @@
+"""Engine: the Python API. Requests in, RequestOutputs out, one continuous batch underneath.
+
+    engine = Engine.from_pretrained("path/to/hf-folder")      # or no path: the demo model
+    outs = engine.generate(["Hello"], SamplingParams(max_tokens=32))
+    async for out in engine.stream("Hello", params): ...
+
+`generate` drives the loop itself; `stream` shares one background driver task among all
+concurrent streams of an event loop (continuous batching across callers).
+"""
+
+import asyncio
+import itertools
+import threading
+from collections.abc import AsyncIterator, Sequence as Seq
+
+import torch
+from tqdm.auto import tqdm
+
+from graphllm.config import EngineConfig
+from graphllm.runtime.outputs import RequestOutput
+from graphllm.runtime.requests import Request
+from graphllm.runtime.sampler import Sampler, SamplingRow
+from graphllm.runtime.sampling_params import SamplingParams
+from graphllm.runtime.scheduler import ScheduledSeq
+from graphllm.runtime.sequence import Sequence
+from graphllm.runtime.setup import RuntimeState, build_runtime
+from graphllm.runtime.stopping import check_stop
+
+Prompt = str | list[int]
+
+
+class Engine:
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        rt = build_runtime(config)
+        self.model, self.tokenizer, self.state = rt.model, rt.tokenizer, rt.state
+        self.pool, self.scheduler, self.runner = rt.pool, rt.scheduler, rt.runner
+        self.sampler = Sampler()
+        self.requests: dict[str, Request] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()  # step() may run in a worker thread while requests arrive
+        self._queues: dict[str, asyncio.Queue] = {}
+        self._driver: asyncio.Task | None = None
+
+    @classmethod
+    def from_pretrained(cls, path: str | None = None, **options) -> "Engine":
+        """Load a Hugging Face folder (None: the built-in demo model); options: EngineConfig fields."""
+        return cls(EngineConfig(model=None if path is None else str(path), **options))
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
+                    request_id: str | None = None) -> str:
+        params = params or SamplingParams()
+        prompt_text, prompt_ids = self._tokenize(prompt)
+        self._check_length(prompt_ids)
+        request_id = request_id or f"req-{next(self._ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request = Request(request_id, prompt_text, prompt_ids, params)
+        request.seqs = [self._new_sequence(request, i) for i in range(params.n)]
+        with self._lock:
+            self.requests[request_id] = request
+            for seq in request.seqs:
+                self.scheduler.add(seq)
+        return request_id
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now and free its KV blocks; unknown or finished ids are ignored."""
+        with self._lock:
+            request = self.requests.pop(request_id, None)
+            for seq in request.seqs if request else []:
+                if not seq.is_finished:
+                    self.scheduler.finish(seq, "abort")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model folder has no tokenizer: pass prompts as token id lists")
+            return prompt, self.tokenizer.encode(prompt)
+        if not prompt or not all(isinstance(t, int) for t in prompt):
+            raise ValueError("a prompt must be a non-empty string or a non-empty list of token ids")
+        vocab = self.model.config.vocab_size
+        if not all(0 <= t < vocab for t in prompt):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        return None, list(prompt)
+
+    def _check_length(self, prompt_ids: list[int]) -> None:
+        if len(prompt_ids) >= self.state.max_model_len:
+            raise ValueError(f"prompt has {len(prompt_ids)} tokens; max_model_len is "
+                             f"{self.state.max_model_len} (prompt + at least one output token)")
+
+    def _new_sequence(self, request: Request, index: int) -> Sequence:
+        params, generator = request.params, None
+        if params.seed is not None:
+            generator = torch.Generator(self.state.device)
+            generator.manual_seed((params.seed * 0x9E3779B1 + index) % 2**63)
+        seq = Sequence(next(self._ids), request.request_id, index, list(request.prompt_token_ids),
+                       len(request.prompt_token_ids), params, generator)
+        seq.detokenizer = self._detokenizer(request)
+        seq.logprobs = [] if params.logprobs is not None else None
+        return seq
+
+    def _detokenizer(self, request: Request):
+        from graphllm.runtime.detokenizer import IncrementalDetokenizer
+        if self.tokenizer is None:
+            return None
+        p = request.params
+        return IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
+                                      skip_special_tokens=p.skip_special_tokens, stop=p.stop or (),
+                                      include_stop_str_in_output=p.include_stop_str_in_output)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model once, sample, and report every request that advanced."""
+        with self._lock:
+            batch = self.scheduler.schedule()
+            if not batch:
+                return []
+            logits = self.runner.execute(batch)
+            sampling = [s.seq for s in batch if s.samples]
+            for seq, num_new in batch:
+                seq.num_computed_tokens += num_new
+            if sampling:
+                self._sample(logits, sampling)
+            touched = {s.seq.request_id for s in batch}
+            return [self._output(self.requests[rid]) for rid in touched if rid in self.requests]
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator,
+                            self._min_tokens_stop_ids(s.params)) for s in seqs]
+        out = self.sampler(logits, rows)
+        for seq, token, logprobs in zip(seqs, out.token_ids, out.logprobs):
+            seq.token_ids.append(token)
+            if logprobs is not None:
+                seq.logprobs.append(self._decode_logprobs(logprobs))
+            self._update_stop(seq, token)
+
+    def _min_tokens_stop_ids(self, params: SamplingParams) -> list[int]:
+        eos = [] if params.ignore_eos else list(self.state.eos_token_ids)
+        return eos + list(params.stop_token_ids or [])
+
+    def _decode_logprobs(self, logprobs: dict) -> dict:
+        if self.tokenizer is not None:
+            for token, lp in logprobs.items():
+                lp.decoded_token = self.tokenizer.decode([token])
+        return logprobs
+
+    def _update_stop(self, seq: Sequence, token: int) -> None:
+        stop = check_stop(seq, token, self.state.eos_token_ids, self.state.max_model_len)
+        if seq.detokenizer is not None and (stop is None or stop[0] == "length"):
+            stop_str = seq.detokenizer.update([token])  # EOS and stop tokens never become text
+            if stop_str is not None:
+                stop = ("stop", stop_str)
+        if stop is not None:
+            self.scheduler.finish(seq, stop[0])
+            seq.stop_reason = stop[1]
+
+    def _output(self, request: Request) -> RequestOutput:
+        out = request.snapshot()
+        if out.finished:
+            self.requests.pop(request.request_id, None)
+        return out
+
+    # -- entry points -----------------------------------------------------------------------
+
+    def generate(self, prompts: Prompt | Seq[Prompt],
+                 params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run prompts to completion; outputs come back in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params_list = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
+        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        finished: dict[str, RequestOutput] = {}
+        with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
+            while len(finished) < len(ids):
+                for out in self.step():
+                    if out.finished:
+                        finished[out.request_id] = out
+                        bar.update(1)
+        return [finished[i] for i in ids]
+
+    def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | None = None,
+             **template_kwargs) -> list[RequestOutput]:
+        """generate() over conversations rendered with the model's chat template."""
+        convs = messages if messages and isinstance(messages[0], list) else [messages]
+        return self.generate([self.apply_chat_template(c, **template_kwargs) for c in convs], params)
+
+    def apply_chat_template(self, messages: list[dict], **kwargs) -> list[int]:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template")
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                 return_dict=False, **kwargs)
+        return list(ids)
+
+    async def stream(self, prompt: Prompt, params: SamplingParams | None = None,
+                     request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Yield a RequestOutput each step the request advances; the last one has finished=True.
+
+        Leaving the loop early (break, cancellation, client disconnect) aborts the request.
+        """
+        request_id = self.add_request(prompt, params, request_id)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = queue
+        self._ensure_driver()
+        try:
+            while True:
+                out = await queue.get()
+                if isinstance(out, BaseException):
+                    raise out
+                yield out
+                if out.finished:
+                    return
+        finally:
+            self._queues.pop(request_id, None)
+            self.abort(request_id)
+
+    def _ensure_driver(self) -> None:
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+
+    async def _drive(self) -> None:
+        """Step while any stream waits; hand each output to its stream's queue."""
+        try:
+            while self._queues and self.has_unfinished_requests():
+                for out in await asyncio.to_thread(self.step):
+                    if out.request_id in self._queues:
+                        self._queues[out.request_id].put_nowait(out)
+                await asyncio.sleep(0)
+        except Exception as e:  # surface engine failures in every waiting stream
+            for queue in self._queues.values():
+                queue.put_nowait(e)
+            raise

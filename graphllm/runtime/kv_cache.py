@@ -1,0 +1,76 @@
+"""The paged KV cache: a pool of fixed-size blocks with reference counts, and its tensors.
+
+A sequence owns a block table (list of block ids); token i of the sequence lives in block
+block_table[i // block_size] at offset i % block_size. A block returns to the pool when its
+reference count drops to zero, so blocks can be shared (forks, and later prefix caching).
+"""
+
+from collections import deque
+
+import torch
+from torch import nn
+
+from graphllm.models.layers import PagedAttention
+from graphllm.runtime.sequence import Sequence
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.free_blocks: deque[int] = deque(range(num_blocks))
+        self.ref_counts = [0] * num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_blocks)
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Blocks to add so that the cache holds num_computed + num_new_tokens tokens of seq."""
+        total = seq.num_computed_tokens + num_new_tokens
+        return max(0, -(-total // self.block_size) - len(seq.block_table))
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
+        needed = self.blocks_needed(seq, num_new_tokens)
+        if needed > self.num_free_blocks:
+            raise RuntimeError(f"KV cache out of blocks: need {needed}, have {self.num_free_blocks}")
+        for _ in range(needed):
+            block = self.free_blocks.popleft()
+            self.ref_counts[block] = 1
+            seq.block_table.append(block)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """Let child share all of parent's blocks (copy-free); each gains a reference."""
+        for block in parent.block_table:
+            self.ref_counts[block] += 1
+        child.block_table = list(parent.block_table)
+        child.num_computed_tokens = parent.num_computed_tokens
+
+    def free(self, seq: Sequence) -> None:
+        """Drop seq's references; blocks nobody else holds go back to the pool."""
+        for block in reversed(seq.block_table):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_blocks.append(block)
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+
+
+def kv_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
+    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
+    per_layer = 2 * block_size * layers[0].num_kv_heads * layers[0].head_dim
+    return per_layer * len(layers) * torch.tensor([], dtype=dtype).element_size()
+
+
+def bind_kv_cache(model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,
+                  device: torch.device) -> int:
+    """Allocate each attention layer's cache [2, num_blocks, block_size, Hkv, D]; returns bytes."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, PagedAttention):
+            shape = (2, num_blocks, block_size, module.num_kv_heads, module.head_dim)
+            module.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
+            total += module.kv_cache.numel() * module.kv_cache.element_size()
+    return total

@@ -1,0 +1,98 @@
+"""Continuous batching with chunked prefill and preemption by recompute, first come first served.
+
+Every step is one flat batch in which each scheduled sequence contributes some new tokens:
+1 for a decoding sequence, up to the remaining token budget for one still in prefill. Running
+sequences are served first, oldest first; when the block pool runs dry the newest running
+sequence is preempted (its blocks freed, its tokens recomputed later) and goes back to the
+front of the waiting queue. Waiting sequences are admitted only when nobody was preempted.
+"""
+
+from collections import deque
+from typing import NamedTuple
+
+from graphllm.runtime.kv_cache import BlockPool
+from graphllm.runtime.sequence import Sequence, SequenceStatus
+
+
+class ScheduledSeq(NamedTuple):
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step computes the sequence's last known token, so a new one is sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+class Scheduler:
+    def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int):
+        self.pool = pool
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[ScheduledSeq]:
+        budget = self.max_num_batched_tokens
+        scheduled, preempted = self._schedule_running(budget)
+        budget -= sum(s.num_new_tokens for s in scheduled)
+        if not preempted:
+            scheduled += self._schedule_waiting(budget)
+        return scheduled
+
+    def _schedule_running(self, budget: int) -> tuple[list[ScheduledSeq], bool]:
+        scheduled, preempted, i = [], False, 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            while not self.pool.can_allocate(seq, num_new):
+                preempted = True
+                victim = self.running[-1]
+                self.preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                self.pool.allocate(seq, num_new)
+                scheduled.append(ScheduledSeq(seq, num_new))
+                budget -= num_new
+                i += 1
+        return scheduled, preempted
+
+    def _schedule_waiting(self, budget: int) -> list[ScheduledSeq]:
+        scheduled = []
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            if not self.pool.can_allocate(seq, num_new):
+                break
+            self.waiting.popleft()
+            self.pool.allocate(seq, num_new)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+        return scheduled
+
+    def preempt(self, seq: Sequence) -> None:
+        """Free seq's blocks and queue it first in line; its tokens will be recomputed."""
+        self.running.remove(seq)
+        self.pool.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Take seq out of the queues, free its blocks and mark it finished."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.pool.free(seq)
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason

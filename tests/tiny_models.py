@@ -1,0 +1,50 @@
+"""Tiny random-weight Hugging Face model folders for tests (no downloads).
+
+One config per architecture we claim; each one exercises that family's difference
+(llama3 rope scaling, sliding window, q/k/v bias, q/k norm, tied embeddings).
+"""
+
+from pathlib import Path
+
+import torch
+import transformers
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+VOCAB = 128
+WORDS = [f"w{i}" for i in range(VOCAB - 3)]
+SPECIALS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+              bos_token_id=1, eos_token_id=2, initializer_range=0.1)
+
+CONFIGS = {
+    "llama": ("LlamaConfig", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+    "mistral": ("MistralConfig", dict(sliding_window=8, tie_word_embeddings=False)),
+    "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=False)),
+}
+
+
+def make_tokenizer() -> transformers.PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import decoders
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>",
+                                                bos_token="<s>", eos_token="</s>")
+
+
+def make_hf_model(arch: str, seed: int = 0) -> transformers.PreTrainedModel:
+    config_cls, extra = CONFIGS[arch]
+    config = getattr(transformers, config_cls)(**COMMON, **extra)
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def save_model_folder(model: transformers.PreTrainedModel, path: Path, **save_kwargs) -> Path:
+    model.save_pretrained(path, **save_kwargs)
+    make_tokenizer().save_pretrained(path)
+    return path
