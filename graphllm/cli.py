@@ -1,0 +1,97 @@
+"""The `graphllm` command line. Subcommands: generate (compile, serve, inspect, bench follow)."""
+
+import argparse
+import asyncio
+import json
+import sys
+
+from graphllm.config import EngineConfig
+from graphllm.runtime.sampling_params import SamplingParams
+
+SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
+    "--max-tokens": (int, "max_tokens"), "--min-tokens": (int, "min_tokens"),
+    "--temperature": (float, "temperature"), "--top-p": (float, "top_p"), "--top-k": (int, "top_k"),
+    "--min-p": (float, "min_p"), "--repetition-penalty": (float, "repetition_penalty"),
+    "--presence-penalty": (float, "presence_penalty"), "--frequency-penalty": (float, "frequency_penalty"),
+    "--seed": (int, "seed"), "--n": (int, "n"), "--logprobs": (int, "logprobs"),
+}
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="Hugging Face model folder (default: the built-in demo model)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--max-num-seqs", type=int, default=64)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    for flag, (kind, _) in SAMPLING_FLAGS.items():
+        parser.add_argument(flag, type=kind)
+    parser.add_argument("--stop", action="append", help="stop string (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (_, field) in SAMPLING_FLAGS.items()}
+    given = {k: v for k, v in given.items() if v is not None}
+    given.setdefault("max_tokens", 64)
+    given.setdefault("temperature", 0.0)
+    return SamplingParams(stop=args.stop, ignore_eos=args.ignore_eos, **given)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from graphllm.runtime.engine import Engine
+    params = sampling_params(args)
+    engine = Engine(engine_config(args))
+    use_chat = not args.raw and getattr(engine.tokenizer, "chat_template", None)
+    prompt = engine.apply_chat_template([{"role": "user", "content": args.prompt}]) if use_chat else args.prompt
+    if args.stream:
+        return asyncio.run(stream_to_stdout(engine, prompt, params))
+    for completion in engine.generate(prompt, params)[0].outputs:
+        if args.json:
+            print(json.dumps({"index": completion.index, "text": completion.text,
+                              "token_ids": completion.token_ids, "finish_reason": completion.finish_reason}))
+        else:
+            print(completion.text)
+    return 0
+
+
+async def stream_to_stdout(engine, prompt, params: SamplingParams) -> int:
+    async for out in engine.stream(prompt, params):
+        sys.stdout.write(out.outputs[0].delta_text)
+        sys.stdout.flush()
+    print()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="graphllm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text for one prompt")
+    add_engine_args(gen)
+    add_sampling_args(gen)
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    gen.add_argument("--json", action="store_true", help="one JSON line per completion")
+    gen.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:  # bad parameters or model folder: a message, not a traceback
+        print(f"graphllm: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

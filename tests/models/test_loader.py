@@ -1,0 +1,116 @@
+"""Every way a model folder can be wrong gives an error that names the problem."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from graphllm.models import ModelLoadError, load_model
+from tests.tiny_models import make_hf_model, save_model_folder
+
+
+@pytest.fixture
+def folder(tmp_path):
+    return save_model_folder(make_hf_model("llama"), tmp_path / "llama")
+
+
+def rewrite_weights(folder, edit):
+    file = folder / "model.safetensors"
+    tensors = load_file(file)
+    edit(tensors)
+    save_file(tensors, file)
+
+
+def test_loads_and_matches_weights(folder):
+    model, config = load_model(folder)
+    saved = load_file(folder / "model.safetensors")
+    assert torch.equal(model.model.layers[1].mlp.up_proj.weight, saved["model.layers.1.mlp.up_proj.weight"])
+    assert config.rope.rope_type == "llama3" and config.num_key_value_heads == 2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_dtype(folder, dtype):
+    model, _ = load_model(folder, dtype=dtype)
+    assert {p.dtype for p in model.parameters()} == {dtype}
+
+
+def test_sharded_checkpoint(tmp_path):
+    hf = make_hf_model("qwen3")
+    folder = save_model_folder(hf, tmp_path / "sharded", max_shard_size="40KB")
+    assert (folder / "model.safetensors.index.json").is_file()
+    assert len(list(folder.glob("*.safetensors"))) > 1
+    model, _ = load_model(folder)
+    assert torch.equal(model.lm_head.weight, hf.lm_head.weight)
+
+
+def test_missing_shard_is_named(tmp_path):
+    folder = save_model_folder(make_hf_model("qwen3"), tmp_path / "sharded", max_shard_size="40KB")
+    victim = sorted(folder.glob("*.safetensors"))[0]
+    victim.unlink()
+    with pytest.raises(ModelLoadError, match=victim.name):
+        load_model(folder)
+
+
+def test_tied_embeddings_share_storage(tmp_path):
+    folder = save_model_folder(make_hf_model("qwen2"), tmp_path / "tied")
+    model, config = load_model(folder)
+    assert config.tie_word_embeddings
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+def test_pickle_only_folder_is_refused(folder):
+    tensors = load_file(folder / "model.safetensors")
+    (folder / "model.safetensors").unlink()
+    torch.save(tensors, folder / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="never unpickles"):
+        load_model(folder)
+
+
+def test_no_weights(folder):
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="no \\*.safetensors"):
+        load_model(folder)
+
+
+def test_missing_tensor_is_named(folder):
+    rewrite_weights(folder, lambda t: t.pop("model.layers.0.self_attn.k_proj.weight"))
+    with pytest.raises(ModelLoadError, match="missing tensor.*model.layers.0.self_attn.k_proj.weight"):
+        load_model(folder)
+
+
+def test_unexpected_tensor_is_named(folder):
+    rewrite_weights(folder, lambda t: t.update({"model.layers.0.extra.weight": torch.zeros(2)}))
+    with pytest.raises(ModelLoadError, match="unexpected tensor 'model.layers.0.extra.weight'"):
+        load_model(folder)
+
+
+def test_misshaped_tensor_is_named(folder):
+    rewrite_weights(folder, lambda t: t.update({"model.norm.weight": torch.zeros(63)}))
+    with pytest.raises(ModelLoadError, match=r"'model.norm.weight'.*\(63,\).*\(64,\)"):
+        load_model(folder)
+
+
+def test_unknown_architecture_is_named(folder):
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["GPTBigFooForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="unknown architecture 'GPTBigFooForCausalLM'"):
+        load_model(folder)
+
+
+def test_missing_config(folder):
+    (folder / "config.json").unlink()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        load_model(folder)
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(tmp_path / "nowhere")
+
+
+def test_old_rope_buffer_in_checkpoint_is_ignored(folder):
+    rewrite_weights(folder, lambda t: t.update({"model.layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(8)}))
+    load_model(folder)
