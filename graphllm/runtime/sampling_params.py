@@ -1,0 +1,99 @@
+"""Per-request sampling parameters (OpenAI / vLLM compatible subset)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Temperatures below this are treated as 0 (greedy): dividing by them overflows.
+_GREEDY_EPS = 1e-5
+
+
+@dataclass
+class SamplingParams:
+    """How one request turns logits into tokens and when it stops.
+
+    Validation happens in ``__post_init__``; any bad value raises ``ValueError``
+    naming the parameter. ``stop`` and ``stop_token_ids`` are normalized to lists.
+    """
+
+    n: int = 1
+    temperature: float = 1.0  # 0 => greedy
+    top_p: float = 1.0  # (0, 1]
+    top_k: int = 0  # 0 or -1 => off; >= 1 otherwise
+    min_p: float = 0.0  # [0, 1]
+    repetition_penalty: float = 1.0  # > 0; HF semantics over prompt + output tokens
+    presence_penalty: float = 0.0  # [-2, 2]; OpenAI semantics over output tokens
+    frequency_penalty: float = 0.0  # [-2, 2]; OpenAI semantics over output tokens
+    seed: int | None = None
+    max_tokens: int | None = 16  # None => engine decides (up to max_model_len)
+    min_tokens: int = 0  # >= 0 and <= max_tokens
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top alternatives besides the sampled token
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        self.stop = _normalize_stop(self.stop)
+        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        self._verify_sampling()
+        self._verify_penalties()
+        self._verify_lengths()
+
+    @property
+    def greedy(self) -> bool:
+        """True when the request takes the argmax (temperature ~ 0)."""
+        return self.temperature < _GREEDY_EPS
+
+    @property
+    def top_k_enabled(self) -> bool:
+        """True when top-k restricts the support (top_k >= 1)."""
+        return self.top_k >= 1
+
+    def _verify_sampling(self) -> None:
+        _check(self.n >= 1, "n", self.n, "must be >= 1")
+        _check(self.temperature >= 0.0, "temperature", self.temperature, "must be >= 0")
+        _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "must be in (0, 1]")
+        _check(self.top_k >= -1, "top_k", self.top_k, "must be -1, 0 (off) or >= 1")
+        _check(0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "must be in [0, 1]")
+        if self.logprobs is not None:
+            _check(self.logprobs >= 0, "logprobs", self.logprobs, "must be >= 0")
+
+    def _verify_penalties(self) -> None:
+        _check(
+            self.repetition_penalty > 0.0,
+            "repetition_penalty", self.repetition_penalty, "must be > 0",
+        )
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(-2.0 <= value <= 2.0, name, value, "must be in [-2, 2]")
+
+    def _verify_lengths(self) -> None:
+        if self.max_tokens is not None:
+            _check(self.max_tokens >= 1, "max_tokens", self.max_tokens, "must be >= 1")
+        _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, "must be >= 0")
+        if self.max_tokens is not None:
+            _check(
+                self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
+                f"must be <= max_tokens ({self.max_tokens})",
+            )
+        for s in self.stop:
+            _check(
+                isinstance(s, str) and len(s) > 0, "stop", self.stop,
+                "must contain only non-empty strings",
+            )
+
+
+def _normalize_stop(stop: list[str] | str | None) -> list[str]:
+    """None -> [], "x" -> ["x"], list -> a copy of the list."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    return list(stop)
+
+
+def _check(ok: bool, name: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} {rule}, got {value!r}")
