@@ -70,25 +70,19 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class PagedAttention(nn.Module):
-    """Holds one layer's KV cache and calls the attention op; no weights.
+    """Calls the attention op on layer `layer_idx`'s cache, meta.kv_caches[layer_idx]; no weights."""
 
-    kv_cache: [2, num_blocks, block_size, Hkv, D], bound by the runtime before the first step.
-    """
-
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int = 0):
+    def __init__(self, layer_idx: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 sliding_window: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
         self.sliding_window = sliding_window
-        self.register_buffer("kv_cache", torch.empty(0), persistent=False)
-
-    def reset_buffers(self, device: torch.device) -> None:
-        """Leave the meta device; the runtime binds the real cache later."""
-        self.kv_cache = torch.empty(0, device=device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D]
         return torch.ops.graphllm.attention(
-            q, k, v, self.kv_cache, positions, meta.slot_mapping, meta.block_tables,
+            q, k, v, meta.kv_caches[self.layer_idx], positions, meta.slot_mapping, meta.block_tables,
             meta.seq_lens, meta.query_start_loc, self.scale, self.sliding_window)

@@ -10,6 +10,7 @@ Step metadata is flat tensors (see DESIGN.md, "Step inputs are flat tensors"):
   block_tables[B, M]    block ids of each sequence (padded with 0 past its last block)
   seq_lens[B]           tokens in cache after this step, per sequence
   query_start_loc[B+1]  token offsets of each sequence's new tokens in the flat batch
+  kv_caches[L]          one [2, num_blocks, block_size, Hkv, D] tensor per layer, written in place
 The token positions come from the model (`positions[T]`); token t may attend to cached
 tokens 0..positions[t] of its own sequence.
 """
@@ -26,6 +27,7 @@ class AttentionMetadata(NamedTuple):
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
+    kv_caches: list[torch.Tensor]
 
 
 def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,

@@ -15,7 +15,8 @@ class StepInputs(NamedTuple):
     logits_indices: torch.Tensor  # [N] rows of the flat batch whose logits are sampled
 
 
-def prepare_step(batch: list[ScheduledSeq], block_size: int, device: torch.device) -> StepInputs:
+def prepare_step(batch: list[ScheduledSeq], kv_caches: list[torch.Tensor], block_size: int,
+                 device: torch.device) -> StepInputs:
     input_ids, positions, slots, seq_lens, starts, logits_indices = [], [], [], [], [0], []
     for seq, num_new in batch:
         start = seq.num_computed_tokens
@@ -34,5 +35,6 @@ def prepare_step(batch: list[ScheduledSeq], block_size: int, device: torch.devic
         return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
 
     meta = AttentionMetadata(slot_mapping=tensor(slots), block_tables=tensor(tables),
-                             seq_lens=tensor(seq_lens), query_start_loc=tensor(starts))
+                             seq_lens=tensor(seq_lens), query_start_loc=tensor(starts),
+                             kv_caches=kv_caches)
     return StepInputs(tensor(input_ids), tensor(positions), meta, tensor(logits_indices))

@@ -8,9 +8,8 @@ reference count drops to zero, so blocks can be shared (forks, and later prefix 
 from collections import deque
 
 import torch
-from torch import nn
 
-from graphllm.models.layers import PagedAttention
+from graphllm.models.config import ModelConfig
 from graphllm.runtime.sequence import Sequence
 
 
@@ -58,19 +57,13 @@ class BlockPool:
         seq.num_computed_tokens = 0
 
 
-def kv_bytes_per_block(model: nn.Module, block_size: int, dtype: torch.dtype) -> int:
-    layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
-    per_layer = 2 * block_size * layers[0].num_kv_heads * layers[0].head_dim
-    return per_layer * len(layers) * torch.tensor([], dtype=dtype).element_size()
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    per_layer = 2 * block_size * config.num_key_value_heads * config.head_dim
+    return per_layer * config.num_hidden_layers * torch.tensor([], dtype=dtype).element_size()
 
 
-def bind_kv_cache(model: nn.Module, num_blocks: int, block_size: int, dtype: torch.dtype,
-                  device: torch.device) -> int:
-    """Allocate each attention layer's cache [2, num_blocks, block_size, Hkv, D]; returns bytes."""
-    total = 0
-    for module in model.modules():
-        if isinstance(module, PagedAttention):
-            shape = (2, num_blocks, block_size, module.num_kv_heads, module.head_dim)
-            module.kv_cache = torch.zeros(shape, dtype=dtype, device=device)
-            total += module.kv_cache.numel() * module.kv_cache.element_size()
-    return total
+def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+                       device: torch.device) -> list[torch.Tensor]:
+    """One [2, num_blocks, block_size, Hkv, D] tensor per layer (the step's kv_caches input)."""
+    shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]

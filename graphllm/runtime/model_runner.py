@@ -12,8 +12,10 @@ from graphllm.runtime.scheduler import ScheduledSeq
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, block_size: int, device: torch.device):
-        self.model, self.block_size, self.device = model, block_size, device
+    def __init__(self, model: nn.Module, kv_caches: list[torch.Tensor], block_size: int,
+                 device: torch.device):
+        self.model, self.kv_caches = model, kv_caches  # kv_caches: per layer [2, blocks, block_size, Hkv, D]
+        self.block_size, self.device = block_size, device
 
     def step_fn(self, inputs: StepInputs) -> torch.Tensor:
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)  # [T, hidden]
@@ -21,5 +23,5 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
-        inputs = prepare_step(batch, self.block_size, self.device)
+        inputs = prepare_step(batch, self.kv_caches, self.block_size, self.device)
         return self.step_fn(inputs)

@@ -15,7 +15,7 @@ from torch import nn
 from graphllm.config import EngineConfig
 from graphllm.models.config import ModelConfig
 from graphllm.models.loader import load_model, read_hf_config
-from graphllm.runtime.kv_cache import BlockPool, bind_kv_cache, kv_bytes_per_block
+from graphllm.runtime.kv_cache import BlockPool, allocate_kv_caches, kv_bytes_per_block
 from graphllm.runtime.model_runner import ModelRunner
 from graphllm.runtime.scheduler import Scheduler
 
@@ -94,12 +94,12 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
     return config.max_model_len
 
 
-def resolve_num_blocks(config: EngineConfig, model: nn.Module, dtype: torch.dtype,
+def resolve_num_blocks(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype,
                        device: torch.device, max_model_len: int) -> int:
     if config.num_kv_blocks is not None:
         num_blocks = config.num_kv_blocks
     else:
-        per_block = kv_bytes_per_block(model, config.block_size, dtype)
+        per_block = kv_bytes_per_block(model_config, config.block_size, dtype)
         wanted = -(-config.max_num_seqs * max_model_len // config.block_size)
         num_blocks = min(wanted, kv_cache_budget(config, device) // per_block)
     if num_blocks * config.block_size < max_model_len:
@@ -124,11 +124,13 @@ def build_runtime(config: EngineConfig) -> Runtime:
     model, model_config = load_model(path, dtype, device)
     tokenizer = load_tokenizer(path)
     max_model_len = resolve_max_model_len(config, model_config)
-    num_blocks = resolve_num_blocks(config, model, dtype, device, max_model_len)
-    kv_bytes = bind_kv_cache(model, num_blocks, config.block_size, dtype, device)
+    num_blocks = resolve_num_blocks(config, model_config, dtype, device, max_model_len)
+    kv_caches = allocate_kv_caches(model_config, num_blocks, config.block_size, dtype, device)
+    kv_bytes = sum(c.numel() * c.element_size() for c in kv_caches)
     torch.manual_seed(config.seed)
     state = RuntimeState(path, device, dtype, max_model_len, num_blocks, kv_bytes,
                          eos_token_ids(path, model_config, tokenizer))
     pool = BlockPool(num_blocks, config.block_size)
     scheduler = Scheduler(pool, config.max_num_seqs, config.max_num_batched_tokens)
-    return Runtime(model, tokenizer, state, pool, scheduler, ModelRunner(model, config.block_size, device))
+    runner = ModelRunner(model, kv_caches, config.block_size, device)
+    return Runtime(model, tokenizer, state, pool, scheduler, runner)
