@@ -32,3 +32,35 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+
+
+def default_buckets(max_num_seqs: int) -> tuple[int, ...]:
+    """Decode batch sizes that get a CUDA graph: 1, 2, 4, 8, then every 16 up to max_num_seqs."""
+    small = [b for b in (1, 2, 4, 8) if b <= max_num_seqs]
+    return tuple(small + list(range(16, max_num_seqs + 1, 16)))
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """What `graphllm compile` bakes into an artifact; its fields enter the artifact's cache key."""
+
+    dtype: str = "auto"
+    max_num_seqs: int = 64
+    max_model_len: int | None = None
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    buckets: tuple[int, ...] | None = None  # None: default_buckets(max_num_seqs)
+    fuse_qkv: bool = True
+    fuse_gate_up: bool = True
+    fuse_silu_mul: bool = True
+    fuse_add_rmsnorm: bool = True
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.buckets is not None and (not self.buckets or min(self.buckets) < 1):
+            raise ValueError(f"buckets must be positive batch sizes, got {self.buckets}")
+
+    @property
+    def decode_buckets(self) -> tuple[int, ...]:
+        return tuple(sorted(self.buckets)) if self.buckets else default_buckets(self.max_num_seqs)

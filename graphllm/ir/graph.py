@@ -1,0 +1,100 @@
+"""StepGraph: an fx GraphModule with its weights, plus utilities to print and diff graphs.
+
+The weights are the GraphModule's parameters and buffers, reached by get_attr nodes, so a pass
+that changes weights (concatenation, quantization, sharding) edits one object.
+"""
+
+import collections
+import difflib
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+
+@dataclass
+class StepGraph:
+    gm: fx.GraphModule
+    example_inputs: tuple
+    dynamic_shapes: tuple
+
+    @property
+    def graph(self) -> fx.Graph:
+        return self.gm.graph
+
+    @property
+    def weights(self) -> dict[str, torch.Tensor]:
+        """Every weight by name; tied weights appear once (under their first name)."""
+        named = dict(self.gm.named_parameters())
+        named.update(self.gm.named_buffers())
+        return {name: t.detach() for name, t in named.items()}
+
+    def add_weight(self, name: str, tensor: torch.Tensor, like: fx.Node) -> fx.Node:
+        """Register `tensor` as a parameter called `name` and return a get_attr node placed before `like`."""
+        module_path, _, attr = name.rpartition(".")
+        owner = self.gm.get_submodule(module_path) if module_path else self.gm
+        owner.register_parameter(attr, torch.nn.Parameter(tensor, requires_grad=False))
+        with self.graph.inserting_before(like):
+            node = self.graph.get_attr(name)
+        node.meta.update({k: like.meta[k] for k in ("nn_module_stack", "stack_trace") if k in like.meta})
+        return node
+
+    def drop_unused_weights(self) -> int:
+        """Delete get_attr nodes nobody uses and the weights only they reached; returns weights dropped."""
+        for node in list(self.graph.nodes):
+            if node.op == "get_attr" and not node.users:
+                self.graph.erase_node(node)
+        used = {n.target for n in self.graph.nodes if n.op == "get_attr"}
+        dropped = 0
+        for name, _ in list(self.gm.named_parameters(remove_duplicate=False)):
+            if name not in used:
+                module_path, _, attr = name.rpartition(".")
+                delattr(self.gm.get_submodule(module_path) if module_path else self.gm, attr)
+                dropped += 1
+        return dropped
+
+    def recompile(self) -> None:
+        self.graph.lint()
+        self.gm.recompile()
+
+    def __call__(self, *inputs):
+        return self.gm(*inputs)
+
+    def export(self) -> torch.export.ExportedProgram:
+        """Re-export after passes, for lowering."""
+        return torch.export.export(self.gm, self.example_inputs, dynamic_shapes=self.dynamic_shapes,
+                                   strict=False)
+
+
+def module_path(node: fx.Node) -> str:
+    """The innermost module the node came from ('' for graph-level nodes)."""
+    stack = node.meta.get("nn_module_stack") or {}
+    return list(stack.values())[-1][0] if stack else ""
+
+
+def op_name(node: fx.Node) -> str:
+    if node.op == "call_function":
+        return getattr(node.target, "__name__", str(node.target))
+    return node.op
+
+
+def op_counts(gm: fx.GraphModule) -> collections.Counter:
+    """call_function targets by name, e.g. {'linear.default': 14, 'attention.default': 2}."""
+    return collections.Counter(op_name(n) for n in gm.graph.nodes if n.op == "call_function")
+
+
+def format_graph(gm: fx.GraphModule) -> str:
+    """One line per node: `name = op(args)  # module.path`."""
+    lines = []
+    for node in gm.graph.nodes:
+        text = node.format_node() or ""
+        path = module_path(node)
+        lines.append(f"{text}  # {path}" if path else text)
+    return "\n".join(lines)
+
+
+def diff_graphs(before: fx.GraphModule | str, after: fx.GraphModule | str) -> str:
+    """Unified diff of two graphs' formatted text."""
+    a = before if isinstance(before, str) else format_graph(before)
+    b = after if isinstance(after, str) else format_graph(after)
+    return "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), "before", "after", lineterm=""))

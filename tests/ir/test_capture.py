@@ -1,0 +1,54 @@
+"""Capture keeps the model's function, its module paths and its weights."""
+
+import torch
+
+from graphllm.ir import diff_graphs, format_graph, op_counts
+from tests.passes.harness import assert_same_function, random_step_inputs, tiny_step_graph
+
+
+def test_captured_graph_equals_eager_model(tiny_model_dir):
+    from graphllm.ir import StepModule
+    from graphllm.models import load_model
+    graph, config = tiny_step_graph("qwen3")
+    model, _ = load_model(tiny_model_dir("qwen3")[0])
+    inputs = random_step_inputs(config, seed=5)
+    eager_caches = [c.clone() for c in inputs[-1]]
+    with torch.no_grad():
+        expected = StepModule(model)(*inputs[:-1], eager_caches)
+        got = graph(*inputs)
+    torch.testing.assert_close(got, expected)
+    for a, b in zip(inputs[-1], eager_caches):
+        torch.testing.assert_close(a, b)
+
+
+def test_one_attention_node_per_layer_and_module_paths():
+    graph, config = tiny_step_graph("llama")
+    counts = op_counts(graph.gm)
+    assert counts["attention.default"] == config.num_hidden_layers
+    assert counts["linear.default"] == 7 * config.num_hidden_layers + 1
+    text = format_graph(graph.gm)
+    assert "# model.model.layers.1.self_attn.attn" in text and "# model.model.layers.0.mlp.down_proj" in text
+
+
+def test_graph_serves_every_batch_shape():
+    graph, config = tiny_step_graph("llama")
+    for seed, num_seqs in ((1, 1), (2, 2), (3, 5)):
+        graph(*random_step_inputs(config, seed, num_seqs=num_seqs))
+
+
+def test_weights_follow_the_graph():
+    graph, _ = tiny_step_graph("qwen2")  # tied embeddings appear once
+    weights = graph.weights
+    assert "model.model.embed_tokens.weight" in weights and "model.lm_head.weight" not in weights
+    assert weights["model.model.layers.0.self_attn.q_proj.bias"].shape == (64,)
+
+
+def test_diff_shows_changed_lines():
+    graph, config = tiny_step_graph("llama")
+    before = format_graph(graph.gm)
+    node = next(n for n in graph.graph.nodes if n.op == "call_function" and "silu" in str(n.target))
+    node.target = torch.ops.aten.relu.default
+    graph.recompile()
+    diff = diff_graphs(before, graph.gm)
+    assert "-" in diff and "relu" in diff and "silu" in diff
+    assert_same_function(graph, graph, config, seeds=(1,))
