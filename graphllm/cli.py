@@ -22,7 +22,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--max-model-len", type=int)
-    parser.add_argument("--max-num-seqs", type=int, default=64)
+    parser.add_argument("--max-num-seqs", type=int)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -7,17 +7,21 @@ time (KV blocks, EOS ids, resolved lengths) live in the engine's RuntimeState, n
 from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DEFAULT_LIMITS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "block_size": 16}
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # Hugging Face folder; None = the built-in demo model
+    artifact: str | None = None  # a `graphllm compile` output directory (instead of model)
+    compile: bool = False  # compile model into the artifact cache (or reuse it) before serving
     dtype: str = "auto"  # auto: float32 on CPU, the checkpoint's dtype on GPU
     device: str = "auto"  # auto: cuda when available, else cpu
-    max_num_seqs: int = 64  # sequences in one batch
-    max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks share it)
+    # None below: the artifact's value when loading one, else the DEFAULT_LIMITS
+    max_num_seqs: int | None = None  # sequences in one batch
+    max_num_batched_tokens: int | None = None  # token budget of one step (prefill chunks share it)
+    block_size: int | None = None  # tokens per KV-cache block
     max_model_len: int | None = None  # prompt + output; None = the model's max positions
-    block_size: int = 16  # tokens per KV-cache block
     num_kv_blocks: int | None = None  # None = sized from kv_cache_memory_gib
     kv_cache_memory_gib: float | None = None  # None: 4 GiB on CPU, 90% of free memory on GPU
     seed: int = 0  # for unseeded sampling
@@ -25,8 +29,8 @@ class EngineConfig:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
-            if getattr(self, name) < 1:
+        for name in DEFAULT_LIMITS:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
@@ -45,10 +49,10 @@ class CompileConfig:
     """What `graphllm compile` bakes into an artifact; its fields enter the artifact's cache key."""
 
     dtype: str = "auto"
-    max_num_seqs: int = 64
+    max_num_seqs: int = DEFAULT_LIMITS["max_num_seqs"]
     max_model_len: int | None = None
-    max_num_batched_tokens: int = 2048
-    block_size: int = 16
+    max_num_batched_tokens: int = DEFAULT_LIMITS["max_num_batched_tokens"]
+    block_size: int = DEFAULT_LIMITS["block_size"]
     buckets: tuple[int, ...] | None = None  # None: default_buckets(max_num_seqs)
     fuse_qkv: bool = True
     fuse_gate_up: bool = True

@@ -16,7 +16,7 @@ NEW_TOKENS = 32
 # name -> engine options; each must still produce transformers' tokens
 SETTINGS = {
     "plain": dict(),
-    "preemption": dict(num_kv_blocks=8, block_size=8, max_model_len=64),  # 64 slots, 4 sequences of <= 63 tokens
+    "preemption": dict(num_kv_blocks=4, max_model_len=64),  # 64 slots (4 blocks of 16) for 4 sequences
     "chunked": dict(max_num_batched_tokens=5),  # every prompt longer than 2 is prefilled in chunks
 }
 
@@ -53,5 +53,5 @@ def test_greedy_matches_transformers(arch, setting, tiny_model_dir, reference_to
     if setting == "preemption":
         assert engine.scheduler.num_preemptions > 0
     if setting == "chunked":
-        assert engine.config.max_num_batched_tokens < min(len(p) for p in PROMPTS[0:1] + PROMPTS[2:])
+        assert engine.state.limits.max_num_batched_tokens < min(len(p) for p in PROMPTS[0:1] + PROMPTS[2:])
     assert engine.pool.num_free_blocks == engine.pool.num_blocks

@@ -24,9 +24,9 @@ class StepGraph:
 
     @property
     def weights(self) -> dict[str, torch.Tensor]:
-        """Every weight by name; tied weights appear once (under their first name)."""
-        named = dict(self.gm.named_parameters())
-        named.update(self.gm.named_buffers())
+        """Every weight by every name it has; tied weights appear under each name, sharing storage."""
+        named = dict(self.gm.named_parameters(remove_duplicate=False))
+        named.update(self.gm.named_buffers(remove_duplicate=False))
         return {name: t.detach() for name, t in named.items()}
 
     def add_weight(self, name: str, tensor: torch.Tensor, like: fx.Node) -> fx.Node:

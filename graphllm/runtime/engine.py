@@ -44,8 +44,16 @@ class Engine:
 
     @classmethod
     def from_pretrained(cls, path: str | None = None, **options) -> "Engine":
-        """Load a Hugging Face folder (None: the built-in demo model); options: EngineConfig fields."""
+        """Load a Hugging Face folder (None: the built-in demo model); options: EngineConfig fields.
+
+        compile=True compiles it first (or reuses the compiled artifact cached for it).
+        """
         return cls(EngineConfig(model=None if path is None else str(path), **options))
+
+    @classmethod
+    def load(cls, artifact: str, **options) -> "Engine":
+        """Load a `graphllm compile` artifact: no tracing, no code generation."""
+        return cls(EngineConfig(artifact=str(artifact), **options))
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -83,7 +91,7 @@ class Engine:
             return prompt, self.tokenizer.encode(prompt)
         if not prompt or not all(isinstance(t, int) for t in prompt):
             raise ValueError("a prompt must be a non-empty string or a non-empty list of token ids")
-        vocab = self.model.config.vocab_size
+        vocab = self.state.model_config.vocab_size
         if not all(0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
         return None, list(prompt)

@@ -14,6 +14,12 @@ class StepInputs(NamedTuple):
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # [N] rows of the flat batch whose logits are sampled
 
+    def flat(self) -> tuple:
+        """The step's arguments in graphllm.ir.STEP_INPUT_NAMES order."""
+        m = self.meta
+        return (self.input_ids, self.positions, m.slot_mapping, m.block_tables, m.seq_lens,
+                m.query_start_loc, self.logits_indices, m.kv_caches)
+
 
 def prepare_step(batch: list[ScheduledSeq], kv_caches: list[torch.Tensor], block_size: int,
                  device: torch.device) -> StepInputs:

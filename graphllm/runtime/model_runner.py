@@ -1,27 +1,26 @@
-"""Runs one scheduled batch through the model: flat inputs in, logits of sampled rows out.
+"""Runs one scheduled batch through the step: flat inputs in, logits of sampled rows out.
 
-The step callable is the seam where the compiler (and CUDA graphs) plug in: it takes only
-the flat tensors of StepInputs and returns logits, so eager and compiled runs are one path.
+The step is any callable over the flat tensors of StepInputs (graphllm.ir.STEP_INPUT_NAMES):
+the eager StepModule, or the compiled AOTInductor package. That seam is the whole difference
+between the eager and compiled engines.
 """
 
-import torch
-from torch import nn
+from typing import Callable
 
-from graphllm.runtime.inputs import StepInputs, prepare_step
+import torch
+
+from graphllm.runtime.inputs import prepare_step
 from graphllm.runtime.scheduler import ScheduledSeq
 
 
 class ModelRunner:
-    def __init__(self, model: nn.Module, kv_caches: list[torch.Tensor], block_size: int,
+    def __init__(self, step: Callable[..., torch.Tensor], kv_caches: list[torch.Tensor], block_size: int,
                  device: torch.device):
-        self.model, self.kv_caches = model, kv_caches  # kv_caches: per layer [2, blocks, block_size, Hkv, D]
+        self.step = step
+        self.kv_caches = kv_caches  # per layer [2, num_blocks, block_size, Hkv, D]
         self.block_size, self.device = block_size, device
-
-    def step_fn(self, inputs: StepInputs) -> torch.Tensor:
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)  # [T, hidden]
-        return self.model.compute_logits(hidden[inputs.logits_indices])  # [N, vocab]
 
     @torch.inference_mode()
     def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
         inputs = prepare_step(batch, self.kv_caches, self.block_size, self.device)
-        return self.step_fn(inputs)
+        return self.step(*inputs.flat())  # [N, vocab]

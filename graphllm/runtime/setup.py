@@ -12,9 +12,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from graphllm.config import EngineConfig
+from graphllm.config import DEFAULT_LIMITS, EngineConfig
 from graphllm.models.config import ModelConfig
 from graphllm.models.loader import load_model, read_hf_config
+from graphllm.ir.capture import StepModule
 from graphllm.runtime.kv_cache import BlockPool, allocate_kv_caches, kv_bytes_per_block
 from graphllm.runtime.model_runner import ModelRunner
 from graphllm.runtime.scheduler import Scheduler
@@ -22,6 +23,12 @@ from graphllm.runtime.scheduler import Scheduler
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 CPU_KV_CACHE_GIB = 4.0
 GPU_MEMORY_UTILIZATION = 0.9
+
+
+class Limits(NamedTuple):
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
 
 
 @dataclass(frozen=True)
@@ -33,10 +40,12 @@ class RuntimeState:
     num_kv_blocks: int
     kv_cache_bytes: int
     eos_token_ids: frozenset[int]
+    model_config: ModelConfig
+    limits: Limits
 
 
 class Runtime(NamedTuple):
-    model: nn.Module
+    model: nn.Module | None  # None when running a compiled artifact
     tokenizer: Any
     state: RuntimeState
     pool: BlockPool
@@ -94,16 +103,17 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
     return config.max_model_len
 
 
-def resolve_num_blocks(config: EngineConfig, model_config: ModelConfig, dtype: torch.dtype,
+def resolve_num_blocks(config: EngineConfig, limits: Limits, model_config: ModelConfig, dtype: torch.dtype,
                        device: torch.device, max_model_len: int) -> int:
+    block_size = limits.block_size
     if config.num_kv_blocks is not None:
         num_blocks = config.num_kv_blocks
     else:
-        per_block = kv_bytes_per_block(model_config, config.block_size, dtype)
-        wanted = -(-config.max_num_seqs * max_model_len // config.block_size)
+        per_block = kv_bytes_per_block(model_config, block_size, dtype)
+        wanted = -(-limits.max_num_seqs * max_model_len // block_size)
         num_blocks = min(wanted, kv_cache_budget(config, device) // per_block)
-    if num_blocks * config.block_size < max_model_len:
-        raise ValueError(f"the KV cache holds {num_blocks * config.block_size} tokens, fewer than "
+    if num_blocks * block_size < max_model_len:
+        raise ValueError(f"the KV cache holds {num_blocks * block_size} tokens, fewer than "
                          f"max_model_len={max_model_len}: give more KV memory or a smaller max_model_len")
     return num_blocks
 
@@ -118,19 +128,58 @@ def kv_cache_budget(config: EngineConfig, device: torch.device) -> int:
 
 
 def build_runtime(config: EngineConfig) -> Runtime:
+    """Eager from a model folder, or compiled from an artifact (config.artifact or config.compile)."""
+    if config.artifact is not None:
+        return build_compiled_runtime(config, Path(config.artifact))
+    if config.compile:
+        from graphllm.compiler.cache import compiled_artifact
+        return build_compiled_runtime(config, compiled_artifact(config, resolve_model_path(config)))
     path = resolve_model_path(config)
     device = resolve_device(config)
     dtype = resolve_dtype(config, read_hf_config(path), device)
     model, model_config = load_model(path, dtype, device)
+    return assemble(config, resolve_limits(config), path, model, model_config, StepModule(model), dtype, device)
+
+
+def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
+    """Load a compiled artifact: its weights, its step package; no code generation."""
+    from graphllm.compiler.artifact import verify_artifact
+    from graphllm.compiler.loading import load_compiled_step
+    device = resolve_device(config)
+    manifest = verify_artifact(art, device)
+    model_config, weights, step = load_compiled_step(art, manifest, device)
+    dtype = next(iter(weights.values())).dtype
+    limits = resolve_limits(config, manifest["compile"])
+    return assemble(config, limits, art, None, model_config, step, dtype, device)
+
+
+def resolve_limits(config: EngineConfig, built: dict | None = None) -> Limits:
+    """Scheduler limits: what config asks, else the artifact's (`built`), else DEFAULT_LIMITS.
+
+    A compiled step accepts at most its compiled sizes, and its block size is fixed.
+    """
+    values = {}
+    for name, default in DEFAULT_LIMITS.items():
+        asked, limit = getattr(config, name), (built or {}).get(name)
+        if limit is not None and asked is not None and (asked > limit or name == "block_size" and asked != limit):
+            raise ValueError(f"{name}={asked} does not fit the artifact, compiled with {name}={limit}; "
+                             f"recompile with --{name.replace('_', '-')} {asked}")
+        values[name] = asked if asked is not None else limit if limit is not None else default
+    return Limits(**values)
+
+
+def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module | None,
+             model_config: ModelConfig, step, dtype: torch.dtype, device: torch.device) -> Runtime:
+    """The parts eager and compiled engines share: tokenizer, KV cache, scheduler, runner."""
     tokenizer = load_tokenizer(path)
     max_model_len = resolve_max_model_len(config, model_config)
-    num_blocks = resolve_num_blocks(config, model_config, dtype, device, max_model_len)
-    kv_caches = allocate_kv_caches(model_config, num_blocks, config.block_size, dtype, device)
+    num_blocks = resolve_num_blocks(config, limits, model_config, dtype, device, max_model_len)
+    kv_caches = allocate_kv_caches(model_config, num_blocks, limits.block_size, dtype, device)
     kv_bytes = sum(c.numel() * c.element_size() for c in kv_caches)
     torch.manual_seed(config.seed)
     state = RuntimeState(path, device, dtype, max_model_len, num_blocks, kv_bytes,
-                         eos_token_ids(path, model_config, tokenizer))
-    pool = BlockPool(num_blocks, config.block_size)
-    scheduler = Scheduler(pool, config.max_num_seqs, config.max_num_batched_tokens)
-    runner = ModelRunner(model, kv_caches, config.block_size, device)
+                         eos_token_ids(path, model_config, tokenizer), model_config, limits)
+    pool = BlockPool(num_blocks, limits.block_size)
+    scheduler = Scheduler(pool, limits.max_num_seqs, limits.max_num_batched_tokens)
+    runner = ModelRunner(step, kv_caches, limits.block_size, device)
     return Runtime(model, tokenizer, state, pool, scheduler, runner)

@@ -1,0 +1,33 @@
+"""Which graphllm ops Inductor may see through while lowering.
+
+The fused ops that passes introduce (silu_and_mul, rms_norm, add_rms_norm) name an operation
+for a hand-written kernel to take over (GPU, graphllm/kernels). Where no such kernel is used,
+Inductor is handed the op's PyTorch reference body instead, so it still generates one fused
+loop rather than an extern call into eager PyTorch. The table is installed only while lowering.
+"""
+
+import contextlib
+
+import torch
+
+
+def fused_op_references() -> dict:
+    """op overload -> its reference implementation (a traceable PyTorch function)."""
+    import graphllm.ops.rms_norm as rms_norm
+    import graphllm.ops.silu_and_mul as silu_and_mul
+    ops = torch.ops.graphllm
+    return {ops.silu_and_mul.default: silu_and_mul.silu_and_mul_reference,
+            ops.rms_norm.default: rms_norm.rms_norm_reference,
+            ops.add_rms_norm.default: rms_norm.add_rms_norm_reference}
+
+
+@contextlib.contextmanager
+def inductor_decompositions():
+    from torch._inductor import decomposition
+    added = {op: fn for op, fn in fused_op_references().items() if op not in decomposition.decompositions}
+    decomposition.decompositions.update(added)
+    try:
+        yield
+    finally:
+        for op in added:
+            decomposition.decompositions.pop(op, None)

@@ -1,0 +1,29 @@
+"""Loading a verified artifact: model config, post-pass weights, and the compiled step."""
+
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from graphllm.compiler import artifact as A
+from graphllm.compiler.lower import load_package
+from graphllm.models.config import ModelConfig
+from graphllm.models.registry import resolve_architecture
+
+
+def load_weights(art: Path, aliases: dict[str, str], device: torch.device) -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(art / A.WEIGHTS, framework="pt", device=str(device)) as f:
+            weights = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as e:  # safetensors raises its own error types for damaged files
+        raise A.ArtifactError(f"{art / A.WEIGHTS} is damaged ({e}). {A.recompile_hint(None, art)}") from e
+    weights.update({alias: weights[name] for alias, name in aliases.items()})
+    return weights
+
+
+def load_compiled_step(art: Path, manifest: dict, device: torch.device):
+    """(ModelConfig, weights by name, the compiled step callable)."""
+    _, model_config = resolve_architecture(manifest["model"]["config"])
+    weights = load_weights(art, manifest.get("weight_aliases", {}), device)
+    step = load_package(art / A.STEP_PACKAGE, weights, device)
+    return model_config, weights, step

@@ -1,0 +1,155 @@
+"""`graphllm compile`: HF folder -> artifact, in timed phases with a progress bar.
+
+    load -> capture -> passes -> lower -> write
+
+The artifact's cache key hashes everything the result depends on: graphllm's version, the
+compile config, the pass list with each pass's uuid, the model config, the weight
+fingerprints and the environment fingerprint.
+"""
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+
+import graphllm
+from graphllm.compiler import artifact as A
+from graphllm.compiler.lower import lower, save_node_table
+from graphllm.config import CompileConfig
+from graphllm.ir import capture, diff_graphs, format_graph
+from graphllm.models.loader import load_model, read_hf_config, weight_files
+from graphllm.passes.manager import PassManager
+
+PHASES = ("load", "capture", "passes", "lower", "write")
+COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "chat_template.jinja", "tokenizer.model")
+
+
+def resolve_compile_dtype(config: CompileConfig, hf: dict, device: torch.device) -> torch.dtype:
+    from graphllm.config import EngineConfig
+    from graphllm.runtime.setup import resolve_dtype
+    return resolve_dtype(EngineConfig(dtype=config.dtype), hf, device)
+
+
+def cache_key(model_dir: Path, config: CompileConfig, device: torch.device) -> str:
+    """Hash of everything an artifact depends on (see module docstring)."""
+    parts = {
+        "graphllm": graphllm.__version__,
+        "compile": dataclasses.asdict(config),
+        "passes": PassManager(config).uuid(),
+        "model_config": read_hf_config(model_dir),
+        "weights": {f.name: A.quick_fingerprint(f) for f in weight_files(model_dir)},
+        "environment": A.environment_fingerprint(device),
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+class PhaseTimer:
+    def __init__(self, show: bool):
+        self.seconds: dict[str, float] = {}
+        self.bar = tqdm(total=len(PHASES), desc="compile", disable=not show, unit="phase")
+
+    @contextmanager
+    def phase(self, name: str):
+        self.bar.set_postfix_str(name)
+        start = time.perf_counter()
+        yield
+        self.seconds[name] = round(time.perf_counter() - start, 3)
+        self.bar.update(1)
+
+    def summary(self) -> str:
+        total = sum(self.seconds.values())
+        rows = [f"  {name:<8} {secs:8.2f} s" for name, secs in self.seconds.items()]
+        return "\n".join(["phase timings:", *rows, f"  {'total':<8} {total:8.2f} s"])
+
+
+def save_weights(weights: dict[str, torch.Tensor], path: Path) -> dict[str, str]:
+    """Store each distinct tensor once; returns alias -> stored name for tied weights."""
+    stored, aliases, by_ptr = {}, {}, {}
+    for name, tensor in weights.items():
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        if key in by_ptr:
+            aliases[name] = by_ptr[key]
+        else:
+            by_ptr[key] = name
+            stored[name] = tensor.contiguous().cpu()
+    save_file(stored, str(path))
+    return aliases
+
+
+class GraphDumps:
+    """graphs/before.txt, after.txt and one NN_<pass>.diff per pass."""
+
+    def __init__(self):
+        self.files: dict[str, str] = {}
+
+    def on_pass(self, report, before: str, after: str) -> None:
+        self.files[f"{len(self.files) + 1:02d}_{report.name}.diff"] = diff_graphs(before, after)
+
+    def write(self, out: Path, before: str, after: str) -> None:
+        graphs = out / "graphs"
+        graphs.mkdir(exist_ok=True)
+        (graphs / "before.txt").write_text(before)
+        (graphs / "after.txt").write_text(after)
+        for name, text in self.files.items():
+            (graphs / name).write_text(text)
+
+
+def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig = CompileConfig(),
+                  device: str | torch.device = "auto", show_progress: bool = True,
+                  command: str | None = None) -> dict:
+    """Compile a Hugging Face folder into an artifact directory; returns the manifest."""
+    model_dir, out = Path(model_dir), Path(out)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if str(device) == "auto" else device)
+    timer = PhaseTimer(show_progress)
+    hf = read_hf_config(model_dir)
+    dtype = resolve_compile_dtype(config, hf, device)
+    with timer.phase("load"):
+        model, model_config = load_model(model_dir, dtype, device)
+    with timer.phase("capture"):
+        graph = capture(model, model_config, dtype, device, max_num_tokens=max(config.max_num_batched_tokens, 
+                                                                              max(config.decode_buckets)),
+                        max_num_seqs=max(config.max_num_seqs, max(config.decode_buckets)))
+        before = format_graph(graph.gm)
+    dumps = GraphDumps()
+    with timer.phase("passes"):
+        reports = PassManager(config).run(graph, dumps.on_pass)
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    with timer.phase("lower"):
+        exported = lower(graph, staging / A.STEP_PACKAGE)
+    with timer.phase("write"):
+        aliases = save_weights(graph.weights, staging / A.WEIGHTS)
+        for name in COPIED_FILES:
+            if (model_dir / name).is_file():
+                shutil.copy2(model_dir / name, staging / name)
+        dumps.write(staging, before, format_graph(graph.gm))
+        save_node_table(exported, staging / "graphs" / "nodes.json")
+    manifest = {
+        "graphllm_version": graphllm.__version__,
+        "cache_key": cache_key(model_dir, config, device),
+        "compile_command": command or f"graphllm compile --model {model_dir} --out {out}",
+        "model": {"source": str(model_dir), "config": hf, "architecture": model_config.architecture,
+                  "weight_fingerprints": {f.name: A.quick_fingerprint(f) for f in weight_files(model_dir)}},
+        "compile": {**dataclasses.asdict(config), "dtype": str(dtype).removeprefix("torch."),
+                    "buckets": list(config.decode_buckets)},
+        "weight_aliases": aliases,
+        "passes": [dataclasses.asdict(r) for r in reports],
+        "environment": A.environment_fingerprint(device),
+        "timings": timer.seconds,
+    }
+    A.write_manifest(staging, manifest)
+    shutil.rmtree(out, ignore_errors=True)
+    staging.rename(out)
+    timer.bar.close()
+    if show_progress:
+        print(timer.summary())
+    return manifest

@@ -1,0 +1,64 @@
+"""PassManager: the ordered list of passes a CompileConfig asks for, with a fixed clean-up tail.
+
+Order matters: gate/up must be fused before silu·mul can match its split; clean-up (no-op
+elimination, then dead code) always runs last. `uuid()` hashes the list and every pass's uuid,
+so an artifact's cache key changes whenever any pass changes.
+"""
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from graphllm.config import CompileConfig
+from graphllm.ir.graph import StepGraph, format_graph
+from graphllm.passes.base import GraphPass
+
+
+@dataclass
+class PassReport:
+    name: str
+    uuid: str
+    nodes_before: int
+    nodes_after: int
+    counts: dict[str, int]
+    seconds: float
+
+
+def build_pass_list(config: CompileConfig) -> list[GraphPass]:
+    from graphllm.passes.fusion.fuse_add_rmsnorm import FuseAddRMSNorm
+    from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
+    from graphllm.passes.fusion.fuse_qkv import FuseQKV
+    from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
+    from graphllm.passes.utility.dce import DeadCodeElimination
+    from graphllm.passes.utility.eliminate_noops import EliminateNoops
+
+    cleanup = [EliminateNoops(), DeadCodeElimination()]
+    chosen = [(config.fuse_qkv, FuseQKV), (config.fuse_gate_up, FuseGateUp),
+              (config.fuse_silu_mul and config.fuse_gate_up, FuseSiluMul),
+              (config.fuse_add_rmsnorm, FuseAddRMSNorm)]
+    return [EliminateNoops()] + [cls() for wanted, cls in chosen if wanted] + cleanup
+
+
+class PassManager:
+    def __init__(self, config: CompileConfig):
+        self.passes = build_pass_list(config)
+
+    def uuid(self) -> str:
+        joined = ",".join(f"{p.name}:{p.uuid()}" for p in self.passes)
+        return hashlib.sha256(joined.encode()).hexdigest()[:16]
+
+    def run(self, graph: StepGraph, on_pass: Callable[[PassReport, str, str], None] | None = None
+            ) -> list[PassReport]:
+        """Run every pass; on_pass(report, graph text before, after) lets callers dump diffs."""
+        reports = []
+        for p in self.passes:
+            text = format_graph(graph.gm) if on_pass else ""
+            before, start = len(graph.graph.nodes), time.perf_counter()
+            counts = p(graph)
+            report = PassReport(p.name, p.uuid(), before, len(graph.graph.nodes), counts,
+                                time.perf_counter() - start)
+            reports.append(report)
+            if on_pass:
+                on_pass(report, text, format_graph(graph.gm))
+        return reports
