@@ -1,11 +1,11 @@
-"""The `graphllm` command line. Subcommands: generate (compile, serve, inspect, bench follow)."""
+"""The `graphllm` command line: generate, compile, inspect (serve and bench follow)."""
 
 import argparse
 import asyncio
 import json
 import sys
 
-from graphllm.config import EngineConfig
+from graphllm.config import CompileConfig, EngineConfig
 from graphllm.runtime.sampling_params import SamplingParams
 
 SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
@@ -17,17 +17,25 @@ SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
 }
 
 
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
+def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="Hugging Face model folder (default: the built-in demo model)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--max-num-batched-tokens", type=int)
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    parser.add_argument("--artifact", help="run a `graphllm compile` artifact instead of --model")
+    parser.add_argument("--eager", action="store_true", help="run the model uncompiled (no artifact cache)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
-                        max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs)
+    return EngineConfig(model=args.model, artifact=args.artifact, compile=not args.eager and not args.artifact,
+                        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
@@ -70,6 +78,38 @@ async def stream_to_stdout(engine, prompt, params: SamplingParams) -> int:
     return 0
 
 
+def cmd_compile(args: argparse.Namespace) -> int:
+    from graphllm.compiler.pipeline import compile_model
+    from graphllm.runtime.setup import resolve_model_path
+    given = {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
+    config = CompileConfig(dtype=args.dtype, buckets=tuple(args.buckets) if args.buckets else None,
+                           **{k: v for k, v in given.items() if v is not None})
+    model_dir = resolve_model_path(EngineConfig(model=args.model))
+    manifest = compile_model(model_dir, args.out, config, args.device, command=" ".join(["graphllm", *sys.argv[1:]]))
+    print(f"artifact written to {args.out} (cache key {manifest['cache_key']})")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from pathlib import Path
+    from graphllm.compiler import inspection
+    from graphllm.compiler.artifact import read_manifest
+    art = Path(args.artifact)
+    manifest = read_manifest(art)
+    if args.kernel:
+        print(inspection.kernel_source(art, args.kernel))
+        return 0
+    if args.dump:
+        written = inspection.dump(art, Path(args.dump), manifest)
+        print(f"wrote {len(written)} files under {args.dump}")
+        return 0
+    print(f"{art}: {manifest['model']['architecture']}, dtype {manifest['compile']['dtype']}, "
+          f"buckets {manifest['compile']['buckets']}, compiled for {manifest['environment']['device_name']}\n")
+    print(inspection.format_passes(manifest) + "\n")
+    print(inspection.format_kernels(inspection.kernels_with_sources(art)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,6 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     gen.add_argument("--json", action="store_true", help="one JSON line per completion")
     gen.set_defaults(func=cmd_generate)
+
+    comp = sub.add_parser("compile", help="compile a model folder into an artifact directory")
+    add_model_args(comp)
+    comp.add_argument("--out", required=True, help="artifact directory to write")
+    comp.add_argument("--buckets", type=int, nargs="+", help="decode batch sizes to capture as CUDA graphs")
+    comp.set_defaults(func=cmd_compile)
+
+    insp = sub.add_parser("inspect", help="show what the compiler did to an artifact")
+    insp.add_argument("artifact")
+    insp.add_argument("--kernel", help="print this generated kernel's source")
+    insp.add_argument("--dump", help="write graph code, depyf decompilations and kernel sources here")
+    insp.set_defaults(func=cmd_inspect)
     return parser
 
 
@@ -88,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as e:  # bad parameters or model folder: a message, not a traceback
+    except (ValueError, KeyError) as e:  # bad parameters, model folder or artifact: a message, not a traceback
         print(f"graphllm: error: {e}", file=sys.stderr)
         return 2
 

@@ -1,4 +1,5 @@
-"""Greedy tokens equal transformers' generate for every architecture we claim (CPU, float32).
+"""Greedy tokens equal transformers' generate for every architecture we claim (CPU, float32),
+eager and compiled (an artifact from the full pass pipeline, loaded with Engine.load).
 
 Also under forced preemption (a KV pool too small for the batch) and with prefill chunks
 shorter than the prompts.
@@ -41,11 +42,14 @@ def reference_tokens(tiny_model_dir):
     return get
 
 
+@pytest.mark.parametrize("kind", ["eager", "compiled"])
 @pytest.mark.parametrize("setting", SETTINGS)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_greedy_matches_transformers(arch, setting, tiny_model_dir, reference_tokens):
-    path, _ = tiny_model_dir(arch)
-    engine = Engine.from_pretrained(path, **SETTINGS[setting])
+def test_greedy_matches_transformers(arch, setting, kind, tiny_model_dir, compiled_dir, reference_tokens):
+    if kind == "eager":
+        engine = Engine.from_pretrained(tiny_model_dir(arch)[0], **SETTINGS[setting])
+    else:
+        engine = Engine.load(compiled_dir(arch), **SETTINGS[setting])
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     outs = engine.generate(PROMPTS, params)
     got = [o.outputs[0].token_ids for o in outs]

@@ -16,9 +16,16 @@ def fused_op_references() -> dict:
     import graphllm.ops.rms_norm as rms_norm
     import graphllm.ops.silu_and_mul as silu_and_mul
     ops = torch.ops.graphllm
-    return {ops.silu_and_mul.default: silu_and_mul.silu_and_mul_reference,
-            ops.rms_norm.default: rms_norm.rms_norm_reference,
-            ops.add_rms_norm.default: rms_norm.add_rms_norm_reference}
+    return {ops.silu_and_mul.default: silu_and_mul.reference_silu_and_mul,
+            ops.rms_norm.default: rms_norm.reference_rms_norm,
+            ops.add_rms_norm.default: add_rms_norm_reference}
+
+
+def add_rms_norm_reference(x, residual, weight, eps):
+    """add_rms_norm's body: (rms_norm(x + residual), x + residual)."""
+    from graphllm.ops.rms_norm import reference_rms_norm
+    summed = x + residual
+    return reference_rms_norm(summed, weight, eps), summed
 
 
 @contextlib.contextmanager

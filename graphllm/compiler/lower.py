@@ -65,17 +65,30 @@ def node_table(exported: torch.export.ExportedProgram) -> dict[str, dict[str, st
     return table
 
 
+KERNEL_CALL = re.compile(r"\b((?:cpp|triton)_\w+|aoti_torch_(?:cpu|cuda)_\w+|aoti_torch_proxy_executor_call_function)\(")
+
+
 def kernel_table(wrapper_source: str) -> list[dict]:
-    """Kernel calls of an AOTInductor wrapper, each with the graph nodes and ATen ops fused into it."""
-    kernels, lines = [], wrapper_source.splitlines()
-    for i, line in enumerate(lines):
-        match = SOURCE_NODES.search(line)
-        if not match:
+    """The wrapper's kernel calls in order, grouped by Inductor's "Source Nodes" comments.
+
+    Inductor writes such a comment before the code of each buffer it computes, naming the
+    graph nodes and ATen ops fused into it; the block up to the next comment calls one or more
+    kernels: generated ones (cpp_fused_*, triton_*) and extern ops (aoti_torch_cpu_addmm_out,
+    custom ops through the proxy executor). Calls before the first comment form a block with
+    no nodes.
+    """
+    lines = wrapper_source.splitlines()
+    body = next((i for i, line in enumerate(lines) if "::run_impl(" in line), 0)
+    marks = [(i, m) for i, line in enumerate(lines) if i > body and (m := SOURCE_NODES.search(line))]
+    blocks = [(body, None)] + marks
+    kernels = []
+    for (start, match), (end, _) in zip(blocks, blocks[1:] + [(len(lines), None)]):
+        calls = list(dict.fromkeys(KERNEL_CALL.findall("\n".join(lines[start + 1:end]))))
+        if not calls:
             continue
-        call = next((l.strip() for l in lines[i + 1:i + 6] if "(" in l and not l.strip().startswith("//")), "")
-        name = re.split(r"[(<\s]", call.split("=")[-1].strip())[0] if call else ""
-        kernels.append({"kernel": name, "nodes": [n.strip() for n in match.group(1).split(",") if n.strip()],
-                        "aten": [a.strip() for a in match.group(2).split(",") if a.strip()]})
+        split = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
+        kernels.append({"calls": calls, "nodes": split(match.group(1)) if match else [],
+                        "aten": split(match.group(2)) if match else []})
     return kernels
 
 

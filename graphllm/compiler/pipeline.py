@@ -93,11 +93,13 @@ class GraphDumps:
     def on_pass(self, report, before: str, after: str) -> None:
         self.files[f"{len(self.files) + 1:02d}_{report.name}.diff"] = diff_graphs(before, after)
 
-    def write(self, out: Path, before: str, after: str) -> None:
+    def write(self, out: Path, before: tuple[str, str], after: tuple[str, str]) -> None:
+        """before/after: (graph text, graph Python code)."""
         graphs = out / "graphs"
         graphs.mkdir(exist_ok=True)
-        (graphs / "before.txt").write_text(before)
-        (graphs / "after.txt").write_text(after)
+        for stem, (text, code) in (("before", before), ("after", after)):
+            (graphs / f"{stem}.txt").write_text(text)
+            (graphs / f"{stem}.py").write_text(code)
         for name, text in self.files.items():
             (graphs / name).write_text(text)
 
@@ -114,13 +116,13 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
     with timer.phase("load"):
         model, model_config = load_model(model_dir, dtype, device)
     with timer.phase("capture"):
-        graph = capture(model, model_config, dtype, device, max_num_tokens=max(config.max_num_batched_tokens, 
-                                                                              max(config.decode_buckets)),
-                        max_num_seqs=max(config.max_num_seqs, max(config.decode_buckets)))
-        before = format_graph(graph.gm)
+        graph = capture(model, model_config, dtype, device, max_num_tokens=config.max_num_batched_tokens,
+                        max_num_seqs=config.max_num_seqs)
+        before = format_graph(graph.gm), graph.gm.code
     dumps = GraphDumps()
     with timer.phase("passes"):
         reports = PassManager(config).run(graph, dumps.on_pass)
+        after = format_graph(graph.gm), graph.gm.code
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -131,7 +133,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
         for name in COPIED_FILES:
             if (model_dir / name).is_file():
                 shutil.copy2(model_dir / name, staging / name)
-        dumps.write(staging, before, format_graph(graph.gm))
+        dumps.write(staging, before, after)
         save_node_table(exported, staging / "graphs" / "nodes.json")
     manifest = {
         "graphllm_version": graphllm.__version__,

@@ -1,0 +1,61 @@
+"""`graphllm compile` and `graphllm inspect` as a user runs them."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "graphllm.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def cli_artifact(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cli") / "art"
+    result = run_cli("compile", "--model", str(tiny_model_dir("qwen3")[0]), "--out", str(out),
+                     "--max-num-seqs", "16", "--buckets", "1", "2", "4", "16")
+    assert result.returncode == 0, result.stderr
+    return out, result
+
+
+def test_compile_reports_phases(cli_artifact):
+    out, result = cli_artifact
+    for phase in ("load", "capture", "passes", "lower", "write", "total"):
+        assert phase in result.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["compile"]["buckets"] == [1, 2, 4, 16] and manifest["compile"]["max_num_seqs"] == 16
+    assert manifest["compile_command"].startswith("graphllm compile --model")
+
+
+def test_inspect_lists_passes_and_kernels_with_sources(cli_artifact):
+    out, _ = cli_artifact
+    result = run_cli("inspect", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "fuse_qkv" in result.stdout and "fused=2" in result.stdout
+    assert "distinct generated kernels" in result.stdout and "cpp_fused_silu_and_mul" in result.stdout
+    assert "source:  return self.o_proj(out.reshape(num_tokens, -1))" in result.stdout
+    assert "modules: " in result.stdout and "model.model.layers.1.mlp.gate_up_proj" in result.stdout
+
+
+def test_inspect_kernel_source(cli_artifact):
+    out, _ = cli_artifact
+    listing = run_cli("inspect", str(out)).stdout
+    name = re.search(r"\bcpp_fused_\w+", listing).group(0)
+    result = run_cli("inspect", str(out), "--kernel", name)
+    assert result.returncode == 0 and name in result.stdout and "{" in result.stdout
+    missing = run_cli("inspect", str(out), "--kernel", "no_such_kernel")
+    assert missing.returncode == 2 and "no kernel named" in missing.stderr
+
+
+def test_inspect_dump(cli_artifact, tmp_path):
+    out, _ = cli_artifact
+    result = run_cli("inspect", str(out), "--dump", str(tmp_path / "dump"))
+    assert result.returncode == 0, result.stderr
+    files = {p.relative_to(tmp_path / "dump").as_posix() for p in (tmp_path / "dump").rglob("*") if p.is_file()}
+    assert {"graph_before.py", "graph_after.py", "decompiled/LlamaAttention.forward.py"} <= files
+    assert any(f.startswith("inductor/") and f.endswith(".cpp") for f in files)
+    assert "def forward" in (tmp_path / "dump" / "decompiled" / "LlamaAttention.forward.py").read_text()
