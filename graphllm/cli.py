@@ -1,4 +1,4 @@
-"""The `graphllm` command line: generate, compile, inspect (serve and bench follow)."""
+"""The `graphllm` command line: generate, compile, inspect, bench (serve follows)."""
 
 import argparse
 import asyncio
@@ -110,6 +110,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_compile(args: argparse.Namespace) -> int:
+    from graphllm.bench.compile_bench import main as bench_main
+    return bench_main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +138,18 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--kernel", help="print this generated kernel's source")
     insp.add_argument("--dump", help="write graph code, depyf decompilations and kernel sources here")
     insp.set_defaults(func=cmd_inspect)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    comp_bench = bench.add_parser("compile", help="cold compile, warm start, eager vs compiled vs CUDA graphs")
+    comp_bench.add_argument("--preset", default="llama-3-8b")
+    comp_bench.add_argument("--model", help="a model folder instead of a preset")
+    comp_bench.add_argument("--work", default="bench-work", help="scratch directory (model, artifact, caches)")
+    comp_bench.add_argument("--batch-sizes", type=lambda s: [int(x) for x in s.split(",")], default=[1])
+    comp_bench.add_argument("--input-len", type=int, default=128)
+    comp_bench.add_argument("--output-len", type=int, default=256)
+    comp_bench.add_argument("--max-num-seqs", type=int, default=64)
+    comp_bench.add_argument("--json", help="write the results here")
+    comp_bench.set_defaults(func=cmd_bench_compile)
     return parser
 
 

@@ -25,6 +25,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None  # None = sized from kv_cache_memory_gib
     kv_cache_memory_gib: float | None = None  # None: 4 GiB on CPU, 90% of free memory on GPU
     seed: int = 0  # for unseeded sampling
+    cuda_graphs: bool = True  # replay decode steps from CUDA graphs (GPU only)
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -62,8 +63,13 @@ class CompileConfig:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.buckets is not None and (not self.buckets or min(self.buckets) < 1):
-            raise ValueError(f"buckets must be positive batch sizes, got {self.buckets}")
+        if self.buckets is not None and (not self.buckets or min(self.buckets) < 1
+                                         or max(self.buckets) > self.max_num_seqs):
+            raise ValueError(f"buckets must be batch sizes in [1, max_num_seqs={self.max_num_seqs}], "
+                             f"got {self.buckets}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                             f"max_num_seqs ({self.max_num_seqs}): a decode step has one token per sequence")
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:

@@ -36,7 +36,8 @@ def compiled_dir(tiny_model_dir):
     def get(arch: str):
         if arch not in cache:
             path, _ = tiny_model_dir(arch)
-            cache[arch] = compiled_artifact(EngineConfig(model=str(path)), path, show_progress=False)
+            config = EngineConfig(model=str(path), dtype="float32")  # float32 on GPU too: exact oracle
+            cache[arch] = compiled_artifact(config, path, show_progress=False)
         return cache[arch]
 
     return get

@@ -5,6 +5,7 @@ the EngineConfig is never mutated.
 """
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -12,13 +13,15 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from graphllm.config import DEFAULT_LIMITS, EngineConfig
+from graphllm.config import DEFAULT_LIMITS, EngineConfig, default_buckets
 from graphllm.models.config import ModelConfig
 from graphllm.models.loader import load_model, read_hf_config
 from graphllm.ir.capture import StepModule
 from graphllm.runtime.kv_cache import BlockPool, allocate_kv_caches, kv_bytes_per_block
 from graphllm.runtime.model_runner import ModelRunner
 from graphllm.runtime.scheduler import Scheduler
+
+logger = logging.getLogger("graphllm")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 CPU_KV_CACHE_GIB = 4.0
@@ -150,7 +153,8 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
     model_config, weights, step = load_compiled_step(art, manifest, device)
     dtype = next(iter(weights.values())).dtype
     limits = resolve_limits(config, manifest["compile"])
-    return assemble(config, limits, art, None, model_config, step, dtype, device)
+    buckets = tuple(b for b in manifest["compile"]["buckets"] if b <= limits.max_num_seqs)
+    return assemble(config, limits, art, None, model_config, step, dtype, device, buckets)
 
 
 def resolve_limits(config: EngineConfig, built: dict | None = None) -> Limits:
@@ -169,17 +173,32 @@ def resolve_limits(config: EngineConfig, built: dict | None = None) -> Limits:
 
 
 def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module | None,
-             model_config: ModelConfig, step, dtype: torch.dtype, device: torch.device) -> Runtime:
+             model_config: ModelConfig, step, dtype: torch.dtype, device: torch.device,
+             buckets: tuple[int, ...] | None = None) -> Runtime:
     """The parts eager and compiled engines share: tokenizer, KV cache, scheduler, runner."""
     tokenizer = load_tokenizer(path)
     max_model_len = resolve_max_model_len(config, model_config)
     num_blocks = resolve_num_blocks(config, limits, model_config, dtype, device, max_model_len)
-    kv_caches = allocate_kv_caches(model_config, num_blocks, limits.block_size, dtype, device)
+    # one block more than the pool hands out: padded CUDA-graph rows write their K/V there
+    kv_caches = allocate_kv_caches(model_config, num_blocks + 1, limits.block_size, dtype, device)
     kv_bytes = sum(c.numel() * c.element_size() for c in kv_caches)
     torch.manual_seed(config.seed)
     state = RuntimeState(path, device, dtype, max_model_len, num_blocks, kv_bytes,
                          eos_token_ids(path, model_config, tokenizer), model_config, limits)
     pool = BlockPool(num_blocks, limits.block_size)
     scheduler = Scheduler(pool, limits.max_num_seqs, limits.max_num_batched_tokens)
-    runner = ModelRunner(step, kv_caches, limits.block_size, device)
+    graphs = None
+    if device.type == "cuda" and config.cuda_graphs:
+        graphs = capture_graphs(step, kv_caches, buckets or default_buckets(limits.max_num_seqs),
+                                -(-max_model_len // limits.block_size), num_blocks * limits.block_size, device)
+    runner = ModelRunner(step, kv_caches, limits.block_size, device, graphs)
     return Runtime(model, tokenizer, state, pool, scheduler, runner)
+
+
+def capture_graphs(step, kv_caches, buckets, max_blocks_per_seq: int, padding_slot: int, device):
+    from graphllm.runtime.cudagraphs import CUDAGraphRunner
+    graphs = CUDAGraphRunner(step, kv_caches, buckets, max_blocks_per_seq, padding_slot, device)
+    graphs.capture()
+    logger.info("captured %d decode CUDA graphs (buckets %s) in %.2f s; they hold %.3f GiB",
+                len(graphs.graphs), list(graphs.buckets), graphs.capture_seconds, graphs.pool_bytes / 2**30)
+    return graphs

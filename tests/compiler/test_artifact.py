@@ -105,5 +105,5 @@ def test_compile_cache_is_reused(compiled_dir, tiny_model_dir, monkeypatch):
     import graphllm.compiler.pipeline as pipeline
     compiled_dir("llama")
     monkeypatch.setattr(pipeline, "compile_model", lambda *a, **k: pytest.fail("recompiled a cached artifact"))
-    engine = Engine.from_pretrained(tiny_model_dir("llama")[0], compile=True)
+    engine = Engine.from_pretrained(tiny_model_dir("llama")[0], compile=True, dtype="float32")
     assert engine.state.model_path == compiled_dir("llama")

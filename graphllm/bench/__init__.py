@@ -1,0 +1,1 @@
+"""`graphllm bench`: measurements anyone can rerun on their own machine."""

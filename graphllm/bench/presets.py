@@ -1,0 +1,64 @@
+"""Random-weight models at real shapes, written as ordinary Hugging Face folders.
+
+No download: the config is the published architecture, the weights are N(0, 0.02) (norms 1),
+which is enough for speed and memory work; correctness uses tiny configs against transformers.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from graphllm.models.loader import read_hf_config
+from graphllm.models.registry import resolve_architecture
+
+PRESETS: dict[str, dict] = {
+    "llama-3-8b": dict(architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=14336,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                       vocab_size=128256, rope_theta=500000.0, max_position_embeddings=8192,
+                       rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001),
+    "llama-3.2-1b": dict(architectures=["LlamaForCausalLM"], hidden_size=2048, intermediate_size=8192,
+                         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+                         vocab_size=128256, rope_theta=500000.0, max_position_embeddings=131072,
+                         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+                         rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001),
+    "qwen3-0.6b": dict(architectures=["Qwen3ForCausalLM"], hidden_size=1024, intermediate_size=3072,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                       vocab_size=151936, rope_theta=1000000.0, max_position_embeddings=40960,
+                       rms_norm_eps=1e-6, tie_word_embeddings=True, eos_token_id=151645),
+    "qwen2.5-7b": dict(architectures=["Qwen2ForCausalLM"], hidden_size=3584, intermediate_size=18944,
+                       num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       vocab_size=152064, rope_theta=1000000.0, max_position_embeddings=32768,
+                       rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=151645),
+}
+
+
+def random_weights(config: dict, dtype: torch.dtype, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Every parameter of the preset's module, N(0, 0.02) for matrices and ones for norms."""
+    module_cls, model_config = resolve_architecture(config)
+    with torch.device("meta"):
+        shapes = {name: p.shape for name, p in module_cls(model_config).named_parameters()}
+    gen = torch.Generator(device).manual_seed(seed)
+    weights = {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            weights[name] = torch.ones(shape, dtype=dtype, device=device)
+        else:
+            weights[name] = (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(dtype)
+    return weights
+
+
+def write_preset(name: str, out: str | Path, dtype: torch.dtype = torch.bfloat16,
+                 device: str = "cuda" if torch.cuda.is_available() else "cpu") -> Path:
+    """A Hugging Face folder with the preset's config.json and random safetensors weights."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {**PRESETS[name], "torch_dtype": str(dtype).removeprefix("torch.")}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    weights = random_weights(read_hf_config(out), dtype, torch.device(device))
+    save_file({k: v.cpu() for k, v in weights.items()}, str(out / "model.safetensors"))
+    return out
