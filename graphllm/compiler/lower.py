@@ -29,15 +29,18 @@ def lower(graph: StepGraph, package: Path) -> torch.export.ExportedProgram:
 
 
 def open_package(package: Path, device: torch.device):
-    """The AOTInductor model in `package`, built straight from its loader.
+    """The AOTInductor model in `package`.
 
-    aoti_load_package would first compile Inductor's CPU-ISA probe programs with g++ just to
-    log a warning on mismatch; our environment fingerprint checks the CPU flags instead, so
-    loading compiles nothing. run_single_threaded lets a CUDA graph capture the call.
+    On CPU it is built straight from its loader: aoti_load_package would first compile
+    Inductor's CPU-ISA probe programs with g++ only to log a warning on mismatch, and our
+    environment fingerprint checks the CPU flags instead, so loading compiles nothing. On CUDA
+    (where that direct construction crashed on torch 2.11) the public loader is used, with
+    run_single_threaded so that a CUDA graph can capture the call.
     """
+    if device.type == "cuda":
+        return torch._inductor.aoti_load_package(str(package), run_single_threaded=True)
     from torch.export.pt2_archive._package import AOTICompiledModel
-    device_index = -1 if device.type == "cpu" else (device.index or 0)
-    loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", device.type == "cuda", 1, device_index)
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(package), "model", False, 1, -1)
     return AOTICompiledModel(loader)
 
 
