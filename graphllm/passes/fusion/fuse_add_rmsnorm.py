@@ -1,0 +1,251 @@
+"""FuseAddRMSNorm: each RMSNorm module becomes one rms_norm node, taking in the residual add before it.
+
+A group is the nodes whose innermost RMSNorm entry in `nn_module_stack` is the same module
+call. Before (float32 graph as captured, post_attention_layernorm of layer 0; the f32 -> f32
+casts and the asserts are gone once eliminate_noops has run, and both forms match; in bfloat16
+the casts are real. Note that the residual stream reads the no-op cast `hf`, not `h`):
+
+    h: "f32[T, H]" = aten.add.Tensor(x, o_proj)                   # residual add, layer 0
+    _assert_tensor_metadata(h, dtype=f32)
+    hf: "f32[T, H]" = aten.to.dtype(h, f32)
+    sq: "f32[T, H]" = aten.pow.Tensor_Scalar(hf, 2)
+    ms: "f32[T, 1]" = aten.mean.dim(sq, [-1], True)
+    ms_eps: "f32[T, 1]" = aten.add.Tensor(ms, 1e-06)
+    inv: "f32[T, 1]" = aten.rsqrt.default(ms_eps)
+    n: "f32[T, H]" = aten.mul.Tensor(hf, inv)
+    _assert_tensor_metadata(n, dtype=f32)
+    nc: "f32[T, H]" = aten.to.dtype(n, f32)                       # back to h's dtype
+    y: "f32[T, H]" = aten.mul.Tensor(w, nc)                       # w: get_attr [H]
+    ... = aten.add.Tensor(hf, down_proj)                          # next residual add
+
+After:
+
+    fused = graphllm.add_rms_norm.default(x, o_proj, w, 1e-06)
+    y: "f32[T, H]" = getitem(fused, 0)
+    h: "f32[T, H]" = getitem(fused, 1)
+    ... = aten.add.Tensor(h, down_proj)
+
+When the group's input is not an add of two tensors of one shape and dtype (the embedding,
+Qwen3's per-head q/k norms over [T, heads, head_dim]) the group alone becomes
+`y = graphllm.rms_norm.default(h, w, eps)`. A group that is not exactly this math, or whose
+inner values are read elsewhere, is left alone. The replacement ops repeat RMSNorm's math op by
+op, so float32 results are bit-identical on CPU.
+"""
+
+import operator
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+import graphllm.ops.rms_norm  # noqa: F401  (registers torch.ops.graphllm.rms_norm / add_rms_norm)
+from graphllm.ir.graph import StepGraph
+from graphllm.models.layers import RMSNorm
+from graphllm.passes.base import GraphPass
+
+aten = torch.ops.aten
+ASSERT = aten._assert_tensor_metadata.default
+RMSNORM_TYPE = f"{RMSNorm.__module__}.{RMSNorm.__qualname__}"
+META_KEYS = ("nn_module_stack", "stack_trace")
+
+
+@dataclass
+class NormMatch:
+    """One RMSNorm call: y = weight * to(xf * rsqrt(mean(xf ** 2, -1) + eps), x.dtype), xf = float(x)."""
+
+    input: fx.Node  # x, from outside the group
+    cast: fx.Node | None  # to(x, f32) when the graph has it; in f32 the residual stream may read it
+    weight: fx.Node  # get_attr [D]
+    eps: float
+    output: fx.Node  # y
+    nodes: list[fx.Node]  # the whole group, asserts included, in graph order
+
+
+# ---- finding the groups ---------------------------------------------------------------------
+
+def _is_rmsnorm(module_type) -> bool:
+    if isinstance(module_type, type):
+        return issubclass(module_type, RMSNorm)
+    return module_type == RMSNORM_TYPE
+
+
+def rmsnorm_groups(graph: fx.Graph) -> list[list[fx.Node]]:
+    """call_function nodes grouped by their innermost RMSNorm module call, in graph order."""
+    groups: dict[str, list[fx.Node]] = {}
+    for node in graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        keys = [key for key, (_, module_type) in stack.items() if _is_rmsnorm(module_type)]
+        if node.op == "call_function" and keys:
+            groups.setdefault(keys[-1], []).append(node)
+    return list(groups.values())
+
+
+# ---- matching one group ---------------------------------------------------------------------
+
+def _args(node, target, arity: int) -> tuple:
+    """node's `arity` args when node is `target(...)` without kwargs, else `arity` Nones."""
+    if (isinstance(node, fx.Node) and node.op == "call_function" and node.target == target
+            and not node.kwargs and len(node.args) == arity):
+        return node.args
+    return (None,) * arity
+
+
+def _dtype(node) -> torch.dtype | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val.dtype if isinstance(val, torch.Tensor) else None
+
+
+def _mul_operands(node, is_first) -> tuple:
+    """(a, b) with is_first(a) for node = mul(a, b) or mul(b, a): products commute exactly."""
+    a, b = _args(node, aten.mul.Tensor, 2)
+    if a is not None and is_first(a):
+        return a, b
+    return (b, a) if b is not None and is_first(b) else (None, None)
+
+
+def _strip_cast(node, dtype: torch.dtype | None = None) -> tuple:
+    """(the cast, its input) for node = to.dtype(input, dtype) (any dtype if None), else (None, node)."""
+    source, to = _args(node, aten.to.dtype, 2)
+    if source is not None and (dtype is None or to == dtype):
+        return node, source
+    return None, node
+
+
+def _match_body(out: fx.Node) -> dict | None:
+    """Name the nodes of y = w * to(xf * rsqrt(mean(xf ** 2, [-1], True) + eps)), from y back."""
+    weight, nc = _mul_operands(out, lambda a: isinstance(a, fx.Node) and a.op == "get_attr")
+    cast_back, n = _strip_cast(nc)
+    inv, xf = _mul_operands(n, lambda a: _args(a, aten.rsqrt.default, 1)[0] is not None)
+    (ms_eps,) = _args(inv, aten.rsqrt.default, 1)
+    ms, eps = _args(ms_eps, aten.add.Tensor, 2)
+    sq, dims, keepdim = _args(ms, aten.mean.dim, 3)
+    base, exponent = _args(sq, aten.pow.Tensor_Scalar, 2)
+    if weight is None or base is None or base is not xf or dims != [-1] or keepdim is not True:
+        return None
+    if exponent != 2 or isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        return None
+    return dict(weight=weight, eps=float(eps), xf=xf, cast_back=cast_back,
+                body=[out, nc, n, inv, ms_eps, ms, sq])
+
+
+def _casts_agree(x_dtype, cast, cast_back) -> bool:
+    """The graph normalises in float32 and returns x's dtype, as the fused op does."""
+    if x_dtype is None:
+        return False
+    to_float = cast is not None or x_dtype == torch.float32
+    back = cast_back.args[1] == x_dtype if cast_back is not None else x_dtype == torch.float32
+    return to_float and back
+
+
+def _is_closed(match: NormMatch, body: list[fx.Node]) -> bool:
+    """The group is the body (+ cast, asserts); only y, and a no-op cast, are read from outside."""
+    group, known = set(match.nodes), set(body) | {match.cast}
+    if any(n not in known and n.target != ASSERT for n in match.nodes):
+        return False
+    inner = [n for n in body if n is not match.output]
+    if match.cast is not None and _dtype(match.input) != torch.float32:
+        inner.append(match.cast)  # a real cast: erasing it would take a value from its readers
+    return all(n in group and set(n.users) <= group for n in inner)
+
+
+def match_rmsnorm(group: list[fx.Node]) -> NormMatch | None:
+    """Read the group as RMSNorm.forward; None when it computes anything else."""
+    body = [n for n in group if n.target != ASSERT]
+    parts = _match_body(body[-1]) if body else None
+    if parts is None:
+        return None
+    cast, x = _strip_cast(parts["xf"], torch.float32) if parts["xf"] in group else (None, parts["xf"])
+    if x in group or not _casts_agree(_dtype(x), cast, parts["cast_back"]):
+        return None
+    match = NormMatch(x, cast, parts["weight"], parts["eps"], body[-1], group)
+    return match if _is_closed(match, [n for n in parts["body"] if n is not cast]) else None
+
+
+# ---- rewriting ------------------------------------------------------------------------------
+
+def _new_node(graph: fx.Graph, target, args: tuple, like: fx.Node) -> fx.Node:
+    """call_function node with like's module path and source line, and its fake value when known."""
+    node = graph.call_function(target, args)
+    node.meta.update({k: like.meta[k] for k in META_KEYS if k in like.meta})
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in args]
+    if all(v is not None for v in vals):
+        with detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)]) or nullcontext():
+            node.meta["val"] = target(*vals)
+    return node
+
+
+def _residual_operands(x: fx.Node) -> tuple | None:
+    """(a, b) when x = a + b of two tensors of one dtype and shape (no broadcast, no promotion)."""
+    a, b = _args(x, aten.add.Tensor, 2)
+    if not (isinstance(a, fx.Node) and isinstance(b, fx.Node)):
+        return None
+    va, vb = a.meta.get("val"), b.meta.get("val")
+    if not (isinstance(va, torch.Tensor) and isinstance(vb, torch.Tensor)) or va.dtype != vb.dtype:
+        return None
+    same = va.dim() == vb.dim() and all(statically_known_true(p == q) for p, q in zip(va.shape, vb.shape))
+    return (a, b) if same else None
+
+
+def _release_cast(match: NormMatch) -> None:
+    """Point outside readers of the cast at x: it is a no-op (f32 -> f32) when it has them."""
+    if match.cast is not None:
+        group = set(match.nodes)
+        match.cast.replace_all_uses_with(match.input, delete_user_cb=lambda user: user not in group)
+
+
+def _erase(graph: fx.Graph, nodes: list[fx.Node]) -> None:
+    for node in reversed(nodes):  # readers before what they read
+        graph.erase_node(node)
+
+
+def rewrite_rms_norm(graph: fx.Graph, match: NormMatch) -> None:
+    """y = rms_norm(x, w, eps) in place of the group."""
+    _release_cast(match)
+    with graph.inserting_before(match.output):
+        fused = _new_node(graph, torch.ops.graphllm.rms_norm.default,
+                          (match.input, match.weight, match.eps), match.output)
+    match.output.replace_all_uses_with(fused)
+    _erase(graph, match.nodes)
+
+
+def rewrite_add_rms_norm(graph: fx.Graph, match: NormMatch, a: fx.Node, b: fx.Node) -> None:
+    """(y, x) = add_rms_norm(a, b, w, eps) in place of x = a + b and the group."""
+    x, group = match.input, set(match.nodes)
+    _release_cast(match)
+    with graph.inserting_after(x):
+        fused = _new_node(graph, torch.ops.graphllm.add_rms_norm.default, (a, b, match.weight, match.eps),
+                          match.output)
+    with graph.inserting_after(fused):
+        y = _new_node(graph, operator.getitem, (fused, 0), match.output)
+    match.output.replace_all_uses_with(y)
+    if any(user not in group for user in x.users):
+        with graph.inserting_after(y):
+            new_residual = _new_node(graph, operator.getitem, (fused, 1), x)
+        x.replace_all_uses_with(new_residual, delete_user_cb=lambda user: user not in group)
+    _erase(graph, match.nodes)
+    graph.erase_node(x)
+
+
+class FuseAddRMSNorm(GraphPass):
+    """Every RMSNorm call -> rms_norm, or add_rms_norm when a residual add feeds it."""
+
+    name = "fuse_add_rmsnorm"
+    version = 1
+
+    def apply(self, graph: StepGraph) -> dict[str, int]:
+        counts = {"rms_norm": 0, "add_rms_norm": 0}
+        for group in rmsnorm_groups(graph.graph):
+            match = match_rmsnorm(group)
+            if match is None:
+                continue
+            operands = _residual_operands(match.input)
+            if operands is None:
+                rewrite_rms_norm(graph.graph, match)
+                counts["rms_norm"] += 1
+            else:
+                rewrite_add_rms_norm(graph.graph, match, *operands)
+                counts["add_rms_norm"] += 1
+        return counts
