@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server: app, protocol, tool-call and reasoning parsers."""
