@@ -7,6 +7,7 @@ time (KV blocks, EOS ids, resolved lengths) live in the engine's RuntimeState, n
 from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOWERINGS = ("auto", "aoti", "inductor")
 DEFAULT_LIMITS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "block_size": 16}
 
 
@@ -59,6 +60,7 @@ class CompileConfig:
     fuse_gate_up: bool = True
     fuse_silu_mul: bool = True
     fuse_add_rmsnorm: bool = True
+    lowering: str = "auto"  # "aoti" | "inductor"; auto: AOTInductor on CPU, Inductor standalone on CUDA
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -67,6 +69,8 @@ class CompileConfig:
                                          or max(self.buckets) > self.max_num_seqs):
             raise ValueError(f"buckets must be batch sizes in [1, max_num_seqs={self.max_num_seqs}], "
                              f"got {self.buckets}")
+        if self.lowering not in LOWERINGS:
+            raise ValueError(f"lowering must be one of {LOWERINGS}, got {self.lowering!r}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                              f"max_num_seqs ({self.max_num_seqs}): a decode step has one token per sequence")

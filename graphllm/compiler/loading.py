@@ -5,7 +5,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+import graphllm.ops.rms_norm  # noqa: F401  (register the ops a compiled step may call)
+import graphllm.ops.silu_and_mul  # noqa: F401
 from graphllm.compiler import artifact as A
+from graphllm.compiler.inductor_lowering import STEP_INDUCTOR, load_inductor_step
 from graphllm.compiler.lower import load_package
 from graphllm.models.config import ModelConfig
 from graphllm.models.registry import resolve_architecture
@@ -25,5 +28,9 @@ def load_compiled_step(art: Path, manifest: dict, device: torch.device):
     """(ModelConfig, weights by name, the compiled step callable)."""
     _, model_config = resolve_architecture(manifest["model"]["config"])
     weights = load_weights(art, manifest.get("weight_aliases", {}), device)
-    step = load_package(art / A.STEP_PACKAGE, weights, device)
+    lowered = manifest["lowering"]
+    if lowered["kind"] == "inductor":
+        step = load_inductor_step(art / STEP_INDUCTOR, lowered["weight_names"], weights)
+    else:
+        step = load_package(art / A.STEP_PACKAGE, weights, device)
     return model_config, weights, step

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 import graphllm
 from graphllm.compiler import artifact as A
+from graphllm.compiler.inductor_lowering import STEP_INDUCTOR, lower_inductor
 from graphllm.compiler.lower import lower, save_node_table
 from graphllm.config import CompileConfig
 from graphllm.ir import capture, diff_graphs, format_graph
@@ -38,12 +39,33 @@ def resolve_compile_dtype(config: CompileConfig, hf: dict, device: torch.device)
     return resolve_dtype(EngineConfig(dtype=config.dtype), hf, device)
 
 
+# Modules whose code shapes the compiled step besides the passes (which hash themselves).
+COMPILER_MODULES = ("graphllm.ir.capture", "graphllm.ir.graph", "graphllm.compiler.lower",
+                    "graphllm.compiler.inductor_lowering", "graphllm.compiler.decompositions",
+                    "graphllm.ops.attention", "graphllm.ops.rms_norm", "graphllm.ops.silu_and_mul",
+                    "graphllm.models.llama", "graphllm.models.layers")
+
+
+def compiler_source_hash() -> str:
+    import importlib
+    import inspect
+    sources = "".join(inspect.getsource(importlib.import_module(m)) for m in COMPILER_MODULES)
+    return hashlib.sha256(sources.encode()).hexdigest()[:16]
+
+
+def resolve_lowering(config: CompileConfig, device: torch.device) -> str:
+    if config.lowering != "auto":
+        return config.lowering
+    return "inductor" if device.type == "cuda" else "aoti"
+
+
 def cache_key(model_dir: Path, config: CompileConfig, device: torch.device) -> str:
     """Hash of everything an artifact depends on (see module docstring)."""
     parts = {
         "graphllm": graphllm.__version__,
         "compile": dataclasses.asdict(config),
         "passes": PassManager(config).uuid(),
+        "compiler": compiler_source_hash(),
         "model_config": read_hf_config(model_dir),
         "weights": {f.name: A.quick_fingerprint(f) for f in weight_files(model_dir)},
         "environment": A.environment_fingerprint(device),
@@ -126,10 +148,16 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    lowering = resolve_lowering(config, device)
     with timer.phase("lower"):
-        exported = lower(graph, staging / A.STEP_PACKAGE)
+        if lowering == "aoti":
+            exported, lowered = lower(graph, staging / A.STEP_PACKAGE), {"kind": "aoti"}
+        else:
+            exported, names = lower_inductor(graph, staging / STEP_INDUCTOR)
+            lowered = {"kind": "inductor", "weight_names": names}
     with timer.phase("write"):
-        aliases = save_weights(graph.weights, staging / A.WEIGHTS)
+        weights = {**graph.weights, **{k: v for k, v in exported.constants.items() if isinstance(v, torch.Tensor)}}
+        aliases = save_weights(weights, staging / A.WEIGHTS)
         for name in COPIED_FILES:
             if (model_dir / name).is_file():
                 shutil.copy2(model_dir / name, staging / name)
@@ -144,6 +172,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
         "compile": {**dataclasses.asdict(config), "dtype": str(dtype).removeprefix("torch."),
                     "buckets": list(config.decode_buckets)},
         "weight_aliases": aliases,
+        "lowering": lowered,
         "passes": [dataclasses.asdict(r) for r in reports],
         "environment": A.environment_fingerprint(device),
         "timings": timer.seconds,

@@ -42,18 +42,21 @@ class StepModule(nn.Module):
 
 
 def example_step_inputs(config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                        block_size: int = 16, num_blocks: int = 8) -> tuple:
-    """A mixed step of two sequences (a 4-token prefill and a decode), every size > 1.
+                        block_size: int = 16, num_blocks: int = 16) -> tuple:
+    """A mixed step of three sequences: a 4-token prefill, a decode at position 16, and a 4-token
+    prefill chunk that does not sample yet.
 
-    Sizes of 1 would be specialised by export, so the example avoids them on every dim.
+    Every dynamic size differs from the others and from 1 (T=9, B=3, B+1=4, M=5, N=2, 16 KV
+    blocks): equal sizes would be unified into one symbol and size 1 specialised.
     """
     i64 = dict(dtype=torch.int64, device=device)
-    input_ids = torch.tensor([3, 4, 5, 6, 7], **i64)
-    positions = torch.tensor([0, 1, 2, 3, 16], **i64)
-    slot_mapping = torch.tensor([0, 1, 2, 3, 3 * block_size], **i64)
-    block_tables = torch.tensor([[0, 1], [2, 3]], **i64)
-    seq_lens = torch.tensor([4, 17], **i64)
-    query_start_loc = torch.tensor([0, 4, 5], **i64)
+    input_ids = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10, 11], **i64)
+    positions = torch.tensor([0, 1, 2, 3, 16, 0, 1, 2, 3], **i64)
+    slot_mapping = torch.tensor([0, 1, 2, 3, 2 * block_size, 3 * block_size, 3 * block_size + 1,
+                                 3 * block_size + 2, 3 * block_size + 3], **i64)
+    block_tables = torch.tensor([[0, 0, 0, 0, 0], [1, 2, 0, 0, 0], [3, 0, 0, 0, 0]], **i64)
+    seq_lens = torch.tensor([4, 17, 4], **i64)
+    query_start_loc = torch.tensor([0, 4, 5, 9], **i64)
     logits_indices = torch.tensor([3, 4], **i64)
     shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
     kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]

@@ -1,0 +1,53 @@
+"""The "inductor" lowering, used on CUDA: Inductor's standalone compile of the exported graph.
+
+Why not AOTInductor there: on the lent H200 (torch 2.11+cu130), loading any AOTInductor
+package segfaulted, a one-layer model included (benchmarks/diag_aoti_cuda.py). This route
+runs the same Inductor/Triton code generation on the post-pass graph, but with the weights
+lifted to inputs (torch.export's graph signature) and packs the result as a
+`CompiledArtifact` in binary form: the generated wrapper and the compiled Triton kernels.
+Loading unpacks it with no Triton compilation and no Dynamo; symbolic sizes come from the
+export (T, B, M, N, KV blocks), so one compiled graph serves every batch shape.
+
+On CPU the binary form does not carry the built C++ kernels (they would be rebuilt at load),
+so CPU artifacts use AOTInductor (lower.py).
+"""
+
+from pathlib import Path
+
+import torch
+
+from graphllm.ir import StepGraph
+
+STEP_INDUCTOR = "step.inductor"
+
+
+def lower_inductor(graph: StepGraph, path: Path) -> tuple[torch.export.ExportedProgram, list[str]]:
+    """Compile and save; returns the exported program and the weight names the step takes first."""
+    from graphllm.compiler.decompositions import inductor_decompositions
+    exported = graph.export()
+    gm = exported.graph_module  # weights lifted: placeholders for parameters, buffers, then user inputs
+    fake_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    with inductor_decompositions():
+        compiled = torch._inductor.standalone_compile(gm, fake_inputs, dynamic_shapes="from_graph")
+    compiled.save(path=str(path), format="binary")
+    return exported, lifted_weight_names(exported)
+
+
+def lifted_weight_names(exported: torch.export.ExportedProgram) -> list[str]:
+    """Names of the parameters, buffers and constants the lifted graph takes before the user inputs."""
+    kinds = ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")
+    return [spec.target for spec in exported.graph_signature.input_specs if spec.kind.name in kinds]
+
+
+def load_inductor_step(path: Path, weight_names: list[str], weights: dict[str, torch.Tensor]):
+    """The compiled step as a callable over the flat step inputs (kv_caches as a list)."""
+    compiled = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
+    lifted = [weights[name] for name in weight_names]
+
+    def step(input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc, logits_indices,
+             kv_caches):
+        out = compiled(*lifted, input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
+                       logits_indices, *kv_caches)
+        return out[0]
+
+    return step
