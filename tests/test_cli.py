@@ -12,7 +12,7 @@ def run_cli(*args):
 
 def test_generate_prints_one_json_line_per_completion(tiny_model_dir):
     path, _ = tiny_model_dir("llama")
-    result = run_cli("generate", "--model", str(path), "--prompt", "w3 w4 w5", "--raw", "--max-tokens", "5",
+    result = run_cli("generate", "--model", str(path), "--eager", "--prompt", "w3 w4 w5", "--raw", "--max-tokens", "5",
                      "--ignore-eos", "--n", "2", "--temperature", "1", "--seed", "0", "--json")
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in result.stdout.splitlines()]
@@ -28,5 +28,5 @@ def test_bad_model_folder_is_a_message_not_a_traceback(tmp_path):
 
 def test_invalid_sampling_flag_is_a_message(tiny_model_dir):
     path, _ = tiny_model_dir("llama")
-    result = run_cli("generate", "--model", str(path), "--prompt", "w3", "--top-p", "1.5")
+    result = run_cli("generate", "--model", str(path), "--eager", "--prompt", "w3", "--top-p", "1.5")
     assert result.returncode == 2 and "top_p" in result.stderr
