@@ -79,10 +79,15 @@ def bench_compile(model: Path, work: Path, batch_sizes: list[int], input_len: in
     max_model_len = input_len + output_len + 16
     art = work / "artifact"
     results = {"cold_compile": cold_compile(model, art, work, max_num_seqs, max_model_len)}
+    print("cold compile:", json.dumps(results["cold_compile"]), flush=True)
     results["warm_start"] = run_python(WARM_START, art, time.time(), max_model_len)
-    results["decode"] = [run_python(DECODE, mode, model if mode == "eager" else art, b, input_len, output_len,
-                                    max_model_len)
-                         for b in batch_sizes for mode in ("eager", "compiled", "graphs")]
+    print("warm start:", json.dumps(results["warm_start"]), flush=True)
+    results["decode"] = []
+    for b in batch_sizes:
+        for mode in ("graphs", "compiled", "eager"):
+            path = model if mode == "eager" else art
+            results["decode"].append(run_python(DECODE, mode, path, b, input_len, output_len, max_model_len))
+            print("decode:", json.dumps(results["decode"][-1]), flush=True)
     return results
 
 
@@ -101,7 +106,9 @@ def main(args) -> int:
     from graphllm.bench.presets import write_preset
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    start = time.time()
     model = Path(args.model) if args.model else write_preset(args.preset, work / "model")
+    print(f"model folder ready in {time.time() - start:.1f} s", flush=True)
     results = bench_compile(model, work, args.batch_sizes, args.input_len, args.output_len, args.max_num_seqs)
     results["args"] = {k: v for k, v in vars(args).items() if k != "func"}
     if args.json:

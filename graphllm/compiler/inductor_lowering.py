@@ -26,6 +26,9 @@ def lower_inductor(graph: StepGraph, path: Path) -> tuple[torch.export.ExportedP
     from graphllm.compiler.decompositions import inductor_decompositions
     exported = graph.export()
     gm = exported.graph_module  # weights lifted: placeholders for parameters, buffers, then user inputs
+    for node in gm.graph.nodes:  # "from_graph" finds export's fake mode (its symbols and ranges) here;
+        if "val" in node.meta:  # without it, it re-symbolises every dim and unifies equal sizes
+            node.meta.setdefault("example_value", node.meta["val"])
     fake_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     with inductor_decompositions():
         compiled = torch._inductor.standalone_compile(gm, fake_inputs, dynamic_shapes="from_graph")
