@@ -53,21 +53,28 @@ class CUDAGraphRunner:
 
     def can_run(self, inputs: StepInputs) -> bool:
         """Pure decode (one token per sequence, every one sampled) within the largest bucket."""
-        b = inputs.seq_lens.shape[0]
+        b = inputs.meta.seq_lens.shape[0]
         return (b <= self.buckets[-1] and inputs.input_ids.shape[0] == b and inputs.logits_indices.shape[0] == b
                 and inputs.meta.block_tables.shape[1] <= self.block_tables.shape[1])
 
+    def reset_padding(self, b: int, bucket: int) -> None:
+        """Rows b..bucket-1: token 0 at position 0, one cached token, K/V to the padding slot."""
+        self.input_ids[b:bucket].zero_()
+        self.positions[b:bucket].zero_()
+        self.slot_mapping[b:bucket].fill_(self.padding_slot)
+        self.seq_lens[b:bucket].fill_(1)
+
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        b = inputs.seq_lens.shape[0]
+        b = inputs.meta.seq_lens.shape[0]
         bucket = next(x for x in self.buckets if x >= b)
         m = inputs.meta
         self.input_ids[:b].copy_(inputs.input_ids)
         self.positions[:b].copy_(inputs.positions)
         self.slot_mapping[:b].copy_(m.slot_mapping)
-        self.slot_mapping[b:bucket].fill_(self.padding_slot)
-        self.block_tables[:b].zero_()
+        self.block_tables[:bucket].zero_()
         self.block_tables[:b, :m.block_tables.shape[1]].copy_(m.block_tables)
         self.seq_lens[:b].copy_(m.seq_lens)
+        self.reset_padding(b, bucket)
         self.graphs[bucket].replay()
         self.replays += 1
         return self.outputs[bucket][:b]
