@@ -28,10 +28,11 @@ engine.generate([torch.randint(0, vocab, (input_len,), generator=gen).tolist()],
 prompts = [torch.randint(0, vocab, (input_len,), generator=gen).tolist() for _ in range(batch)]
 for p in prompts:
     engine.add_request(p, params)
-engine.step(); torch.cuda.synchronize(); start = time.perf_counter(); steps = 0
+sync = torch.cuda.synchronize if engine.state.device.type == "cuda" else (lambda: None)
+engine.step(); sync(); start = time.perf_counter(); steps = 0
 while engine.has_unfinished_requests():
     engine.step(); steps += 1
-torch.cuda.synchronize(); seconds = time.perf_counter() - start
+sync(); seconds = time.perf_counter() - start
 graphs = engine.runner.graphs
 print(json.dumps({"mode": mode, "batch": batch, "decode_steps": steps, "seconds": seconds,
                   "tok_s_per_seq": steps / seconds, "tok_s": batch * steps / seconds,
