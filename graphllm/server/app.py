@@ -1,0 +1,129 @@
+"""The FastAPI app: OpenAI routes over one shared Engine, plus tokenize, health, version, metrics.
+
+    app = build_app(engine, ServerConfig(served_model_names=("demo",)))
+    uvicorn.run(app, host="127.0.0.1", port=8000)
+
+Every request of every client goes through the same `engine.stream`, so concurrent requests
+share one continuous batch.
+"""
+
+import time
+from dataclasses import dataclass
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+import graphllm
+from graphllm.server.chat_inputs import render_prompt, tool_dict
+from graphllm.server.config import ServerConfig
+from graphllm.server.errors import OpenAIError, bad_request, install_error_handlers
+from graphllm.server.metrics import CONTENT_TYPE, ServerMetrics
+from graphllm.server.middleware import APIKeyMiddleware, BodyLimitMiddleware, HTTPMetricsMiddleware
+from graphllm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from graphllm.server.serving_chat import ServingChat
+from graphllm.server.serving_completions import ServingCompletions
+
+router = APIRouter()
+
+
+@dataclass
+class AppState:
+    engine: object
+    config: ServerConfig
+    metrics: ServerMetrics
+    chat: ServingChat
+    completions: ServingCompletions
+    created: int
+
+
+def state(request: Request) -> AppState:
+    return request.app.state.graphllm
+
+
+def build_app(engine, config: ServerConfig) -> FastAPI:
+    app = FastAPI(title="graphllm", version=graphllm.__version__, docs_url=None, redoc_url=None)
+    metrics = ServerMetrics(engine)
+    app.state.graphllm = AppState(engine, config, metrics, ServingChat(engine, config, metrics),
+                                  ServingCompletions(engine, config, metrics), int(time.time()))
+    app.include_router(router)
+    install_error_handlers(app)
+    if config.api_key is not None:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(HTTPMetricsMiddleware, metrics=metrics)  # outermost: sees 401 and 413 too
+    return app
+
+
+# -- OpenAI ------------------------------------------------------------------------------------
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, raw: Request):
+    return await state(raw).chat.create(body, raw)
+
+
+@router.post("/v1/completions")
+async def completions(body: CompletionRequest, raw: Request):
+    return await state(raw).completions.create(body, raw)
+
+
+@router.get("/v1/models")
+async def list_models(raw: Request):
+    s = state(raw)
+    return {"object": "list", "data": [model_card(s, name) for name in s.config.served_model_names]}
+
+
+@router.get("/v1/models/{name:path}")
+async def retrieve_model(name: str, raw: Request):
+    s = state(raw)
+    if name not in s.config.served_model_names:
+        raise OpenAIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+    return model_card(s, name)
+
+
+def model_card(s: AppState, name: str) -> dict:
+    return {"id": name, "object": "model", "created": s.created, "owned_by": "graphllm",
+            "root": str(s.engine.state.model_path), "max_model_len": s.engine.state.max_model_len}
+
+
+# -- vLLM's extras -----------------------------------------------------------------------------
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, raw: Request):
+    s = state(raw)
+    s.chat.check_model(body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise bad_request("give exactly one of prompt and messages")
+    if s.engine.tokenizer is None:
+        raise bad_request("this model has no tokenizer")
+    if body.messages is not None:
+        ids = render_prompt(s.engine, body.messages, [tool_dict(t) for t in body.tools or []])
+    else:
+        ids = list(s.engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+    return {"count": len(ids), "max_model_len": s.engine.state.max_model_len, "tokens": ids}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, raw: Request):
+    s = state(raw)
+    s.chat.check_model(body.model)
+    if s.engine.tokenizer is None:
+        raise bad_request("this model has no tokenizer")
+    vocab = s.engine.state.model_config.vocab_size
+    if not all(0 <= t < vocab for t in body.tokens):
+        raise bad_request(f"tokens must lie in [0, {vocab})", "tokens")
+    return {"prompt": s.engine.tokenizer.decode(body.tokens)}
+
+
+@router.get("/health")
+async def health():
+    return Response(status_code=200)
+
+
+@router.get("/version")
+async def version():
+    return JSONResponse({"version": graphllm.__version__})
+
+
+@router.get("/metrics")
+async def metrics(raw: Request):
+    return Response(state(raw).metrics.render(), media_type=CONTENT_TYPE)

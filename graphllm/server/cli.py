@@ -1,0 +1,80 @@
+"""`graphllm serve`: the OpenAI-compatible HTTP server on one engine.
+
+    graphllm serve                                   # the built-in demo model on 127.0.0.1:8000
+    graphllm serve --model DIR --api-key KEY --tool-call-parser hermes
+    python -m graphllm.server.cli [serve flags]      # the same command on its own
+"""
+
+import argparse
+import os
+import sys
+
+from graphllm.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+
+DEMO_MODEL_NAME = "graphllm-demo"
+DEMO_TOOL_CALL_PARSER = "hermes"  # the format the demo model's chat template teaches
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `serve` (engine flags shared with `generate`, plus the server's own)."""
+    from graphllm.cli import add_engine_args
+    parser = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_engine_args(parser)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key", default=os.environ.get("GRAPHLLM_API_KEY"),
+                        help="require `Authorization: Bearer KEY` on /v1 routes (default: $GRAPHLLM_API_KEY)")
+    parser.add_argument("--served-model-name", nargs="+",
+                        help="names clients use in `model` (default: the --model/--artifact path, or "
+                             f"{DEMO_MODEL_NAME}); the first is the one responses carry")
+    parser.add_argument("--tool-call-parser", metavar="{hermes,llama3_json}",
+                        help=f"parse tool calls out of the output (default: none; {DEMO_TOOL_CALL_PARSER} "
+                             "for the demo model)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help="accepted for vLLM compatibility: --tool-call-parser alone enables tool calls")
+    parser.add_argument("--reasoning-parser", metavar="{deepseek_r1,qwen3}",
+                        help="split <think> reasoning into reasoning_content")
+    parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="larger request bodies get a 413")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.set_defaults(func=cmd_serve)
+    return parser
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    serves_demo = args.model is None and args.artifact is None
+    names = args.served_model_name or [DEMO_MODEL_NAME if serves_demo else args.model or args.artifact]
+    tool_call_parser = args.tool_call_parser or (DEMO_TOOL_CALL_PARSER if serves_demo else None)
+    return ServerConfig(served_model_names=tuple(names), api_key=args.api_key, tool_call_parser=tool_call_parser,
+                        reasoning_parser=args.reasoning_parser, max_body_bytes=args.max_request_bytes)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from graphllm.cli import engine_config
+    from graphllm.runtime.engine import Engine
+    from graphllm.server.app import build_app
+    config = server_config(args)  # before loading the model: flag mistakes fail fast
+    engine = Engine(engine_config(args))
+    app = build_app(engine, config)
+    print(f"graphllm: serving {config.model_name} at http://{args.host}:{args.port}/v1", flush=True)
+    # on shutdown, streams still running get 5 s, then are cancelled (which aborts their requests)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="graphllm")
+    add_serve_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except (ValueError, KeyError) as e:
+        print(f"graphllm: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

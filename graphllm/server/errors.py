@@ -1,0 +1,84 @@
+"""Errors in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``, whatever went wrong.
+
+FastAPI's own 422 validation format never reaches a client: validation errors become 400s naming
+the offending field, HTTP exceptions keep their status, and anything unexpected is a 500 that
+leaves the server serving.
+"""
+
+import logging
+import re
+from http import HTTPStatus
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+logger = logging.getLogger("graphllm.server")
+FIELD = re.compile(r"[a-z_][a-z0-9_]*")
+UNION_TAGS = frozenset({"str", "int", "float", "bool", "none"})
+
+
+class OpenAIError(Exception):
+    """An error to answer with; raise it anywhere below a route."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
+    return OpenAIError(400, message, param, code)
+
+
+def error_type(status: int) -> str:
+    """OpenAI's error types (client libraries dispatch on the status; `code` says what exactly)."""
+    return "invalid_request_error" if status < 500 else "server_error"
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
+
+
+def error_response(error: OpenAIError) -> JSONResponse:
+    return JSONResponse(error_body(error.status, error.message, error.param, error.code), status_code=error.status)
+
+
+def validation_error(exc: RequestValidationError) -> OpenAIError:
+    """The first pydantic error as a 400: 'messages.0.role: Input should be ...'."""
+    errors = exc.errors()
+    if not errors:
+        return bad_request("invalid request")
+    first = errors[0]
+    # union members show up in loc ("str", "list[int]", "NamedToolChoice"): keep the field path
+    param = ".".join(str(p) for p in first.get("loc", ())[1:] if isinstance(p, int) or FIELD.fullmatch(p)
+                     and p not in UNION_TAGS)
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", first.get("msg"))
+        return bad_request(f"request body is not valid JSON: {detail}")
+    if first.get("type") == "missing" and not param:
+        return bad_request("request body is missing")
+    return bad_request(f"{param or 'body'}: {first.get('msg')}", param or None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every failure through error_response."""
+
+    @app.exception_handler(OpenAIError)
+    async def on_openai_error(request: Request, exc: OpenAIError):
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, exc: RequestValidationError):
+        return error_response(validation_error(exc))
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, exc: HTTPException):
+        message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
+        code = "request_too_large" if exc.status_code == 413 else None
+        return error_response(OpenAIError(exc.status_code, message, code=code))
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception):
+        logger.exception("unhandled error serving %s", request.url.path)
+        return error_response(OpenAIError(500, f"internal server error: {type(exc).__name__}: {exc}"))

@@ -1,0 +1,98 @@
+"""Prometheus metrics for `GET /metrics`, in vLLM's naming style (`graphllm:<name>`).
+
+Counters and histograms are updated as requests run; the engine's gauges (running and waiting
+requests, KV-cache blocks) are read from the scheduler and block pool when scraped. Each app has
+its own registry, so several servers can live in one process (tests do).
+"""
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from graphllm.runtime.outputs import RequestOutput
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15,
+               0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+
+
+class EngineCollector:
+    """Gauges read at scrape time: no bookkeeping that could drift from the engine's own."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        scheduler, pool = self.engine.scheduler, self.engine.pool
+        running = len({seq.request_id for seq in list(scheduler.running)})
+        waiting = len({seq.request_id for seq in list(scheduler.waiting)})
+        free, total = pool.num_free_blocks, pool.num_blocks
+        yield _gauge("num_requests_running", "Requests with sequences in the running batch.", running)
+        yield _gauge("num_requests_waiting", "Requests waiting to be scheduled.", waiting)
+        yield _gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).", 1 - free / total)
+        yield _gauge("kv_cache_free_blocks", "KV-cache blocks free in the pool.", free)
+        yield _gauge("kv_cache_total_blocks", "KV-cache blocks the pool holds.", total)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"graphllm:{name}", doc, value=value)
+
+
+class ServerMetrics:
+    def __init__(self, engine):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.http_requests = Counter("graphllm:http_requests", "HTTP requests by endpoint and status.",
+                                     ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("graphllm:prompt_tokens", "Prompt tokens of finished requests.",
+                                     registry=r)
+        self.generation_tokens = Counter("graphllm:generation_tokens", "Tokens generated.", registry=r)
+        self.finished = Counter("graphllm:sequences_finished", "Finished sequences by finish reason.",
+                                ["finish_reason"], registry=r)
+        self.ttft = Histogram("graphllm:time_to_first_token_seconds", "Arrival to first output token.",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram("graphllm:inter_token_latency_seconds", "Time between output tokens.",
+                             buckets=ITL_BUCKETS, registry=r)
+        r.register(EngineCollector(engine))
+
+    def observe_http(self, endpoint: str, status: int) -> None:
+        self.http_requests.labels(endpoint, str(status)).inc()
+
+    def start_request(self) -> "RequestTimer":
+        return RequestTimer(self)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class RequestTimer:
+    """Follows one engine request: first-token and inter-token latencies, tokens, how it ended."""
+
+    def __init__(self, metrics: ServerMetrics):
+        self.metrics = metrics
+        self.arrival = self.last = time.perf_counter()
+        self.num_tokens = 0
+
+    def on_output(self, out: RequestOutput) -> None:
+        num_tokens = sum(len(c.token_ids) for c in out.outputs)
+        new = num_tokens - self.num_tokens
+        if new <= 0:
+            return
+        now = time.perf_counter()
+        if self.num_tokens == 0:
+            self.metrics.ttft.observe(now - self.arrival)
+        else:
+            self.metrics.itl.observe((now - self.last) / new * len(out.outputs))  # per sequence
+        self.metrics.generation_tokens.inc(new)
+        self.num_tokens, self.last = num_tokens, now
+
+    def finish(self, last: RequestOutput | None, num_prompt_tokens: int, n: int) -> None:
+        """Count the request; sequences that never reported a finish reason were aborted."""
+        self.metrics.prompt_tokens.inc(num_prompt_tokens)
+        reasons = [c.finish_reason for c in last.outputs] if last is not None else []
+        reasons += [None] * (n - len(reasons))
+        for reason in reasons:
+            self.metrics.finished.labels(reason or "abort").inc()

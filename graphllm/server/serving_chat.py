@@ -1,0 +1,207 @@
+"""POST /v1/chat/completions: messages through the chat template, answers split into
+reasoning_content (--reasoning-parser), content and tool_calls (--tool-call-parser).
+
+The output text goes through the reasoning parser first, and only the content it leaves goes
+through the tool-call parser; streaming uses the parsers' incremental forms, so a streamed answer
+joins to the same message a non-streamed one gives.
+"""
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+
+from graphllm.runtime.outputs import CompletionOutput
+from graphllm.server.chat_inputs import ToolMode, render_prompt, tool_mode
+from graphllm.server.errors import OpenAIError, bad_request
+from graphllm.server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
+                                      ChatCompletionResponse, ChatLogprobs, ResponseMessage, ResponseToolCall,
+                                      TokenLogprob, ToolCallFunction, TopLogprob, random_id, usage)
+from graphllm.server.serving_engine import OpenAIServing, logprob_value, num_visible_tokens
+from graphllm.server.streaming import SSE_DONE, EventStreamResponse, sse, sse_error, until_disconnect
+
+logger = logging.getLogger("graphllm.server")
+
+
+@dataclass
+class ChoiceState:
+    """One streamed choice: its incremental parsers and what it has sent."""
+
+    reasoning: object | None  # a ReasoningStream
+    tools: object | None  # a ToolStream
+    tokens: int = 0
+    done: bool = False
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+class ServingChat(OpenAIServing):
+    async def create(self, req: ChatCompletionRequest, raw: Request):
+        self.check_model(req.model)
+        self.check_supported(req)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
+        self.check_logprobs(req.top_logprobs, "top_logprobs")
+        mode = tool_mode(req, self.config.tool_call_parser)
+        prompt_ids = render_prompt(self.engine, req.messages, mode.tools, req.chat_template_kwargs)
+        asked, param = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens
+                        is not None else (req.max_tokens, "max_tokens"))
+        max_tokens = self.resolve_max_tokens(len(prompt_ids), asked, "messages", param)
+        params = self.sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
+        request_id = random_id("chatcmpl")
+        if req.stream:
+            return EventStreamResponse(self.stream(req, mode, prompt_ids, params, request_id))
+        [out] = await until_disconnect(raw, self.collect([prompt_ids], [params], request_id))
+        response = ChatCompletionResponse(
+            id=request_id, model=self.config.model_name,
+            choices=[self.choice(req, mode, c) for c in out.outputs],
+            usage=usage(len(prompt_ids), sum(len(c.token_ids) for c in out.outputs)))
+        return JSONResponse(response.model_dump())
+
+    # -- parsers -----------------------------------------------------------------------------
+
+    def reasoning_parser(self):
+        if self.config.reasoning_parser is None:
+            return None
+        from graphllm.server.reasoning_parsers import REASONING_PARSERS
+        return REASONING_PARSERS[self.config.reasoning_parser]()
+
+    def tool_parser(self, mode: ToolMode):
+        if not mode.parses:
+            return None
+        from graphllm.server.tool_parsers import TOOL_PARSERS
+        return TOOL_PARSERS[self.config.tool_call_parser]()
+
+    def finish_reason(self, mode: ToolMode, c: CompletionOutput, calls: list) -> str:
+        """OpenAI's: 'tool_calls' when the model chose to call; a forced (named) call ends with 'stop'."""
+        check_tool_calls(mode, calls, c.text)
+        return "tool_calls" if calls and mode.choice in ("auto", "required") else c.finish_reason
+
+    # -- whole answers -----------------------------------------------------------------------
+
+    def choice(self, req: ChatCompletionRequest, mode: ToolMode, c: CompletionOutput) -> ChatChoice:
+        reasoning, content = None, c.text
+        if (parser := self.reasoning_parser()) is not None:
+            reasoning, content = parser.extract(c.text)
+        calls = []
+        if (tools := self.tool_parser(mode)) is not None:
+            extracted = tools.extract(content or "")
+            content, calls = extracted.content, extracted.tool_calls
+        finish_reason = self.finish_reason(mode, c, calls)
+        message = ResponseMessage(content=content, reasoning_content=reasoning,
+                                  tool_calls=[response_tool_call(call) for call in calls])
+        logprobs = None
+        if req.logprobs:
+            logprobs = ChatLogprobs(content=chat_logprobs(c, 0, num_visible_tokens(c), req.top_logprobs or 0))
+        return ChatChoice(index=c.index, message=message, logprobs=logprobs, finish_reason=finish_reason,
+                          stop_reason=c.stop_reason)
+
+    # -- streaming ---------------------------------------------------------------------------
+
+    async def stream(self, req: ChatCompletionRequest, mode: ToolMode, prompt_ids: list[int], params,
+                     request_id: str) -> AsyncIterator[str]:
+        created = int(time.time())
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        exclude = None if include_usage else {"usage"}
+
+        def chunk(choices: list[ChatChunkChoice], usage_info=None) -> str:
+            return sse(ChatCompletionChunk(id=request_id, created=created, model=self.config.model_name,
+                                           choices=choices, usage=usage_info), None if usage_info else exclude)
+
+        states = [self.new_state(mode) for _ in range(req.n)]
+        num_output = 0
+        try:
+            for index in range(req.n):
+                yield chunk([ChatChunkChoice(index=index, delta={"role": "assistant", "content": ""})])
+            async for _, out in self.generate_all([prompt_ids], [params], request_id):
+                for c in out.outputs:
+                    choices = self.stream_choice(req, mode, c, states[c.index])
+                    num_output += len(c.token_ids) if choices and states[c.index].done else 0
+                    for choice in choices:
+                        yield chunk([choice])
+            if include_usage:
+                yield chunk([], usage(len(prompt_ids), num_output))
+        except OpenAIError as e:
+            yield sse_error(e)
+        except Exception as e:
+            logger.exception("chat stream %s failed", request_id)
+            yield sse_error(OpenAIError(500, f"internal server error: {type(e).__name__}: {e}"))
+        yield SSE_DONE
+
+    def new_state(self, mode: ToolMode) -> ChoiceState:
+        reasoning, tools = self.reasoning_parser(), self.tool_parser(mode)
+        return ChoiceState(reasoning.stream() if reasoning else None, tools.stream() if tools else None)
+
+    def stream_choice(self, req: ChatCompletionRequest, mode: ToolMode, c: CompletionOutput,
+                      state: ChoiceState) -> list[ChatChunkChoice]:
+        """Chunk choices for what is new in `c`; logprobs ride on the next chunk that goes out."""
+        if state.done:
+            return []
+        end = num_visible_tokens(c) if c.finished else len(c.token_ids)
+        if req.logprobs:
+            state.pending_logprobs += chat_logprobs(c, state.tokens, end, req.top_logprobs or 0)
+        state.tokens, state.done = end, c.finished
+        deltas = parse_delta(state, c.delta_text, c.finished)
+        finish_reason = None
+        if c.finished:
+            finish_reason = self.finish_reason(mode, c, state.tools.tool_calls if state.tools else [])
+            deltas = deltas or [{}]
+        choices = []
+        for k, delta in enumerate(deltas):
+            last = k == len(deltas) - 1
+            logprobs = None
+            if state.pending_logprobs and k == 0:
+                logprobs, state.pending_logprobs = ChatLogprobs(content=state.pending_logprobs), []
+            choices.append(ChatChunkChoice(index=c.index, delta=delta, logprobs=logprobs,
+                                           finish_reason=finish_reason if last else None,
+                                           stop_reason=c.stop_reason if last and c.finished else None))
+        return choices
+
+
+def parse_delta(state: ChoiceState, text: str, final: bool) -> list[dict]:
+    """New model text -> chunk deltas (reasoning_content, content, tool_calls), through the parsers."""
+    deltas, content = [], text
+    if state.reasoning is not None:
+        reasoning, content = state.reasoning.feed(text)
+        if final:
+            more_reasoning, more_content = state.reasoning.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        if reasoning:
+            deltas.append({"reasoning_content": reasoning})
+    if state.tools is None:
+        return deltas + ([{"content": content}] if content else [])
+    deltas += state.tools.feed(content) if content else []
+    return deltas + (state.tools.finish() if final else [])
+
+
+def check_tool_calls(mode: ToolMode, calls: list, text: str) -> None:
+    """required / named: no structured output forced the call, so check the model made it."""
+    if mode.choice == "required" and not calls:
+        raise bad_request("tool_choice is 'required' but the model produced no valid tool call "
+                          f"(graphllm cannot force one yet). Its output: {text[:500]!r}", "tool_choice",
+                          "tool_call_missing")
+    if mode.choice == "named" and (not calls or any(call.name != mode.name for call in calls)):
+        raise bad_request(f"tool_choice names {mode.name!r} but the model produced no valid call to it "
+                          f"(graphllm cannot force one yet). Its output: {text[:500]!r}", "tool_choice",
+                          "tool_call_missing")
+
+
+def response_tool_call(call) -> ResponseToolCall:
+    return ResponseToolCall(id=call.id, function=ToolCallFunction(name=call.name, arguments=call.arguments))
+
+
+def chat_logprobs(c: CompletionOutput, start: int, end: int, num_top: int) -> list[TokenLogprob]:
+    """Chat logprobs of output tokens [start, end): the sampled token and the num_top most likely."""
+    out = []
+    for token_id, entry in zip(c.token_ids[start:end], c.logprobs[start:end]):
+        ranked = sorted(entry.items(), key=lambda kv: kv[1].rank)[:num_top]
+        out.append(TokenLogprob(**top_logprob(token_id, entry[token_id]),
+                                top_logprobs=[TopLogprob(**top_logprob(t, lp)) for t, lp in ranked]))
+    return out
+
+
+def top_logprob(token_id: int, lp) -> dict:
+    text = lp.decoded_token if lp.decoded_token is not None else f"token_id:{token_id}"
+    return {"token": text, "logprob": logprob_value(lp.logprob), "bytes": list(text.encode("utf-8"))}

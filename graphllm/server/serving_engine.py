@@ -1,0 +1,149 @@
+"""What chat and text completions share: model check, limits, SamplingParams, running the engine.
+
+Every request is checked completely before the engine sees it (model name, unsupported fields,
+prompt and output length, sampling values), so a stream never has to fail after its 200.
+"""
+
+import json
+import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from pathlib import Path
+
+from graphllm.runtime.outputs import CompletionOutput, RequestOutput
+from graphllm.runtime.sampling_params import SamplingParams
+from graphllm.server.config import ServerConfig
+from graphllm.server.errors import OpenAIError, bad_request
+from graphllm.server.metrics import ServerMetrics
+from graphllm.server.protocol import SamplingRequest
+from graphllm.server.streaming import merge
+
+logger = logging.getLogger("graphllm.server")
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+STRUCTURED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+MIN_LOGPROB = -9999.0  # JSON has no -inf
+
+
+def generation_defaults(model_path: Path) -> dict:
+    """The sampling defaults the model ships in generation_config.json (vLLM applies them too)."""
+    path = Path(model_path) / "generation_config.json"
+    if not path.is_file():
+        return {}
+    saved = json.loads(path.read_text())
+    return {k: saved[k] for k in GENERATION_DEFAULTS if saved.get(k) is not None}
+
+
+def num_visible_tokens(c: CompletionOutput) -> int:
+    """Output tokens that made text: an EOS or stop token id that ended the sequence did not."""
+    ended_by_token = c.finish_reason == "stop" and not isinstance(c.stop_reason, str)
+    return len(c.token_ids) - (1 if ended_by_token and c.token_ids else 0)
+
+
+def logprob_value(value: float) -> float:
+    return max(value, MIN_LOGPROB) if not math.isnan(value) else MIN_LOGPROB
+
+
+class OpenAIServing:
+    def __init__(self, engine, config: ServerConfig, metrics: ServerMetrics):
+        self.engine, self.config, self.metrics = engine, config, metrics
+        self.defaults = generation_defaults(engine.state.model_path)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.state.max_model_len
+
+    def check_model(self, name: str | None) -> None:
+        if name and name not in self.config.served_model_names:
+            raise OpenAIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+
+    def check_supported(self, req: SamplingRequest) -> None:
+        """Refuse what we would otherwise silently ignore; unknown fields are only logged (as vLLM)."""
+        if req.model_extra:
+            logger.warning("ignoring unknown request fields: %s", sorted(req.model_extra))
+        if req.response_format is not None and req.response_format.type != "text":
+            raise bad_request("structured output is not supported yet (response_format "
+                              f"{req.response_format.type!r}); only 'text' is", "response_format")
+        for name in STRUCTURED_FIELDS:
+            if getattr(req, name) is not None:
+                raise bad_request(f"structured output is not supported yet ({name})", name)
+        if req.logit_bias:
+            raise bad_request("logit_bias is not supported yet", "logit_bias")
+        if req.best_of is not None and req.best_of != req.n:
+            raise bad_request("best_of other than n is not supported", "best_of")
+        if req.stream_options is not None and not req.stream:
+            raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+
+    def check_logprobs(self, value: int | None, param: str) -> None:
+        if value is not None and not 0 <= value <= self.config.max_logprobs:
+            raise bad_request(f"{param} must be in [0, {self.config.max_logprobs}], got {value}", param)
+
+    def resolve_max_tokens(self, num_prompt_tokens: int, asked: int | None, prompt_param: str,
+                           max_tokens_param: str = "max_tokens") -> int:
+        """The output budget; a prompt or prompt + max_tokens beyond max_model_len is a 400."""
+        limit = self.max_model_len
+        if num_prompt_tokens >= limit:
+            raise bad_request(f"This model's maximum context length is {limit} tokens. However, your "
+                              f"{prompt_param} resulted in {num_prompt_tokens} tokens (at most {limit - 1} "
+                              "leave room for one output token).", prompt_param, "context_length_exceeded")
+        if asked is None:
+            return limit - num_prompt_tokens
+        if asked < 1:
+            raise bad_request(f"{max_tokens_param} must be at least 1, got {asked}", max_tokens_param)
+        if num_prompt_tokens + asked > limit:
+            raise bad_request(f"This model's maximum context length is {limit} tokens. However, you "
+                              f"requested {num_prompt_tokens + asked} tokens ({num_prompt_tokens} in the "
+                              f"{prompt_param}, {asked} in the completion). Please reduce the length of "
+                              f"the {prompt_param} or completion.", max_tokens_param, "context_length_exceeded")
+        return asked
+
+    def sampling_params(self, req: SamplingRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        given = {k: getattr(req, k) for k in GENERATION_DEFAULTS if getattr(req, k) is not None}
+        try:
+            return SamplingParams(
+                **{**self.defaults, **given}, n=req.n, seed=req.seed, max_tokens=max_tokens,
+                min_tokens=req.min_tokens, stop=req.stop, stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty, logprobs=logprobs,
+                skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output)
+        except (ValueError, TypeError) as e:
+            raise bad_request(str(e), str(e).split(" ", 1)[0]) from e
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        vocab = self.engine.state.model_config.vocab_size
+        if not ids:
+            raise bad_request(f"{param} must not be empty", param)
+        if not all(0 <= t < vocab for t in ids):
+            raise bad_request(f"{param}: token ids must lie in [0, {vocab})", param)
+
+    # -- running ----------------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """engine.stream with metrics; closing this generator aborts the engine request."""
+        timer, last = self.metrics.start_request(), None
+        try:
+            async with aclosing(self.engine.stream(prompt_ids, params, request_id)) as stream:
+                async for last in stream:
+                    timer.on_output(last)
+                    yield last
+        except ValueError as e:  # the engine refused the request
+            raise bad_request(str(e)) from e
+        finally:
+            timer.finish(last, len(prompt_ids), params.n)
+
+    def generate_all(self, prompts: list[list[int]], params: list[SamplingParams],
+                     request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """One engine request per prompt, interleaved: (prompt index, output)."""
+        return merge([self.generate(ids, p, f"{request_id}-{i}")
+                      for i, (ids, p) in enumerate(zip(prompts, params))])
+
+    async def collect(self, prompts: list[list[int]], params: list[SamplingParams],
+                      request_id: str) -> list[RequestOutput]:
+        """Run every prompt to the end; final outputs in prompt order."""
+        final: dict[int, RequestOutput] = {}
+        async with aclosing(self.generate_all(prompts, params, request_id)) as outputs:
+            async for i, out in outputs:
+                final[i] = out
+        return [final[i] for i in range(len(prompts))]

@@ -1,0 +1,59 @@
+"""An engine whose answers follow a script, for the server's tool-call and reasoning paths.
+
+It lends a real Engine's tokenizer, state, KV pool and scheduler to the server and renders
+prompts with its chat template (remembering what the template was given), but `stream` answers
+from `reply(messages, tools)` in three-character pieces, so the incremental parsers see tags
+split across chunks.
+"""
+
+import asyncio
+import json
+import re
+
+from graphllm.runtime.outputs import CompletionOutput, RequestOutput
+
+PIECE = 3  # characters per step
+
+
+def reply(messages: list[dict], tools: list[dict] | None) -> str:
+    """multiply questions -> a hermes call; tool results -> a sentence; 'think:' -> reasoning."""
+    last = messages[-1]
+    if last["role"] == "tool":
+        return f"The product is {last['content']}."
+    text = last["content"]
+    if text.startswith("think:"):
+        return "<think>Seven times eight is fifty-six.</think>\n\nIt is 56."
+    if text.startswith("call other:"):
+        return '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    if (numbers := re.findall(r"\d+", text)) and "times" in text:
+        a, b = map(int, numbers[:2])
+        return f'<tool_call>{{"name": "multiply", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+    return "I can only multiply."
+
+
+class ScriptedEngine:
+    def __init__(self, engine):
+        self.engine = engine
+        self.tokenizer, self.state = engine.tokenizer, engine.state
+        self.pool, self.scheduler = engine.pool, engine.scheduler
+        self.rendered: dict[tuple[int, ...], tuple[list[dict], list[dict] | None]] = {}
+        self.last_tools: list[dict] | None = None
+
+    def apply_chat_template(self, messages: list[dict], **kwargs) -> list[int]:
+        ids = self.engine.apply_chat_template(messages, **kwargs)
+        self.rendered[tuple(ids)] = (json.loads(json.dumps(messages)), kwargs.get("tools"))
+        self.last_tools = kwargs.get("tools")
+        return ids
+
+    async def stream(self, prompt: list[int], params, request_id: str | None = None):
+        text = reply(*self.rendered[tuple(prompt)])
+        pieces = [text[i:i + PIECE] for i in range(0, len(text), PIECE)]
+        eos = min(self.state.eos_token_ids)
+        for step in range(1, len(pieces) + 2):  # the last step samples EOS
+            finished = step > len(pieces)
+            token_ids = list(range(10, 10 + min(step, len(pieces)))) + ([eos] if finished else [])
+            delta = "" if finished else pieces[step - 1]
+            outputs = [CompletionOutput(i, "".join(pieces[:step]), token_ids, None,
+                                        "stop" if finished else None, None, delta) for i in range(params.n)]
+            yield RequestOutput(request_id, None, list(prompt), outputs, finished)
+            await asyncio.sleep(0)

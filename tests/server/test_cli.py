@@ -1,0 +1,72 @@
+"""`graphllm serve` flags -> configs, and the real command serving the demo model."""
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+import httpx2 as httpx
+import pytest
+
+from graphllm.cli import engine_config
+from graphllm.server.cli import DEMO_MODEL_NAME, add_serve_parser, server_config
+from tests.server.conftest import free_port
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["serve", *argv])
+
+
+def test_defaults_serve_the_demo_model_on_localhost():
+    args = parse()
+    assert (args.host, args.port) == ("127.0.0.1", 8000)
+    config = server_config(args)
+    assert config.served_model_names == (DEMO_MODEL_NAME,) and config.tool_call_parser == "hermes"
+    assert engine_config(args).model is None and engine_config(args).compile
+
+
+def test_flags_reach_the_configs():
+    args = parse("--model", "/m", "--api-key", "k", "--served-model-name", "a", "b", "--max-model-len", "64",
+                 "--max-num-seqs", "4", "--dtype", "float32", "--reasoning-parser", "qwen3", "--eager",
+                 "--tool-call-parser", "llama3_json", "--enable-auto-tool-choice")
+    config, engine = server_config(args), engine_config(args)
+    assert config.served_model_names == ("a", "b") and config.api_key == "k"
+    assert (config.tool_call_parser, config.reasoning_parser) == ("llama3_json", "qwen3")
+    assert (engine.model, engine.max_model_len, engine.max_num_seqs, engine.dtype, engine.compile) == \
+        ("/m", 64, 4, "float32", False)
+    assert server_config(parse("--model", "/m")).tool_call_parser is None  # only the demo defaults to hermes
+
+
+def test_unknown_parser_names_are_refused():
+    with pytest.raises(ValueError, match="tool_call_parser"):
+        server_config(parse("--tool-call-parser", "nope"))
+    with pytest.raises(ValueError, match="reasoning_parser"):
+        server_config(parse("--reasoning-parser", "nope"))
+
+
+def test_serve_command_answers_then_stops(model_dir):
+    port = free_port()
+    argv = [sys.executable, "-m", "graphllm.server.cli", "--eager", "--port", str(port), "--log-level", "warning"]
+    argv += ["--model", model_dir] if model_dir else []
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "GRAPHLLM_API_KEY": "k"})
+    try:
+        base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        assert httpx.get(base + "/v1/models", timeout=5).status_code == 401  # the key from the environment
+        models = httpx.get(base + "/v1/models", headers={"Authorization": "Bearer k"}, timeout=5).json()
+        assert len(models["data"]) == 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
