@@ -1,10 +1,12 @@
-"""The `graphllm` command line: generate, compile, inspect, bench (serve follows)."""
+"""The `graphllm` command line: generate, serve, compile, inspect, bench."""
 
 import argparse
 import asyncio
 import json
 import sys
 
+from graphllm.bench import serve_bench
+from graphllm.server.cli import add_serve_parser
 from graphllm.config import CompileConfig, EngineConfig
 from graphllm.runtime.sampling_params import SamplingParams
 
@@ -118,6 +120,7 @@ def cmd_bench_compile(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    add_serve_parser(sub)
     gen = sub.add_parser("generate", help="generate text for one prompt")
     add_engine_args(gen)
     add_sampling_args(gen)
@@ -150,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     comp_bench.add_argument("--max-num-seqs", type=int, default=64)
     comp_bench.add_argument("--json", help="write the results here")
     comp_bench.set_defaults(func=cmd_bench_compile)
+    serve_bench.add_parser(bench)
     return parser
 
 
