@@ -82,3 +82,12 @@ def run_pass(pass_, arch: str = "llama", dtype: torch.dtype = torch.float32):
     before = copy_graph(after)
     counts = pass_(after)
     return before, after, counts, op_counts(before.gm), op_counts(after.gm), config
+
+
+def split_nodes(graph: StepGraph) -> list:
+    return [n for n in graph.graph.nodes if n.target is torch.ops.aten.split_with_sizes.default]
+
+
+def total_elements(graph: StepGraph) -> int:
+    """Elements over distinct tensors: tied weights are listed under each name but stored once."""
+    return sum(numel for _, numel in {(t.data_ptr(), t.numel()) for t in graph.weights.values()})

@@ -12,7 +12,7 @@ from graphllm.ir import StepGraph, format_graph, module_path, op_counts
 from graphllm.passes.fusion import linear_siblings
 from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
 from graphllm.passes.fusion.fuse_qkv import FuseQKV
-from tests.passes.harness import assert_same_function, copy_graph, run_pass
+from tests.passes.harness import assert_same_function, copy_graph, run_pass, split_nodes, total_elements
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 MLP = "model.model.layers.{}.mlp"

@@ -10,19 +10,10 @@ from torch import nn
 from graphllm.ir import StepGraph, format_graph, module_path, op_counts
 from graphllm.passes.fusion import linear_siblings
 from graphllm.passes.fusion.fuse_qkv import FuseQKV
-from tests.passes.harness import assert_same_function, copy_graph, run_pass
+from tests.passes.harness import assert_same_function, copy_graph, run_pass, split_nodes, total_elements
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 ATTN = "model.model.layers.{}.self_attn"
-
-
-def split_nodes(graph: StepGraph) -> list:
-    return [n for n in graph.graph.nodes if n.target is torch.ops.aten.split_with_sizes.default]
-
-
-def total_elements(graph: StepGraph) -> int:
-    """Elements over distinct tensors: tied weights are listed under each name but stored once."""
-    return sum(numel for _, numel in {(t.data_ptr(), t.numel()) for t in graph.weights.values()})
 
 
 @pytest.fixture(scope="module", params=ARCHS)
