@@ -10,7 +10,6 @@ import graphllm.ops.silu_and_mul  # noqa: F401
 from graphllm.compiler import artifact as A
 from graphllm.compiler.inductor_lowering import STEP_INDUCTOR, load_inductor_step
 from graphllm.compiler.lower import load_package
-from graphllm.models.config import ModelConfig
 from graphllm.models.registry import resolve_architecture
 
 

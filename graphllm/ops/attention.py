@@ -47,7 +47,7 @@ def reference_attention(q: torch.Tensor, kv_cache: torch.Tensor, positions: torc
     meant for small CPU batches and tests, not for speed.
     """
     num_tokens, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
+    num_kv_heads = kv_cache.shape[3]
     token_ids = torch.arange(num_tokens, device=q.device)
     seq_of_token = torch.searchsorted(query_start_loc[1:], token_ids, right=True)  # [T]
     blocks = block_tables[seq_of_token]  # [T, M]

@@ -21,9 +21,8 @@ from graphllm.runtime.outputs import RequestOutput
 from graphllm.runtime.requests import Request
 from graphllm.runtime.sampler import Sampler, SamplingRow
 from graphllm.runtime.sampling_params import SamplingParams
-from graphllm.runtime.scheduler import ScheduledSeq
 from graphllm.runtime.sequence import Sequence
-from graphllm.runtime.setup import RuntimeState, build_runtime
+from graphllm.runtime.setup import build_runtime
 from graphllm.runtime.stopping import check_stop
 
 Prompt = str | list[int]

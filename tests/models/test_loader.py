@@ -1,7 +1,6 @@
 """Every way a model folder can be wrong gives an error that names the problem."""
 
 import json
-import shutil
 
 import pytest
 import torch

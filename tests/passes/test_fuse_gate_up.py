@@ -19,15 +19,6 @@ MLP = "model.model.layers.{}.mlp"
 aten = torch.ops.aten
 
 
-def split_nodes(graph: StepGraph) -> list:
-    return [n for n in graph.graph.nodes if n.target is aten.split_with_sizes.default]
-
-
-def total_elements(graph: StepGraph) -> int:
-    """Elements over distinct tensors: tied weights are listed under each name but stored once."""
-    return sum(numel for _, numel in {(t.data_ptr(), t.numel()) for t in graph.weights.values()})
-
-
 @pytest.fixture(scope="module", params=ARCHS)
 def fused(request):
     """(arch, before, after, counts, op counts before, op counts after, config), one pass run per arch."""
