@@ -8,6 +8,7 @@ fingerprints and the environment fingerprint.
 """
 
 import dataclasses
+import functools
 import hashlib
 import json
 import shutil
@@ -46,7 +47,9 @@ COMPILER_MODULES = ("graphllm.ir.capture", "graphllm.ir.graph", "graphllm.compil
                     "graphllm.models.llama", "graphllm.models.layers")
 
 
+@functools.cache
 def compiler_source_hash() -> str:
+    """Hash of the compiler modules' source as loaded by this process (read once)."""
     import importlib
     import inspect
     sources = "".join(inspect.getsource(importlib.import_module(m)) for m in COMPILER_MODULES)

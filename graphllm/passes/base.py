@@ -6,6 +6,7 @@ artifacts compiled with it), and `apply(graph) -> counts` that rewrites the Step
 and weights together) and says what it changed, e.g. {"fused": 2}.
 """
 
+import functools
 import hashlib
 import inspect
 import sys
@@ -14,13 +15,20 @@ from typing import ClassVar
 from graphllm.ir.graph import StepGraph
 
 
+@functools.cache
+def source_uuid(module: str, salt: str) -> str:
+    """Hash of a module's source as loaded by this process (read once, so edits made on disk
+    while a process runs do not change the keys it computes)."""
+    source = inspect.getsource(sys.modules[module])
+    return hashlib.sha256(f"{salt}:{source}".encode()).hexdigest()[:16]
+
+
 class GraphPass:
     name: ClassVar[str]
     version: ClassVar[int] = 1
 
     def uuid(self) -> str:
-        source = inspect.getsource(sys.modules[type(self).__module__])
-        return hashlib.sha256(f"{self.name}:{self.version}:{source}".encode()).hexdigest()[:16]
+        return source_uuid(type(self).__module__, f"{self.name}:{self.version}")
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
         raise NotImplementedError

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from graphllm.ir import StepGraph, format_graph, module_path, op_counts
+from graphllm.passes.base import source_uuid
 from graphllm.passes.fusion import linear_siblings
 from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
 from graphllm.passes.fusion.fuse_qkv import FuseQKV
@@ -122,9 +123,11 @@ def test_uuid_stable_and_versioned(monkeypatch):
     assert FuseGateUp().uuid() != uuid
 
 
-def test_uuid_covers_the_shared_mechanism(monkeypatch):
+def test_uuid_covers_the_shared_mechanism(monkeypatch, request):
     uuid, real = FuseGateUp().uuid(), inspect.getsource
     monkeypatch.setattr(inspect, "getsource", lambda obj: real(obj) + ("#" if obj is linear_siblings else ""))
+    source_uuid.cache_clear()  # uuids are cached per process
+    request.addfinalizer(source_uuid.cache_clear)
     assert FuseGateUp().uuid() != uuid
 
 

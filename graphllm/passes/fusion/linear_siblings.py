@@ -23,10 +23,7 @@ first merged linear in graph order, its innermost stack entry renamed to `<p>.<f
 `module_path` names the fused module; each getitem keeps the meta of the linear it replaces.
 """
 
-import hashlib
-import inspect
 import operator
-import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +32,7 @@ import torch
 from torch import fx, nn
 from torch._guards import detect_fake_mode
 
+from graphllm.passes.base import source_uuid
 from graphllm.ir.graph import StepGraph
 
 LINEAR = torch.ops.aten.linear.default
@@ -101,8 +99,7 @@ def merge_sibling_linears(graph: StepGraph, group: LinearGroup, fused: str) -> f
 
 def mechanism_uuid(pass_uuid: str) -> str:
     """A pass's uuid mixed with this module's source, so editing the shared mechanism invalidates artifacts."""
-    source = inspect.getsource(sys.modules[__name__])
-    return hashlib.sha256(f"{pass_uuid}:{source}".encode()).hexdigest()[:16]
+    return source_uuid(__name__, pass_uuid)
 
 
 def _operands(node: fx.Node) -> tuple:
