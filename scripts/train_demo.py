@@ -3,9 +3,13 @@
 Builds a byte-level BPE tokenizer with single-digit tokens, a chat template (system / user /
 assistant / tool roles, hermes-style tools and tool calls), trains a tiny LlamaForCausalLM on
 generated chats with the loss on assistant tokens only, saves a Hugging Face folder and prints
-greedy exact-answer accuracy on the held-out questions.
+greedy exact-answer accuracy on the held-out questions, and (for the multiply tool) exact
+tool-call and follow-up answer accuracy on held-out multiplication questions.
 
-  python scripts/train_demo.py --steps 2000 --out graphllm/demo_model
+  python scripts/train_demo.py --steps 1200 --out graphllm/demo_model
+  # fine-tune a saved model (keeps its tokenizer), e.g. to add the multiply tool flow:
+  # (the shipped model: the 1200-step one, then this, 99.6% held out, exact multiply calls 100%)
+  python scripts/train_demo.py --init graphllm/demo_model --steps 400 --batch-size 64 --lr 1e-3 --out graphllm/demo_model
 """
 
 import argparse
@@ -28,9 +32,13 @@ from transformers import (
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from graphllm.demo import (  # noqa: E402
     DEMO_MODEL_DIR,
+    MULTIPLY_TOOL,
+    Problem,
     chat_messages,
     extract_answer,
+    held_out_multiply_problems,
     held_out_questions,
+    make_multiply_problem,
     make_problem,
 )
 
@@ -38,6 +46,9 @@ SEED = 0
 VOCAB_SIZE = 512  # an upper bound: the generated corpus saturates below it
 SPECIAL_TOKENS = ["<|pad|>", "<|bos|>", "<|end|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"]
 TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>"]  # single tokens, but kept on decode
+# The fixed JSON of a call as single tokens too: byte-level BPE spells most of it a character at a
+# time, and a whole call must fit the 48 tokens a client may allow (it takes ~30 with these).
+CALL_JSON_TOKENS = ['{"name": "', '", "arguments": ']
 SYSTEM_PROMPTS = [None, None, "You are a helpful assistant.", "You are a calculator. Answer briefly."]
 
 # <|bos|><|system|>S<|end|><|user|>Q<|end|><|assistant|>A<|end|><|tool|>R<|end|>...
@@ -85,8 +96,41 @@ def arithmetic_chat(rng: random.Random) -> list[dict]:
     return messages + [{"role": "assistant", "content": problem.reply}]
 
 
-# (weight, generator): add conversation types here (e.g. multiply via a tool call).
-CONVERSATIONS = [(1.0, arithmetic_chat)]
+def arithmetic_with_tools_chat(rng: random.Random) -> list[dict]:
+    """Tools offered, but a plus/minus question is still answered directly."""
+    return [{"tools": [MULTIPLY_TOOL]}] + arithmetic_chat(rng)
+
+
+def tool_call_message(problem: Problem) -> dict:
+    call = {"name": "multiply", "arguments": {"a": problem.a, "b": problem.b}}
+    return {"role": "assistant", "content": None, "tool_calls": [{"type": "function", "function": call}]}
+
+
+def multiply_call_chat(rng: random.Random) -> list[dict]:
+    """Tools offered; user asks a multiplication; assistant calls multiply(a, b)."""
+    problem = make_multiply_problem(rng)
+    messages = chat_messages(problem.question, system=rng.choice(SYSTEM_PROMPTS))
+    return [{"tools": [MULTIPLY_TOOL]}] + messages + [tool_call_message(problem)]
+
+
+def multiply_answer_chat(rng: random.Random) -> list[dict]:
+    """... the call, the tool's result, then the assistant states it in a sentence."""
+    problem = make_multiply_problem(rng)
+    messages = chat_messages(problem.question, system=rng.choice(SYSTEM_PROMPTS))
+    return [{"tools": [MULTIPLY_TOOL]}] + messages + [
+        tool_call_message(problem),
+        {"role": "tool", "content": str(problem.answer)},
+        {"role": "assistant", "content": problem.reply},
+    ]
+
+
+# (weight, generator). A conversation may start with {"tools": [...]}: the tools offered to it.
+CONVERSATIONS = [
+    (0.55, arithmetic_chat),
+    (0.15, arithmetic_with_tools_chat),
+    (0.05, multiply_call_chat),
+    (0.25, multiply_answer_chat),  # also teaches the call
+]
 
 
 def make_conversation(rng: random.Random) -> list[dict]:
@@ -98,7 +142,7 @@ def make_conversation(rng: random.Random) -> list[dict]:
 
 def render_plain(messages: list[dict]) -> str:
     """Conversation text for tokenizer training (the same layout the chat template makes)."""
-    return "".join(f"<|{m['role']}|>{m.get('content') or ''}<|end|>" for m in messages)
+    return "".join(f"<|{m['role']}|>{m.get('content') or ''}<|end|>" for m in messages if "role" in m)
 
 
 def build_tokenizer(rng: random.Random) -> PreTrainedTokenizerFast:
@@ -116,7 +160,7 @@ def build_tokenizer(rng: random.Random) -> PreTrainedTokenizerFast:
     )
     corpus = [render_plain(make_conversation(rng)) for _ in range(20000)]
     bpe.train_from_iterator(corpus, trainer=trainer)
-    bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_CALL_TOKENS])
+    bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_CALL_TOKENS + CALL_JSON_TOKENS])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe,
         bos_token="<|bos|>",
@@ -151,9 +195,13 @@ def build_model(tokenizer: PreTrainedTokenizerFast) -> LlamaForCausalLM:
 
 
 def encode_batch(tokenizer, conversations: list[list[dict]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """input_ids[B, S] right-padded and labels[B, S] (-100 outside assistant tokens)."""
+    """input_ids[B, S] right-padded and labels[B, S] (-100 outside assistant tokens).
+
+    All conversations of one batch must offer the same tools (or none)."""
+    tools = conversations[0][0]["tools"] if "tools" in conversations[0][0] else None
+    conversations = [[m for m in c if "role" in m] for c in conversations]
     encoded = tokenizer.apply_chat_template(
-        conversations, return_dict=True, return_assistant_tokens_mask=True
+        conversations, tools=tools, return_dict=True, return_assistant_tokens_mask=True
     )
     width = max(len(ids) for ids in encoded["input_ids"])
     input_ids = torch.full((len(conversations), width), tokenizer.pad_token_id)
@@ -163,6 +211,30 @@ def encode_batch(tokenizer, conversations: list[list[dict]]) -> tuple[torch.Tens
         input_ids[row, : len(ids)] = ids
         labels[row, : len(ids)] = torch.where(mask, ids, -100)
     return input_ids, labels
+
+
+def group_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """Mean loss over the labelled tokens of one batch. A prompt prefix that every row shares (the
+    tools system turn is ~330 tokens) goes through the model once, its KV cache is broadcast to the
+    batch, and only the rest of each row is computed per row: same loss, several times less work."""
+    attention_mask = (input_ids != pad_id).long()
+    same = (input_ids == input_ids[:1]).all(dim=0)
+    shared = int(same.long().cumprod(0).sum())
+    first_label = int((labels != -100).any(dim=0).long().argmax())
+    prefix = min(shared, first_label - 1)  # labels[:, : prefix + 1] are all -100
+    if prefix < 32:
+        return model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    cache = model(input_ids=input_ids[:1, :prefix], use_cache=True).past_key_values
+    batch = input_ids.shape[0]
+    for layer in cache.layers:
+        layer.keys = layer.keys.expand(batch, -1, -1, -1)
+        layer.values = layer.values.expand(batch, -1, -1, -1)
+    return model(
+        input_ids=input_ids[:, prefix:],
+        attention_mask=attention_mask,
+        past_key_values=cache,
+        labels=labels[:, prefix:],
+    ).loss
 
 
 def learning_rate(step: int, steps: int, peak: float) -> float:
@@ -181,17 +253,30 @@ def train(model, tokenizer, steps: int, batch_size: int, peak_lr: float, rng: ra
     device = next(model.parameters()).device
     start = time.time()
     for step in range(steps):
-        input_ids, labels = encode_batch(tokenizer, [make_conversation(rng) for _ in range(batch_size)])
-        input_ids, labels = input_ids.to(device), labels.to(device)
-        attention_mask = (input_ids != tokenizer.pad_token_id).long()
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        conversations = [make_conversation(rng) for _ in range(batch_size)]
+        # Conversations with and without tools go through separately (same tools, little padding);
+        # the loss is the mean over all assistant tokens of the batch.
+        groups = {}
+        for c in conversations:
+            key = ("tools" in c[0], c[1]["content"] if "tools" in c[0] and c[1]["role"] == "system" else None)
+            groups.setdefault(key, []).append(c)
+        groups = list(groups.values())
+        encoded = [encode_batch(tokenizer, group) for group in groups if group]
+        total = sum(int((labels[:, 1:] != -100).sum()) for _, labels in encoded)
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = 0.0
+        for input_ids, labels in encoded:
+            input_ids, labels = input_ids.to(device), labels.to(device)
+            part = group_loss(model, input_ids, labels, tokenizer.pad_token_id)
+            weight = int((labels[:, 1:] != -100).sum()) / total
+            (part * weight).backward()
+            loss_sum += part.item() * weight
+        loss = torch.tensor(loss_sum)
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, steps, peak_lr)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        if step % 100 == 0 or step == steps - 1:
+        if step % 20 == 0 or step == steps - 1:
             print(f"step {step:5d}  loss {loss.item():.4f}  {time.time() - start:6.0f}s", flush=True)
 
 
@@ -213,6 +298,43 @@ def evaluate(model, tokenizer, questions: list[tuple[str, int]], batch_size: int
     return correct / len(questions)
 
 
+def generate_replies(model, tokenizer, conversations: list[list[dict]], tools=None, max_new_tokens=48) -> list[str]:
+    """Greedy replies (special tokens dropped, <tool_call> kept) to left-padded prompts."""
+    inputs = tokenizer.apply_chat_template(
+        conversations, tools=tools, add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True
+    )
+    output = model.generate(**inputs.to(model.device), max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
+@torch.no_grad()
+def evaluate_tools(model, tokenizer, problems: list[Problem], batch_size: int = 50) -> tuple[float, float, float]:
+    """On held-out multiplications with MULTIPLY_TOOL offered: exact tool-call accuracy, follow-up
+    answer accuracy (after the call and the tool's result: states the product, no call), and the
+    share of held-out plus/minus questions (tools offered) still answered directly and correctly."""
+    model.eval()
+    calls = answers = 0
+    for first in range(0, len(problems), batch_size):
+        chunk = problems[first : first + batch_size]
+        prompts = [chat_messages(p.question) for p in chunk]
+        replies = generate_replies(model, tokenizer, prompts, tools=[MULTIPLY_TOOL])
+        expected = [
+            f'<tool_call>{{"name": "multiply", "arguments": {{"a": {p.a}, "b": {p.b}}}}}</tool_call>' for p in chunk
+        ]
+        calls += sum(r == e for r, e in zip(replies, expected))
+        follow = [m + [tool_call_message(p), {"role": "tool", "content": str(p.answer)}] for m, p in zip(prompts, chunk)]
+        finals = generate_replies(model, tokenizer, follow, tools=[MULTIPLY_TOOL])
+        answers += sum("<tool_call>" not in f and extract_answer(f) == p.answer for f, p in zip(finals, chunk))
+    print(f"sample: {chunk[0].question!r} -> {replies[0]!r} -> {finals[0]!r}", flush=True)
+    questions = held_out_questions(200)
+    direct = 0
+    for first in range(0, len(questions), batch_size):
+        chunk = questions[first : first + batch_size]
+        replies = generate_replies(model, tokenizer, [chat_messages(q) for q, _ in chunk], tools=[MULTIPLY_TOOL])
+        direct += sum("<tool_call>" not in r and extract_answer(r) == a for r, (_, a) in zip(replies, chunk))
+    return calls / len(problems), answers / len(problems), direct / len(questions)
+
+
 def save(model, tokenizer, out: Path) -> None:
     """Hugging Face folder: float32 safetensors, tokenizer, chat_template.jinja, generation config."""
     out.mkdir(parents=True, exist_ok=True)
@@ -230,11 +352,12 @@ def save(model, tokenizer, out: Path) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1200)  # the shipped model: 1200 steps, 97.8% held out
+    parser.add_argument("--steps", type=int, default=1200)  # from scratch: 1200 steps, 97.8% held out
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--out", type=Path, default=DEMO_MODEL_DIR)
     parser.add_argument("--eval-only", action="store_true", help="evaluate the folder at --out")
+    parser.add_argument("--init", type=Path, help="fine-tune this saved model (and keep its tokenizer)")
     return parser.parse_args()
 
 
@@ -249,13 +372,29 @@ def main() -> None:
         model = AutoModelForCausalLM.from_pretrained(args.out, dtype=torch.float32)
     else:
         start = time.time()
-        tokenizer = build_tokenizer(rng)
-        model = build_model(tokenizer)
+        if args.init:
+            tokenizer = AutoTokenizer.from_pretrained(args.init)
+            model = AutoModelForCausalLM.from_pretrained(args.init, dtype=torch.float32)
+            missing = [t for t in TOOL_CALL_TOKENS + CALL_JSON_TOKENS if t not in tokenizer.get_vocab()]
+            if missing:  # new tokens get new (mean-initialised) embedding rows; the rest stays
+                tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in missing])
+                model.resize_token_embeddings(len(tokenizer))
+                print(f"added tokens {missing}", flush=True)
+        else:
+            tokenizer = build_tokenizer(rng)
+            model = build_model(tokenizer)
         print(f"vocab {len(tokenizer)}, params {sum(p.numel() for p in model.parameters()):,}", flush=True)
         train(model, tokenizer, args.steps, args.batch_size, args.lr, rng)
         print(f"trained in {time.time() - start:.0f}s", flush=True)
         save(model, tokenizer, args.out)
     print(f"held-out accuracy {evaluate(model, tokenizer, questions):.4f} on {len(questions)}", flush=True)
+    problems = held_out_multiply_problems(100)
+    calls, answers, direct = evaluate_tools(model, tokenizer, problems)
+    print(
+        f"multiply tool (held out, {len(problems)}): exact call {calls:.4f}, follow-up answer {answers:.4f}; "
+        f"plus/minus with tools offered answered directly {direct:.4f} on 200",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
