@@ -7,7 +7,7 @@ import sys
 
 from graphllm.bench import serve_bench
 from graphllm.server.cli import add_serve_parser
-from graphllm.config import CompileConfig, EngineConfig
+from graphllm.config import ATTENTION_BACKENDS, CompileConfig, EngineConfig
 from graphllm.runtime.sampling_params import SamplingParams
 
 SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
@@ -32,12 +32,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     add_model_args(parser)
     parser.add_argument("--artifact", help="run a `graphllm compile` artifact instead of --model")
     parser.add_argument("--eager", action="store_true", help="run the model uncompiled (no artifact cache)")
+    parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                        help="auto: flashinfer when importable on a GPU, else triton; torch on CPU")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, artifact=args.artifact, compile=not args.eager and not args.artifact,
                         dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        attention_backend=args.attention_backend)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

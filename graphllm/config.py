@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOWERINGS = ("auto", "aoti", "inductor")
+ATTENTION_BACKENDS = ("auto", "flashinfer", "triton", "torch")
 DEFAULT_LIMITS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "block_size": 16}
 
 
@@ -27,10 +28,14 @@ class EngineConfig:
     kv_cache_memory_gib: float | None = None  # None: 4 GiB on CPU, 90% of free memory on GPU
     seed: int = 0  # for unseeded sampling
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (GPU only)
+    # auto: flashinfer when importable on CUDA, else triton on CUDA, torch (the reference) on CPU
+    attention_backend: str = "auto"
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         for name in DEFAULT_LIMITS:
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
