@@ -2,8 +2,9 @@
 
 `torch.ops.graphllm.attention` is the only place where a model touches batching or the KV
 cache. Tracing (torch.compile, torch.export) sees it as one opaque node thanks to the fake
-implementation below; the runtime chooses the backend. This file holds the PyTorch reference
-over the pages, used on CPU and as the oracle for GPU kernels.
+implementation below; the runtime chooses the backend (graphllm/ops/backends: torch, triton,
+flashinfer). This file holds the PyTorch reference over the pages, used on CPU and as the
+oracle for GPU kernels.
 
 Step metadata is flat tensors (see DESIGN.md, "Step inputs are flat tensors"):
   slot_mapping[T]       cache slot (block * block_size + offset) of each new token
@@ -18,6 +19,8 @@ tokens 0..positions[t] of its own sequence.
 from typing import NamedTuple
 
 import torch
+
+from graphllm.ops.backends import active_backend
 
 
 class AttentionMetadata(NamedTuple):
@@ -75,10 +78,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch
     Returns [T, Hq, D] in q's dtype. sliding_window <= 0 means full attention; otherwise token
     at position p sees keys at positions p - sliding_window + 1 .. p (Mistral's convention).
     """
-    write_kv_cache(k, v, kv_cache, slot_mapping)
-    out = reference_attention(q, kv_cache, positions, block_tables, query_start_loc, scale,
-                              sliding_window)
-    return out.to(q.dtype)
+    return active_backend().forward(q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens,
+                                    query_start_loc, scale, sliding_window)
 
 
 @attention.register_fake

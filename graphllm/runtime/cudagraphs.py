@@ -1,80 +1,96 @@
 """Decode steps replayed from CUDA graphs, one per batch-size bucket (GPU only).
 
-Static input buffers are sized for the largest bucket; graphs are captured largest first into
-one shared memory pool, each after a warm-up call. A decode batch of B sequences is copied into
-the first B rows, the rest padded (token 0 at position 0, writing its K/V to the reserved
-padding slot), and the graph of the smallest bucket >= B is replayed.
+The static inputs of every graph are slices of one packed device buffer, sized for the largest
+bucket; graphs are captured largest first into one shared memory pool, each after a warm-up
+call. A decode batch of B sequences is written into a pinned host copy of that buffer (rows past
+B padded: token 0 at position 0, its one cached token in the reserved padding block), copied
+to the device, the attention backend is planned for the bucket, and the graph of the smallest
+bucket >= B is replayed.
 """
 
 import time
 from typing import Callable
 
+import numpy as np
 import torch
 
-from graphllm.runtime.inputs import StepInputs
+from graphllm.ops.backends import AttentionBackend, HostMeta, TorchBackend, use_backend
+from graphllm.runtime.inputs import HostStep, packed_offsets, unpack
 
 
 class CUDAGraphRunner:
     def __init__(self, step: Callable[..., torch.Tensor], kv_caches: list[torch.Tensor], buckets: tuple[int, ...],
-                 max_blocks_per_seq: int, padding_slot: int, device: torch.device):
+                 max_blocks_per_seq: int, padding_block: int, block_size: int, device: torch.device,
+                 backend: AttentionBackend | None = None):
         self.step, self.kv_caches, self.buckets = step, kv_caches, tuple(sorted(buckets))
-        self.padding_slot = padding_slot
-        n, i64 = self.buckets[-1], dict(dtype=torch.int64, device=device)
-        self.input_ids = torch.zeros(n, **i64)
-        self.positions = torch.zeros(n, **i64)
-        self.slot_mapping = torch.full((n,), padding_slot, **i64)
-        self.block_tables = torch.zeros(n, max_blocks_per_seq, **i64)
-        self.seq_lens = torch.ones(n, **i64)
-        self.query_start_loc = torch.arange(n + 1, **i64)  # decode: one token per sequence
-        self.logits_indices = torch.arange(n, **i64)
+        self.backend = backend or TorchBackend()
+        self.padding_block, self.padding_slot = padding_block, padding_block * block_size
+        n = self.buckets[-1]
+        self.shapes = [(n,), (n,), (n,), (n, max_blocks_per_seq), (n,), (n + 1,), (n,)]  # HostStep's fields
+        size = packed_offsets(self.shapes)[-1]
+        self.device_buffer = torch.zeros(size, dtype=torch.int64, device=device)
+        self.host_buffer = torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
+        self.static = HostStep(*unpack(self.device_buffer, self.shapes))  # device tensors, HostStep's order
+        self.staged = HostStep(*(t.numpy() for t in unpack(self.host_buffer, self.shapes)))
+        self.staged.query_start_loc[:] = np.arange(n + 1)  # decode: one token per sequence
+        self.staged.logits_indices[:] = np.arange(n)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
         self.capture_seconds, self.pool_bytes, self.replays = 0.0, 0, 0
 
     def static_inputs(self, b: int) -> tuple:
-        return (self.input_ids[:b], self.positions[:b], self.slot_mapping[:b], self.block_tables[:b],
-                self.seq_lens[:b], self.query_start_loc[:b + 1], self.logits_indices[:b], self.kv_caches)
+        s = self.static
+        return (s.input_ids[:b], s.positions[:b], s.slot_mapping[:b], s.block_tables[:b], s.seq_lens[:b],
+                s.query_start_loc[:b + 1], s.logits_indices[:b], self.kv_caches)
 
     @torch.inference_mode()
     def capture(self) -> None:
         start, before = time.perf_counter(), torch.cuda.memory_reserved()
+        nothing = HostMeta(np.zeros(1, np.int64), np.zeros(0, np.int64),
+                           np.zeros((0, self.shapes[3][1]), np.int64))
         for b in reversed(self.buckets):
             graph = torch.cuda.CUDAGraph()
-            self.step(*self.static_inputs(b))  # warm-up: allocator and library state settle outside capture
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[b] = self.step(*self.static_inputs(b))
+            self.stage(nothing, b)
+            with use_backend(self.backend):
+                self.backend.plan(nothing.padded(b, self.padding_block), graph_bucket=b)
+                self.step(*self.static_inputs(b))  # warm-up: allocator and library state settle outside capture
+                torch.cuda.synchronize()
+                with torch.cuda.graph(graph, pool=self.pool):
+                    self.outputs[b] = self.step(*self.static_inputs(b))
             self.pool = self.pool or graph.pool()
             self.graphs[b] = graph
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
         self.pool_bytes = torch.cuda.memory_reserved() - before
 
-    def can_run(self, inputs: StepInputs) -> bool:
+    def can_run(self, host: HostStep) -> bool:
         """Pure decode (one token per sequence, every one sampled) within the largest bucket."""
-        b = inputs.meta.seq_lens.shape[0]
-        return (b <= self.buckets[-1] and inputs.input_ids.shape[0] == b and inputs.logits_indices.shape[0] == b
-                and inputs.meta.block_tables.shape[1] <= self.block_tables.shape[1])
+        b = host.num_seqs
+        return (b <= self.buckets[-1] and len(host.input_ids) == b and len(host.logits_indices) == b
+                and host.block_tables.shape[1] <= self.shapes[3][1])
 
-    def reset_padding(self, b: int, bucket: int) -> None:
-        """Rows b..bucket-1: token 0 at position 0, one cached token, K/V to the padding slot."""
-        self.input_ids[b:bucket].zero_()
-        self.positions[b:bucket].zero_()
-        self.slot_mapping[b:bucket].fill_(self.padding_slot)
-        self.seq_lens[b:bucket].fill_(1)
+    def stage(self, host: HostStep | HostMeta, bucket: int) -> None:
+        """Write the batch plus padding rows up to `bucket` into the pinned buffer, then copy it over.
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        b = inputs.meta.seq_lens.shape[0]
+        The previous step has finished (its tokens were read back), so the pinned buffer is free.
+        """
+        s, b, m = self.staged, len(host.seq_lens), host.block_tables.shape[1]
+        s.block_tables[:bucket] = 0
+        s.block_tables[:b, :m] = host.block_tables
+        s.block_tables[b:bucket, 0] = self.padding_block
+        s.seq_lens[:b], s.seq_lens[b:bucket] = host.seq_lens, 1
+        if isinstance(host, HostStep):
+            s.input_ids[:b], s.positions[:b], s.slot_mapping[:b] = host.input_ids, host.positions, host.slot_mapping
+        s.input_ids[b:bucket], s.positions[b:bucket], s.slot_mapping[b:bucket] = 0, 0, self.padding_slot
+        for src, dst in zip(unpack(self.host_buffer, self.shapes), self.static):
+            dst[:bucket].copy_(src[:bucket], non_blocking=True)
+
+    def run(self, host: HostStep) -> torch.Tensor:
+        b = host.num_seqs
         bucket = next(x for x in self.buckets if x >= b)
-        m = inputs.meta
-        self.input_ids[:b].copy_(inputs.input_ids)
-        self.positions[:b].copy_(inputs.positions)
-        self.slot_mapping[:b].copy_(m.slot_mapping)
-        self.block_tables[:bucket].zero_()
-        self.block_tables[:b, :m.block_tables.shape[1]].copy_(m.block_tables)
-        self.seq_lens[:b].copy_(m.seq_lens)
-        self.reset_padding(b, bucket)
+        self.stage(host, bucket)
+        self.backend.plan(host.attention.padded(bucket, self.padding_block), graph_bucket=bucket)
         self.graphs[bucket].replay()
         self.replays += 1
         return self.outputs[bucket][:b]

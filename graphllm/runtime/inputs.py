@@ -1,11 +1,22 @@
-"""Scheduled sequences -> the flat tensors of one model step (DESIGN.md's step contract)."""
+"""Scheduled sequences -> the flat tensors of one model step (DESIGN.md's step contract).
+
+`prepare_step` builds the step on the host with numpy (no per-token Python loops, no copies of
+whole token lists): a HostStep. `HostStep.to_device` moves it in ONE host-to-device copy (every
+field is a slice of one packed int64 buffer); the CUDA-graph runner instead writes it into its
+own pinned staging buffer. Attention backends that plan on the CPU (FlashInfer) read
+`HostStep.attention`.
+"""
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from graphllm.ops.attention import AttentionMetadata
+from graphllm.ops.backends import HostMeta
 from graphllm.runtime.scheduler import ScheduledSeq
+
+ALIGN = 16  # elements: each packed field starts 128-byte aligned, as compiled kernels assume
 
 
 class StepInputs(NamedTuple):
@@ -21,26 +32,80 @@ class StepInputs(NamedTuple):
                 m.query_start_loc, self.logits_indices, m.kv_caches)
 
 
-def prepare_step(batch: list[ScheduledSeq], kv_caches: list[torch.Tensor], block_size: int,
-                 device: torch.device) -> StepInputs:
-    input_ids, positions, slots, seq_lens, starts, logits_indices = [], [], [], [], [0], []
-    for seq, num_new in batch:
-        start = seq.num_computed_tokens
-        input_ids += seq.token_ids[start:start + num_new]
-        span = range(start, start + num_new)
-        positions += span
-        slots += [seq.block_table[p // block_size] * block_size + p % block_size for p in span]
-        seq_lens.append(start + num_new)
-        starts.append(starts[-1] + num_new)
-        if ScheduledSeq(seq, num_new).samples:
-            logits_indices.append(starts[-1] - 1)
-    max_blocks = max(len(s.seq.block_table) for s in batch)
-    tables = [s.seq.block_table + [0] * (max_blocks - len(s.seq.block_table)) for s in batch]
+class HostStep(NamedTuple):
+    """One step's inputs as int64 numpy arrays, in STEP_INPUT_NAMES order (without the caches)."""
 
-    def tensor(values) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64).to(device, non_blocking=True)
+    input_ids: np.ndarray  # [T]
+    positions: np.ndarray  # [T]
+    slot_mapping: np.ndarray  # [T]
+    block_tables: np.ndarray  # [B, M] padded with 0
+    seq_lens: np.ndarray  # [B]
+    query_start_loc: np.ndarray  # [B+1]
+    logits_indices: np.ndarray  # [N]
 
-    meta = AttentionMetadata(slot_mapping=tensor(slots), block_tables=tensor(tables),
-                             seq_lens=tensor(seq_lens), query_start_loc=tensor(starts),
-                             kv_caches=kv_caches)
-    return StepInputs(tensor(input_ids), tensor(positions), meta, tensor(logits_indices))
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens)
+
+    @property
+    def attention(self) -> HostMeta:
+        return HostMeta(self.query_start_loc, self.seq_lens, self.block_tables)
+
+    def to_device(self, kv_caches: list[torch.Tensor], device: torch.device) -> StepInputs:
+        packed = torch.from_numpy(pack(self)).to(device, non_blocking=True)
+        fields = unpack(packed, [a.shape for a in self])
+        ids, pos, slots, tables, seq_lens, starts, logits_indices = fields
+        return StepInputs(ids, pos, AttentionMetadata(slots, tables, seq_lens, starts, kv_caches), logits_indices)
+
+
+def packed_offsets(shapes: list[tuple[int, ...]]) -> list[int]:
+    """Start of each field in the packed buffer (ALIGN-ed), plus the total length last."""
+    offsets = [0]
+    for shape in shapes:
+        offsets.append(offsets[-1] + -(-int(np.prod(shape)) // ALIGN) * ALIGN)
+    return offsets
+
+
+def pack(arrays, out: np.ndarray | None = None) -> np.ndarray:
+    """Concatenate the arrays at their ALIGN-ed offsets (into `out` when given)."""
+    offsets = packed_offsets([a.shape for a in arrays])
+    out = np.zeros(offsets[-1], np.int64) if out is None else out
+    for a, start in zip(arrays, offsets):
+        out[start:start + a.size] = a.ravel()
+    return out
+
+
+def unpack(packed: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Tensor]:
+    """Views of `packed` with the given shapes, at the offsets `pack` used."""
+    offsets = packed_offsets(shapes)
+    return [packed[start:start + int(np.prod(shape))].view(shape) for shape, start in zip(shapes, offsets)]
+
+
+def prepare_step(batch: list[ScheduledSeq], block_size: int) -> HostStep:
+    b = len(batch)
+    starts = np.fromiter((s.seq.num_computed_tokens for s in batch), np.int64, b)  # [B]
+    num_new = np.fromiter((s.num_new_tokens for s in batch), np.int64, b)  # [B]
+    seq_lens = starts + num_new
+    query_start_loc = np.zeros(b + 1, np.int64)
+    np.cumsum(num_new, out=query_start_loc[1:])
+    tables = block_table_array([s.seq.block_table for s in batch])  # [B, M]
+    if query_start_loc[-1] == b:  # decode: one token each
+        input_ids = np.fromiter((s.seq.token_ids[start] for s, start in zip(batch, starts.tolist())), np.int64, b)
+        positions, seq_of_token = starts, np.arange(b)
+    else:
+        input_ids = np.array([t for s, start, n in zip(batch, starts.tolist(), num_new.tolist())
+                              for t in s.seq.token_ids[start:start + n]], np.int64)
+        seq_of_token = np.repeat(np.arange(b), num_new)  # [T]
+        positions = np.arange(query_start_loc[-1]) - query_start_loc[seq_of_token] + starts[seq_of_token]
+    slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size  # [T]
+    samples = seq_lens == np.fromiter((s.seq.num_tokens for s in batch), np.int64, b)
+    logits_indices = query_start_loc[1:][samples] - 1
+    return HostStep(input_ids, positions, slots, tables, seq_lens, query_start_loc, logits_indices)
+
+
+def block_table_array(tables: list[list[int]]) -> np.ndarray:
+    """Block tables padded with 0 to the longest: [B, M] int64."""
+    out = np.zeros((len(tables), max(len(t) for t in tables)), np.int64)
+    for row, table in zip(out, tables):
+        row[:len(table)] = table
+    return out

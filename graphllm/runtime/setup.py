@@ -17,6 +17,7 @@ from graphllm.config import DEFAULT_LIMITS, EngineConfig, default_buckets
 from graphllm.models.config import ModelConfig
 from graphllm.models.loader import load_model, read_hf_config
 from graphllm.ir.capture import StepModule
+from graphllm.ops.backends import select_backend
 from graphllm.runtime.kv_cache import BlockPool, allocate_kv_caches, kv_bytes_per_block
 from graphllm.runtime.model_runner import ModelRunner
 from graphllm.runtime.scheduler import Scheduler
@@ -187,17 +188,22 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
                          eos_token_ids(path, model_config, tokenizer), model_config, limits)
     pool = BlockPool(num_blocks, limits.block_size)
     scheduler = Scheduler(pool, limits.max_num_seqs, limits.max_num_batched_tokens)
+    backend = select_backend(config.attention_backend, model_config, dtype, device, limits.block_size)
+    logger.info("attention backend: %s", backend.name)
     graphs = None
     if device.type == "cuda" and config.cuda_graphs:
         graphs = capture_graphs(step, kv_caches, buckets or default_buckets(limits.max_num_seqs),
-                                -(-max_model_len // limits.block_size), num_blocks * limits.block_size, device)
-    runner = ModelRunner(step, kv_caches, limits.block_size, device, graphs)
+                                -(-max_model_len // limits.block_size), num_blocks, limits.block_size, device,
+                                backend)
+    runner = ModelRunner(step, kv_caches, limits.block_size, device, graphs, backend)
     return Runtime(model, tokenizer, state, pool, scheduler, runner)
 
 
-def capture_graphs(step, kv_caches, buckets, max_blocks_per_seq: int, padding_slot: int, device):
+def capture_graphs(step, kv_caches, buckets, max_blocks_per_seq: int, padding_block: int, block_size: int,
+                   device, backend):
     from graphllm.runtime.cudagraphs import CUDAGraphRunner
-    graphs = CUDAGraphRunner(step, kv_caches, buckets, max_blocks_per_seq, padding_slot, device)
+    graphs = CUDAGraphRunner(step, kv_caches, buckets, max_blocks_per_seq, padding_block, block_size, device,
+                             backend)
     graphs.capture()
     logger.info("captured %d decode CUDA graphs (buckets %s) in %.2f s; they hold %.3f GiB",
                 len(graphs.graphs), list(graphs.buckets), graphs.capture_seconds, graphs.pool_bytes / 2**30)

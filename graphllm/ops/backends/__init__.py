@@ -1,0 +1,88 @@
+"""Attention backends: who runs `torch.ops.graphllm.attention` at run time.
+
+The op is one opaque node in every graph (eager, AOTInductor, Inductor), so the same compiled
+artifact runs with any backend. The runtime picks one (`select_backend`), plans it on the host
+before each step or CUDA-graph replay (`plan`), and makes it active for the step with the scoped
+`use_backend`. Outside such a scope (tracing, pass checks, tests calling the model directly)
+the op runs the PyTorch reference.
+
+  torch       the reference of graphllm/ops/attention.py: float32 over gathered pages (CPU, oracle)
+  triton      graphllm/kernels: store_kv + split-KV paged decode / paged prefill (no host planning)
+  flashinfer  FlashInfer's paged decode and prefill wrappers, planned on the host; CUDA-graph
+              decode uses one fixed-buffer wrapper per batch bucket
+"""
+
+import contextlib
+import importlib.util
+import os
+from typing import Iterator
+
+import torch
+
+from graphllm.models.config import ModelConfig
+from graphllm.ops.backends.base import AttentionBackend, HostMeta, TorchBackend
+
+__all__ = ["AttentionBackend", "HostMeta", "TorchBackend", "active_backend", "select_backend", "use_backend"]
+
+_REFERENCE = TorchBackend()
+_active: AttentionBackend | None = None
+
+
+def active_backend() -> AttentionBackend:
+    return _active or _REFERENCE
+
+
+@contextlib.contextmanager
+def use_backend(backend: AttentionBackend) -> Iterator[AttentionBackend]:
+    """Make `backend` run the attention op for the steps inside the block; restores on exit."""
+    global _active
+    saved, _active = _active, backend
+    try:
+        yield backend
+    finally:
+        _active = saved
+
+
+def flashinfer_supports(config: ModelConfig, dtype: torch.dtype) -> str | None:
+    """None when FlashInfer can run this model, else why not."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"FlashInfer kernels take float16/bfloat16, not {dtype}"
+    if config.head_dim not in (64, 128, 256):
+        return f"FlashInfer has no kernels for head_dim {config.head_dim}"
+    if importlib.util.find_spec("flashinfer") is None:
+        return "flashinfer is not installed (pip install flashinfer-python)"
+    return None
+
+
+def triton_supports(device: torch.device) -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"the Triton kernels need a CUDA device (or TRITON_INTERPRET=1), not {device.type}"
+    return None
+
+
+def select_backend(name: str, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                   block_size: int) -> AttentionBackend:
+    """`name` from EngineConfig.attention_backend; auto: flashinfer, else triton on CUDA; torch on CPU."""
+    if name == "auto":
+        if device.type != "cuda":
+            name = "torch"
+        elif flashinfer_supports(config, dtype) is None:
+            name = "flashinfer"
+        else:
+            name = "triton" if triton_supports(device) is None else "torch"
+    if name == "torch":
+        return TorchBackend()
+    if name == "triton":
+        if (why := triton_supports(device)) is not None:
+            raise ValueError(f"attention backend 'triton' is unavailable: {why}")
+        from graphllm.ops.backends.triton_backend import TritonBackend
+        return TritonBackend()
+    if name == "flashinfer":
+        why = "it needs a CUDA device" if device.type != "cuda" else flashinfer_supports(config, dtype)
+        if why is not None:
+            raise ValueError(f"attention backend 'flashinfer' is unavailable: {why}")
+        from graphllm.ops.backends.flashinfer_backend import FlashInferBackend
+        return FlashInferBackend(config, dtype, device, block_size)
+    raise ValueError(f"unknown attention backend {name!r}")

@@ -1,0 +1,71 @@
+"""The attention backend interface, the host-side step metadata it may plan from, and the
+PyTorch reference backend."""
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+
+class HostMeta(NamedTuple):
+    """CPU copies of the step's attention metadata (integer numpy), for backends that plan on the host."""
+
+    query_start_loc: np.ndarray  # [B+1]
+    seq_lens: np.ndarray  # [B] tokens in cache after this step
+    block_tables: np.ndarray  # [B, M] padded with 0
+
+    @property
+    def is_decode(self) -> bool:
+        """One new token per sequence."""
+        return int(self.query_start_loc[-1]) == len(self.seq_lens)
+
+    def padded(self, bucket: int, padding_block: int) -> "HostMeta":
+        """A decode batch grown to `bucket` rows; each extra row caches one token in `padding_block`."""
+        assert self.is_decode, "only decode steps are padded (CUDA graphs)"
+        b = len(self.seq_lens)
+        tables = np.zeros((bucket, self.block_tables.shape[1]), np.int64)
+        tables[:b], tables[b:, 0] = self.block_tables, padding_block
+        seq_lens = np.concatenate([self.seq_lens, np.ones(bucket - b, np.int64)])
+        return HostMeta(np.arange(bucket + 1), seq_lens, tables)
+
+    def paged_kv(self, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """CSR page lists: indptr [B+1], indices [sum pages], last_page_len [B] (CPU int32)."""
+        pages = (self.seq_lens + block_size - 1) // block_size  # [B]
+        indptr = np.zeros(len(pages) + 1, np.int32)
+        np.cumsum(pages, out=indptr[1:])
+        used = np.arange(self.block_tables.shape[1])[None, :] < pages[:, None]  # [B, M]
+        last = self.seq_lens - (pages - 1) * block_size
+        return (torch.from_numpy(indptr), torch.from_numpy(self.block_tables[used].astype(np.int32)),
+                torch.from_numpy(last.astype(np.int32)))
+
+
+class AttentionBackend:
+    """Runs the attention op: the KV write, then attention of q over the pages.
+
+    `plan` runs on the host before every step (and before every CUDA-graph replay, with the
+    metadata padded to the bucket); `forward` runs inside the op, possibly under capture.
+    """
+
+    name = "base"
+
+    def plan(self, host: HostMeta, graph_bucket: int | None = None) -> None:
+        """Prepare for the next step; graph_bucket: the CUDA-graph bucket about to be captured or replayed."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
+                positions: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+                seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
+                sliding_window: int) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class TorchBackend(AttentionBackend):
+    """The PyTorch reference (float32 over gathered pages): CPU, and the oracle of the others."""
+
+    name = "torch"
+
+    def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
+                scale, sliding_window):
+        from graphllm.ops.attention import reference_attention, write_kv_cache
+        write_kv_cache(k, v, kv_cache, slot_mapping)
+        out = reference_attention(q, kv_cache, positions, block_tables, query_start_loc, scale, sliding_window)
+        return out.to(q.dtype)

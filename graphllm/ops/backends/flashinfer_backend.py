@@ -1,0 +1,72 @@
+"""Attention with FlashInfer's paged wrappers, planned on the host outside the captured graphs.
+
+One float workspace serves every wrapper (they never run concurrently):
+  prefill   BatchPrefillWithPagedKVCacheWrapper, causal: prefill, chunked prefill, mixed steps
+  decode    BatchDecodeWithPagedKVCacheWrapper: decode steps run outside CUDA graphs
+  graphs    one decode wrapper per CUDA-graph bucket, with fixed index buffers (FlashInfer's
+            CUDA-graph mode): `plan` before capture and before every replay rewrites them
+
+The KV write is graphllm's Triton store_kv (one launch for K and V). The cache is NHD:
+kv_cache[0] / kv_cache[1] are [num_blocks, block_size, Hkv, D] pages, which FlashInfer reads as is.
+"""
+
+import numpy as np
+import torch
+
+from graphllm.models.config import ModelConfig
+from graphllm.ops.backends.base import AttentionBackend, HostMeta
+
+WORKSPACE_BYTES = 256 * 2**20
+
+
+class FlashInferBackend(AttentionBackend):
+    name = "flashinfer"
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int):
+        import flashinfer
+        self.flashinfer = flashinfer
+        self.heads = (config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+        self.block_size, self.dtype, self.device = block_size, dtype, device
+        self.scale = config.head_dim ** -0.5  # PagedAttention's scale: checked in forward
+        self.window_left = config.sliding_window - 1 if config.sliding_window > 0 else -1
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")
+        self.graph_decoders: dict[int, object] = {}
+        self.active = None  # the wrapper planned for the next step
+
+    def plan(self, host: HostMeta, graph_bucket: int | None = None) -> None:
+        indptr, indices, last_page_len = host.paged_kv(self.block_size)
+        common = dict(window_left=self.window_left, sm_scale=self.scale, q_data_type=self.dtype,
+                      kv_data_type=self.dtype)
+        if graph_bucket is not None or host.is_decode:
+            wrapper = self.decode if graph_bucket is None else self.graph_decoder(graph_bucket, host)
+            wrapper.plan(indptr, indices, last_page_len, *self.heads, self.block_size, **common)
+        else:
+            wrapper = self.prefill
+            wrapper.plan(torch.from_numpy(host.query_start_loc.astype(np.int32)), indptr, indices, last_page_len, *self.heads,
+                         self.block_size, causal=True, **common)
+        self.active = wrapper
+
+    def graph_decoder(self, bucket: int, host: HostMeta):
+        """The fixed-buffer decode wrapper of a CUDA-graph bucket (sized from the graph's block table)."""
+        if bucket not in self.graph_decoders:
+            i32 = dict(dtype=torch.int32, device=self.device)
+            max_pages = bucket * host.block_tables.shape[1]
+            self.graph_decoders[bucket] = self.flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_cuda_graph=True,
+                paged_kv_indptr_buffer=torch.zeros(bucket + 1, **i32),
+                paged_kv_indices_buffer=torch.zeros(max_pages, **i32),
+                paged_kv_last_page_len_buffer=torch.zeros(bucket, **i32))
+        return self.graph_decoders[bucket]
+
+    def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
+                scale, sliding_window):
+        from graphllm.kernels.store_kv import store_kv
+        if self.active is None:
+            raise RuntimeError("FlashInfer attention ran without a plan: call plan() before the step")
+        if scale != self.scale or max(sliding_window, 0) != self.window_left + 1:
+            raise ValueError(f"FlashInfer was planned for scale {self.scale} and window {self.window_left + 1}, "
+                             f"the model asks scale {scale} and window {sliding_window}")
+        store_kv(k, v, kv_cache, slot_mapping)
+        return self.active.run(q.contiguous(), (kv_cache[0], kv_cache[1]))

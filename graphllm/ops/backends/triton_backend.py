@@ -1,0 +1,23 @@
+"""Attention with graphllm's own Triton kernels (graphllm/kernels): one store_kv launch, then
+split-KV paged decode when every sequence has one new token, else paged prefill.
+
+Nothing is planned on the host: launch grids depend on tensor shapes only, so a decode step
+captures into a CUDA graph as is."""
+
+from graphllm.kernels.paged_decode_attention import paged_decode_attention
+from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
+from graphllm.kernels.store_kv import store_kv
+from graphllm.ops.backends.base import AttentionBackend
+
+
+class TritonBackend(AttentionBackend):
+    name = "triton"
+
+    def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
+                scale, sliding_window):
+        store_kv(k, v, kv_cache, slot_mapping)
+        if q.shape[0] == seq_lens.shape[0]:  # T == B: decode
+            return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
+                                          sliding_window)
+        return paged_prefill_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
+                                       scale, sliding_window)
