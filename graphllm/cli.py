@@ -5,7 +5,7 @@ import asyncio
 import json
 import sys
 
-from graphllm.bench import serve_bench
+from graphllm.bench import latency, serve_bench, throughput
 from graphllm.server.cli import add_serve_parser
 from graphllm.config import ATTENTION_BACKENDS, CompileConfig, EngineConfig
 from graphllm.runtime.sampling_params import SamplingParams
@@ -157,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
     comp_bench.add_argument("--json", help="write the results here")
     comp_bench.set_defaults(func=cmd_bench_compile)
     serve_bench.add_parser(bench)
+    latency.add_parser(bench)
+    throughput.add_parser(bench)
     return parser
 
 

@@ -1,0 +1,213 @@
+"""`--profile DIR`: a batch's prefill and a few decode steps under torch.profiler; trace + kernel table.
+
+Each step runs inside a `graphllm.bench::prefill` or `graphllm.bench::decode` range and ends with
+a device sync, so the device work of a step lies within its range. Writes DIR/trace.json (open
+it in Perfetto or chrome://tracing), DIR/kernels.md and DIR/kernels.json, one table per phase:
+
+  CUDA: one row per kernel name: calls, device time, share of the phase's step time, and GB/s
+        where the bytes are known: a matmul op (aten::mm, addmm, bmm, baddbmm, linear, recorded
+        with its shapes) is linked to the kernels it launched through the profiler's correlation
+        ids, and its inputs + output bytes go to the longest of them.
+  CPU:  one row per op: calls, self CPU time, share, and GB/s for the matmul ops (bytes over the
+        op's whole time).
+
+Kernels replayed from a CUDA graph have no op above them, so under CUDA graphs decode matmuls show
+no bandwidth; when the profiler sees no kernels at all inside graph replays, decode is profiled
+again without the graphs and the table says so.
+"""
+
+import json
+import math
+from bisect import bisect_right
+from pathlib import Path
+
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from graphllm.bench.workload import format_rows, params_for, synchronizer
+
+RANGE = "graphllm.bench::"
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear")
+ELEMENT_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "c10::Float8_e4m3fn": 1,
+                 "c10::Float8_e5m2": 1, "signed char": 1, "unsigned char": 1, "int": 4, "long int": 8}
+NAME_WIDTH = 72
+
+
+def matmul_bytes(name: str, shapes: list, dtypes: list) -> int | None:
+    """Bytes a matmul op reads and writes: its operands plus its output; None if unknown.
+
+    Operands by position among the tensor arguments (an `out=` tensor, last, is not one):
+    linear(x [..., K], w [N, K], bias?); mm/bmm(a [..., M, K], b [..., K, N]); addmm/baddbmm(bias, a, b).
+    """
+    tensors = [(s, d) for s, d in zip(shapes, dtypes) if s and d in ELEMENT_BYTES]
+    with_bias = name in ("aten::addmm", "aten::baddbmm")
+    if name not in MATMUL_OPS or len(tensors) < 2 + with_bias:
+        return None
+    if name == "aten::linear":  # bias, when given, is the third tensor; linear has no out=
+        (x, dtype), (w, _) = tensors[0], tensors[1]
+        operands, out = tensors, math.prod(x[:-1]) * w[0]
+    else:
+        operands = tensors[:2 + with_bias]
+        (a, dtype), (b, _) = operands[-2], operands[-1]
+        out = math.prod(a[:-1]) * b[-1]
+    return sum(math.prod(s) * ELEMENT_BYTES[d] for s, d in operands) + out * ELEMENT_BYTES[dtype]
+
+
+def run_steps(engine, prompts: list[list[int]], decode_steps: int) -> None:
+    """Prefill the batch, then `decode_steps` decode steps, each in its phase's range."""
+    sync = synchronizer(engine.state.device)
+    ids = [engine.add_request(p, params_for(decode_steps + 1)) for p in prompts]
+    waiting_first, done = set(ids), set()
+    while len(done) < len(ids):
+        with record_function(RANGE + ("prefill" if waiting_first else "decode")):
+            outs = engine.step()
+            sync()
+        for out in outs:
+            if out.outputs[0].token_ids:
+                waiting_first.discard(out.request_id)
+            if out.finished:
+                done.add(out.request_id)
+
+
+def profiled(engine, prompts: list[list[int]], decode_steps: int):
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.state.device.type == "cuda" else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        run_steps(engine, prompts, decode_steps)
+    return prof
+
+
+def step_ranges(events) -> list[tuple[float, float, str]]:
+    """(start_us, end_us, phase) of every profiled step, in time order."""
+    return sorted((e.time_range.start, e.time_range.end, e.name[len(RANGE):]) for e in events
+                  if e.device_type == DeviceType.CPU and e.name.startswith(RANGE))
+
+
+def phase_of(ranges: list[tuple], start_us: float) -> str:
+    """The phase of the last step that began before `start_us`."""
+    i = max(bisect_right([r[0] for r in ranges], start_us) - 1, 0)
+    return ranges[i][2]
+
+
+def is_kernel(e) -> bool:
+    return e.device_type == DeviceType.CUDA and not e.is_user_annotation and not e.name.startswith(RANGE)
+
+
+def device_rows(events, ranges) -> dict[str, dict[str, dict]]:
+    """phase -> kernel name -> {calls, us, bytes, bytes_us} from the device events and their ops."""
+    rows: dict[str, dict[str, dict]] = {}
+    row = lambda phase, name: rows.setdefault(phase, {}).setdefault(  # noqa: E731
+        name, {"calls": 0, "us": 0.0, "bytes": 0, "bytes_us": 0.0})
+    for e in events:
+        if is_kernel(e):
+            r = row(phase_of(ranges, e.time_range.start), e.name)
+            r["calls"] += 1
+            r["us"] += e.time_range.end - e.time_range.start
+    for op in events:
+        nbytes = op.kernels and matmul_bytes(op.name, op.input_shapes, op.input_dtypes or [])
+        if nbytes:
+            kernel = max(op.kernels, key=lambda k: k.duration)
+            r = row(phase_of(ranges, op.time_range.start), kernel.name)
+            r["bytes"] += nbytes
+            r["bytes_us"] += kernel.duration
+    return rows
+
+
+def matmul_below(e) -> bool:
+    """True for composite ops (aten::linear -> aten::matmul -> aten::mm): their bytes count once, below."""
+    return any(c.name in MATMUL_OPS or matmul_below(c) for c in e.cpu_children)
+
+
+def cpu_rows(events, ranges) -> dict[str, dict[str, dict]]:
+    """phase -> op name -> {calls, us (self CPU time), bytes, bytes_us}."""
+    rows: dict[str, dict[str, dict]] = {}
+    for e in events:
+        if e.device_type != DeviceType.CPU or e.is_user_annotation or e.name.startswith(RANGE):
+            continue
+        r = rows.setdefault(phase_of(ranges, e.time_range.start), {}).setdefault(
+            e.name, {"calls": 0, "us": 0.0, "bytes": 0, "bytes_us": 0.0})
+        r["calls"] += 1
+        r["us"] += e.self_cpu_time_total
+        if not matmul_below(e) and (nbytes := matmul_bytes(e.name, e.input_shapes, e.input_dtypes or [])):
+            r["bytes"] += nbytes
+            r["bytes_us"] += e.time_range.end - e.time_range.start
+    return rows
+
+
+def phase_tables(rows: dict[str, dict[str, dict]], ranges) -> dict[str, dict]:
+    """Per phase: steps, mean step ms, and the rows sorted by time, with share and GB/s."""
+    tables = {}
+    for phase in ("prefill", "decode"):
+        step_us = sum(end - start for start, end, p in ranges if p == phase)
+        steps = sum(1 for r in ranges if r[2] == phase)
+        table = sorted(rows.get(phase, {}).items(), key=lambda kv: -kv[1]["us"])
+        tables[phase] = {"steps": steps, "step_ms": step_us / 1e3 / max(steps, 1), "rows": [
+            {"name": name, "calls": r["calls"], "time_ms": r["us"] / 1e3,
+             "share": r["us"] / step_us if step_us else None,
+             "gb_s": r["bytes"] / r["bytes_us"] / 1e3 if r["bytes_us"] else None} for name, r in table]}
+    return tables
+
+
+def decode_kernels_visible(events, ranges) -> bool:
+    return any(is_kernel(e) and not e.name.startswith(("Memcpy", "Memset"))
+               and phase_of(ranges, e.time_range.start) == "decode" for e in events)
+
+
+def profile_engine(engine, prompts: list[list[int]], decode_steps: int, out_dir: Path) -> dict:
+    """Profile one batch (prefill, then `decode_steps` decode steps); write the trace and kernels.md."""
+    if decode_steps < 1:
+        raise ValueError("--profile-steps must be at least 1")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cuda, graphs = engine.state.device.type == "cuda", engine.runner.graphs
+    prof = profiled(engine, prompts, decode_steps)
+    events, graphs_note = prof.events(), "under CUDA graphs" if graphs else "without CUDA graphs"
+    if graphs and not decode_kernels_visible(events, step_ranges(events)):
+        engine.runner.graphs = None  # kernels inside graph replays were invisible: profile the plain step
+        try:
+            prof = profiled(engine, prompts, decode_steps)
+        finally:
+            engine.runner.graphs = graphs
+        events, graphs = prof.events(), None
+        graphs_note = "WITHOUT CUDA graphs (the profiler saw no kernels inside graph replays)"
+    prof.export_chrome_trace(str(out_dir / "trace.json"))
+    ranges = step_ranges(events)
+    what = "CUDA kernels, device time" if cuda else "CPU ops, self CPU time"
+    header = (f"{what}; batch {len(prompts)} x {len(prompts[0])} prompt tokens; decode {graphs_note}; "
+              "GB/s = matmul operands + output bytes / time"
+              + ("; kernels replayed from a graph have no op above them, so no bytes" if graphs else ""))
+    report = {"dir": str(out_dir), "trace": str(out_dir / "trace.json"), "header": header,
+              "phases": phase_tables(device_rows(events, ranges) if cuda else cpu_rows(events, ranges), ranges)}
+    (out_dir / "kernels.md").write_text(format_markdown(report))
+    (out_dir / "kernels.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def short(name: str) -> str:
+    return name if len(name) <= NAME_WIDTH else name[:NAME_WIDTH - 3] + "..."
+
+
+def cells(row: dict) -> tuple:
+    share = "-" if row["share"] is None else f"{row['share']:.1%}"
+    return (short(row["name"]), row["calls"], f"{row['time_ms']:.3f}", share,
+            "-" if row["gb_s"] is None else f"{row['gb_s']:.3g}")
+
+
+HEAD = ("kernel / op", "calls", "total ms", "share of step", "GB/s")
+
+
+def format_profile(report: dict, top: int = 20) -> str:
+    lines = [f"profile ({report['header']}); trace: {report['trace']}"]
+    for phase, t in report["phases"].items():
+        lines.append(f"\n{phase}: {t['steps']} steps, {t['step_ms']:.2f} ms per step")
+        lines.append(format_rows([HEAD] + [cells(r) for r in t["rows"][:top]], left=1))
+    return "\n".join(lines)
+
+
+def format_markdown(report: dict, top: int = 60) -> str:
+    lines = ["# graphllm bench profile", "", report["header"], "", f"Trace: `{report['trace']}`"]
+    for phase, t in report["phases"].items():
+        lines += ["", f"## {phase}: {t['steps']} steps, {t['step_ms']:.2f} ms per step", "",
+                  "| " + " | ".join(HEAD) + " |", "|" + " --- |" * len(HEAD)]
+        lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in cells(r)) + " |" for r in t["rows"][:top]]
+        if len(t["rows"]) > top:
+            lines.append(f"\n{len(t['rows']) - top} more rows in kernels.json")
+    return "\n".join(lines) + "\n"

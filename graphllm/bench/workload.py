@@ -1,0 +1,257 @@
+"""What `bench latency` and `bench throughput` share: flags, model folder, engine, workload, step timing.
+
+The workload is synthetic and seeded: prompts are random token ids in [0, vocab), every request
+asks for exactly its output length (`ignore_eos`, greedy). Step timing wraps the engine
+instance's own bound methods (nothing in the runtime changes), so a step splits into
+schedule / prepare+model / sample / rest.
+"""
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from graphllm.config import ATTENTION_BACKENDS, DEFAULT_LIMITS, DTYPES, EngineConfig
+from graphllm.runtime.sampling_params import SamplingParams
+
+PARTS = ("schedule", "model", "sample", "rest")  # a step's time, in this order
+# Smallest derived limits: capture's example step (graphllm/ir/capture.py) has 3 sequences and 9
+# tokens, so a compiled step cannot be exported for fewer (e.g. --batch-sizes 1 alone).
+MIN_MAX_NUM_SEQS, MIN_MAX_NUM_BATCHED_TOKENS = 4, 16
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    prompt: list[int]  # token ids
+    output_len: int  # tokens asked for, with ignore_eos
+
+
+def add_common_args(p: argparse.ArgumentParser, max_num_seqs: int | None) -> None:
+    """Flags of both benchmarks; `max_num_seqs` None: derived from the workload."""
+    p.add_argument("--preset", default="llama-3-8b", help="random-weight model at real shapes (no download)")
+    p.add_argument("--model", help="a Hugging Face model folder instead of a preset")
+    p.add_argument("--work", default="bench-work", help="scratch directory: preset folders, artifact cache")
+    p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
+    p.add_argument("--eager", action="store_true", help="run the model uncompiled (default: compiled)")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="do not replay decode steps from CUDA graphs")
+    p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
+    p.add_argument("--max-model-len", type=int, help="default: the longest request, rounded up to whole KV blocks")
+    p.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
+    p.add_argument("--kv-cache-memory-gib", type=float, help="KV cache memory cap (default: 90%% of free GPU memory, 4 GiB on CPU)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--seed", type=int, default=0, help="seeds prompts (and lengths)")
+    p.add_argument("--json", help="write every result here")
+    p.add_argument("--plot", help="write a PNG plot here")
+    p.add_argument("--compare", choices=["transformers"], help="run the same workload through transformers")
+    p.add_argument("--profile", metavar="DIR", help="profile a prefill and a few decode steps; trace + kernel table")
+    p.add_argument("--profile-steps", type=int, default=5, help="decode steps under the profiler")
+
+
+def prepare_work(args: argparse.Namespace) -> Path:
+    """The scratch directory; the artifact cache goes under it unless GRAPHLLM_CACHE_DIR is set."""
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("GRAPHLLM_CACHE_DIR", str((work / "cache").resolve()))
+    return work
+
+
+def model_folder(args: argparse.Namespace, work: Path) -> Path:
+    """--model, else the preset's folder under --work (written once, renamed into place when complete)."""
+    if args.model:
+        return Path(args.model).expanduser()
+    from graphllm.bench.presets import write_preset
+    folder = work / "models" / args.preset
+    if not (folder / "config.json").is_file():
+        start = time.perf_counter()
+        partial = write_preset(args.preset, folder.with_name(folder.name + ".partial"))
+        partial.rename(folder)
+        print(f"wrote preset {args.preset} to {folder} in {time.perf_counter() - start:.1f} s", flush=True)
+    return folder
+
+
+def build_engine(args: argparse.Namespace, model_dir: Path, max_num_seqs: int, max_model_len: int,
+                 max_num_batched_tokens: int):
+    """The engine under test: flags first, else the limits the workload needs."""
+    from graphllm.runtime.engine import Engine
+    max_num_seqs = args.max_num_seqs or max(max_num_seqs, MIN_MAX_NUM_SEQS)
+    tokens = max(max_num_batched_tokens, max_num_seqs, MIN_MAX_NUM_BATCHED_TOKENS)
+    config = EngineConfig(
+        model=str(model_dir), compile=not args.eager, dtype=args.dtype, device=args.device,
+        max_num_seqs=max_num_seqs, max_model_len=args.max_model_len or whole_blocks(model_dir, max_model_len),
+        max_num_batched_tokens=args.max_num_batched_tokens or tokens,
+        kv_cache_memory_gib=args.kv_cache_memory_gib, cuda_graphs=not args.no_cuda_graphs,
+        attention_backend=args.attention_backend)
+    start = time.perf_counter()
+    engine = Engine(config)
+    print(f"engine ready in {time.perf_counter() - start:.1f} s ({'eager' if args.eager else 'compiled'}, "
+          f"{'CUDA graphs' if engine.runner.graphs else 'no CUDA graphs'})", flush=True)
+    return engine
+
+
+def whole_blocks(model_dir: Path, tokens: int) -> int:
+    """`tokens` rounded up to whole KV blocks (within the model's positions): the engine sizes its
+    cache as max_num_seqs * max_model_len tokens, so every sequence then gets its blocks at once."""
+    block = DEFAULT_LIMITS["block_size"]
+    config = model_dir / "config.json"  # missing: the engine says so
+    limit = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
+    limit = limit or tokens
+    return max(tokens, min(-(-tokens // block) * block, limit))
+
+
+def engine_facts(engine) -> dict:
+    state, graphs = engine.state, engine.runner.graphs
+    backend = getattr(engine.runner, "backend", None)  # the runner's resolved backend, where it keeps one
+    return {"model": str(state.model_path), "device": device_name(state.device), "dtype": str(state.dtype)[6:],
+            "compiled": engine.model is None, "cuda_graphs": graphs is not None,
+            "attention_backend": getattr(backend, "name", None) or engine.config.attention_backend,
+            "max_num_seqs": state.limits.max_num_seqs, "max_num_batched_tokens": state.limits.max_num_batched_tokens,
+            "max_model_len": state.max_model_len, "num_kv_blocks": state.num_kv_blocks,
+            "kv_cache_gib": state.kv_cache_bytes / 2**30}
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device.type} ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def synchronizer(device: torch.device):
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def random_prompt(rng: random.Random, length: int, vocab: int) -> list[int]:
+    return [rng.randrange(vocab) for _ in range(length)]
+
+
+def make_requests(num: int, min_len: int, max_len: int, vocab: int, seed: int) -> list[BenchRequest]:
+    """Input and output lengths uniform in [min_len, max_len], drawn independently; one rng for all."""
+    if not 1 <= min_len <= max_len:
+        raise ValueError(f"need 1 <= --min-len <= --max-len, got {min_len} and {max_len}")
+    rng = random.Random(seed)
+    input_lens = [rng.randint(min_len, max_len) for _ in range(num)]
+    output_lens = [rng.randint(min_len, max_len) for _ in range(num)]
+    return [BenchRequest(random_prompt(rng, i, vocab), o) for i, o in zip(input_lens, output_lens)]
+
+
+def params_for(output_len: int) -> SamplingParams:
+    return SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+
+
+def summarize_run(requests: list[BenchRequest], generated: list[int], wall: float) -> dict:
+    """Rates of one throughput run; `generated` is the useful output tokens of each request."""
+    inputs, outputs = sum(len(r.prompt) for r in requests), sum(generated)
+    return {"num_requests": len(requests), "wall_s": wall, "input_tokens": inputs, "output_tokens": outputs,
+            "output_tok_s": outputs / wall, "total_tok_s": (inputs + outputs) / wall,
+            "requests_s": len(requests) / wall, "generated_tokens": generated}
+
+
+def warm_up(engine, num_seqs: int, input_len: int) -> None:
+    """One short generate: first-call costs (allocator, kernel caches) stay out of the measurements."""
+    vocab = engine.state.model_config.vocab_size
+    rng = random.Random("warm-up")
+    input_len = max(1, min(input_len, engine.state.max_model_len - 4))
+    engine.generate([random_prompt(rng, input_len, vocab) for _ in range(num_seqs)], params_for(4))
+
+
+class StepTimer:
+    """Times every engine step and its parts by wrapping the instance's bound methods.
+
+    The model call is followed by a device sync, so its GPU time lands in "model" (the sampler
+    would wait for it anyway). A step is "prefill" if it computes any prompt token, else "decode".
+    """
+
+    def __init__(self, engine):
+        self.engine, self.sync = engine, synchronizer(engine.state.device)
+        self.records: list[tuple[str, dict[str, float]]] = []  # (phase, seconds per part)
+        self._parts: dict[str, float] = {}
+        self._phase = "decode"
+        self._originals = (engine.step, engine.scheduler.schedule, engine.runner.execute, engine.sampler)
+        step, schedule, execute, sampler = self._originals
+        engine.step = self._wrap_step(step)
+        engine.scheduler.schedule = self._wrap_schedule(schedule)
+        engine.runner.execute = self._timed("model", execute, sync=True)
+        engine.sampler = self._timed("sample", sampler, sync=False)
+
+    def remove(self) -> None:
+        """Put the engine back as it was."""
+        del self.engine.step, self.engine.scheduler.schedule, self.engine.runner.execute
+        self.engine.sampler = self._originals[3]
+
+    def _timed(self, part: str, fn, sync: bool):
+        def timed(*a, **kw):
+            start = time.perf_counter()
+            out = fn(*a, **kw)
+            if sync:
+                self.sync()
+            self._parts[part] = self._parts.get(part, 0.0) + time.perf_counter() - start
+            return out
+        return timed
+
+    def _wrap_schedule(self, schedule):
+        timed = self._timed("schedule", schedule, sync=False)
+
+        def wrapped():
+            batch = timed()
+            self._phase = "prefill" if any(s.seq.num_computed_tokens < s.seq.num_prompt_tokens for s in batch) \
+                else "decode"
+            return batch
+        return wrapped
+
+    def _wrap_step(self, step):
+        def wrapped():
+            self._parts = {}
+            start = time.perf_counter()
+            out = step()
+            total = time.perf_counter() - start
+            if "model" in self._parts:  # an empty schedule ran nothing: not a step
+                parts = {p: self._parts.get(p, 0.0) for p in PARTS[:3]}
+                self.records.append((self._phase, {**parts, "rest": total - sum(parts.values()), "total": total}))
+            return out
+        return wrapped
+
+    def reset(self) -> None:
+        self.records = []
+
+    def summary(self) -> dict[str, dict]:
+        """Per phase: steps, and the mean milliseconds of each part and of the whole step."""
+        out = {}
+        for phase in ("prefill", "decode"):
+            recs = [r for p, r in self.records if p == phase]
+            if recs:
+                out[phase] = {"steps": len(recs), **{f"{k}_ms": 1e3 * sum(r[k] for r in recs) / len(recs)
+                                                      for k in (*PARTS, "total")}}
+        return out
+
+
+def free_engine() -> None:
+    """After the caller dropped its last reference to an engine: give its memory back."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def write_report(report: dict, args: argparse.Namespace) -> None:
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=1))
+        print(f"wrote {args.json}")
+
+
+def format_rows(rows: list[tuple], left: int = 0) -> str:
+    """Aligned columns, the first `left` of them to the left, the rest to the right; row 0 is the header."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    return "\n".join("  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                     for row in cells)
+
+
+def fmt(value, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)

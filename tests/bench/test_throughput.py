@@ -1,0 +1,73 @@
+"""`graphllm bench throughput` through the real CLI entry, on CPU: tiny model, eager, a few requests.
+
+Token counts are checked on a model folder where every token is an EOS (see test_latency), so
+only ignoring EOS gives each request its full output length.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from graphllm.bench.workload import make_requests
+from graphllm.cli import main
+from tests.bench.test_latency import PNG_MAGIC, every_token_eos
+from tests.tiny_models import VOCAB
+
+MIN_LEN, MAX_LEN, NUM = 3, 12, 7
+
+
+def run_throughput(tmp_path: Path, model: Path, *extra: str) -> dict:
+    out = tmp_path / "throughput.json"
+    code = main(["bench", "throughput", "--model", str(model), "--eager", "--device", "cpu", "--work",
+                 str(tmp_path / "work"), "--num-requests", str(NUM), "--min-len", str(MIN_LEN), "--max-len",
+                 str(MAX_LEN), "--max-num-seqs", "4", "--seed", "3", "--json", str(out), *extra])
+    assert code == 0
+    return json.loads(out.read_text())
+
+
+def test_lengths_are_seeded_uniform_within_bounds():
+    a = make_requests(200, MIN_LEN, MAX_LEN, VOCAB, seed=0)
+    assert a == make_requests(200, MIN_LEN, MAX_LEN, VOCAB, seed=0)
+    assert a != make_requests(200, MIN_LEN, MAX_LEN, VOCAB, seed=1)
+    inputs, outputs = [len(r.prompt) for r in a], [r.output_len for r in a]
+    for lengths in (inputs, outputs):
+        assert min(lengths) == MIN_LEN and max(lengths) == MAX_LEN  # 200 draws reach both ends of 10 values
+    assert inputs != outputs  # drawn independently
+    assert all(0 <= t < VOCAB for r in a for t in r.prompt)
+    with pytest.raises(ValueError):
+        make_requests(1, 5, 4, VOCAB, seed=0)
+
+
+def test_every_request_gets_its_output_len_and_rates_add_up(tiny_model_dir, tmp_path):
+    model = every_token_eos(tiny_model_dir("llama")[0], tmp_path / "eos-model")
+    png = tmp_path / "throughput.png"
+    report = run_throughput(tmp_path, model, "--plot", str(png))
+    expected = make_requests(NUM, MIN_LEN, MAX_LEN, VOCAB, seed=3)
+    assert report["requests"] == [{"input_len": len(r.prompt), "output_len": r.output_len} for r in expected]
+    ours = report["ours"]
+    assert ours["generated_tokens"] == [r.output_len for r in expected]
+    assert ours["output_tokens"] == sum(r.output_len for r in expected)
+    assert ours["input_tokens"] == sum(len(r.prompt) for r in expected)
+    assert ours["output_tok_s"] == pytest.approx(ours["output_tokens"] / ours["wall_s"])
+    assert ours["total_tok_s"] > ours["output_tok_s"] > 0 and ours["requests_s"] == pytest.approx(NUM / ours["wall_s"])
+    assert ours["step_breakdown_ms"]["decode"]["steps"] > 0
+    assert report["engine"]["max_num_seqs"] == 4
+    assert report["engine"]["max_model_len"] == 48  # 2 * MAX_LEN + 16, in whole blocks of 16
+    assert "transformers" not in report
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_compare_transformers_on_the_first_requests(tiny_model_dir, tmp_path):
+    model = every_token_eos(tiny_model_dir("llama")[0], tmp_path / "eos-model")
+    png = tmp_path / "throughput.png"
+    report = run_throughput(tmp_path, model, "--compare", "transformers", "--compare-num-requests", "5",
+                            "--hf-batch-size", "2", "--plot", str(png))
+    first = make_requests(NUM, MIN_LEN, MAX_LEN, VOCAB, seed=3)[:5]
+    hf, ours = report["transformers"], report["ours_on_compared"]
+    assert hf["num_requests"] == ours["num_requests"] == 5 and report["ours"]["num_requests"] == NUM
+    assert hf["generated_tokens"] == ours["generated_tokens"] == [r.output_len for r in first]
+    # each batch of 2 ran to its longest request
+    assert hf["batch_generated_tokens"] == [max(r.output_len for r in first[i:i + 2]) for i in range(0, 5, 2)]
+    assert report["ratio"]["output_tok_s"] == pytest.approx(ours["output_tok_s"] / hf["output_tok_s"])
+    assert png.read_bytes()[:8] == PNG_MAGIC
