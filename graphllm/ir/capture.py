@@ -66,10 +66,11 @@ def example_step_inputs(config: ModelConfig, dtype: torch.dtype, device: torch.d
 
 def step_dynamic_shapes(config: ModelConfig, max_num_tokens: int, max_num_seqs: int,
                         max_blocks_per_seq: int) -> tuple:
-    tokens = Dim("T", min=1, max=max_num_tokens)
-    seqs = Dim("B", min=1, max=max_num_seqs)
-    blocks = Dim("M", min=1, max=max_blocks_per_seq)
-    sampled = Dim("N", min=1, max=max_num_seqs)
+    # ranges at least cover the example step (T=9, B=3, M=5), whatever smaller limits ask
+    tokens = Dim("T", min=1, max=max(max_num_tokens, 9))
+    seqs = Dim("B", min=1, max=max(max_num_seqs, 3))
+    blocks = Dim("M", min=1, max=max(max_blocks_per_seq, 5))
+    sampled = Dim("N", min=1, max=max(max_num_seqs, 3))
     cache_blocks = Dim("num_kv_blocks", min=2)  # sized at load time from free memory
     return ({0: tokens}, {0: tokens}, {0: tokens}, {0: seqs, 1: blocks}, {0: seqs}, {0: seqs + 1},
             {0: sampled}, [{1: cache_blocks}] * config.num_hidden_layers)

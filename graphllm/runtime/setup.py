@@ -114,7 +114,7 @@ def resolve_num_blocks(config: EngineConfig, limits: Limits, model_config: Model
         num_blocks = config.num_kv_blocks
     else:
         per_block = kv_bytes_per_block(model_config, block_size, dtype)
-        wanted = -(-limits.max_num_seqs * max_model_len // block_size)
+        wanted = limits.max_num_seqs * -(-max_model_len // block_size)  # every sequence at full length
         num_blocks = min(wanted, kv_cache_budget(config, device) // per_block)
     if num_blocks * block_size < max_model_len:
         raise ValueError(f"the KV cache holds {num_blocks * block_size} tokens, fewer than "

@@ -52,3 +52,13 @@ def test_diff_shows_changed_lines():
     diff = diff_graphs(before, graph.gm)
     assert "-" in diff and "relu" in diff and "silu" in diff
     assert_same_function(graph, graph, config, seeds=(1,))
+
+
+def test_limits_below_the_example_step_still_capture(tiny_model_dir):
+    """Regression: max_num_seqs 1 or a 4-token budget made export refuse the 3-sequence, 9-token example."""
+    from graphllm.ir.capture import capture
+    from graphllm.models import load_model
+    model, config = load_model(tiny_model_dir("llama")[0])
+    graph = capture(model, config, torch.float32, torch.device("cpu"), max_num_tokens=4, max_num_seqs=1,
+                    max_blocks_per_seq=2)
+    assert op_counts(graph.gm)["attention.default"] == config.num_hidden_layers
