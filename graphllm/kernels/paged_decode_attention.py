@@ -1,0 +1,189 @@
+"""Paged attention of one new token per sequence (decode), split over the KV length.
+
+Flash decoding: program (b, kv_head, split) takes all G = Hq // Hkv query heads of its KV head
+(a [BLOCK_G >= 16, D] tile for tl.dot, so each K/V tile is loaded once for the group) over its
+share of the sequence's visible keys, gathered from the pages in tiles of BLOCK_N tokens. Each
+sequence's own visible range is cut into num_splits tile-aligned chunks on device, so short
+sequences use few splits and the grid depends on shapes only (CUDA-graph safe). Splits write a
+normalised partial output and its log2-sum-exp2; a second kernel merges them. With one split
+the first kernel writes the output directly.
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+TARGET_WAVES = 2  # aim for about this many programs per SM
+MIN_TILES_PER_SPLIT = 4  # on the longest possible sequence (M pages)
+CPU_SM_COUNT = 8  # stand-in for the interpreter
+
+
+def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                                     scale: float, sliding_window: int) -> torch.Tensor:
+    """The float32 oracle: per sequence, gather its pages, mask the window, softmax. [B, Hq, D]."""
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        if seq_len == 0:
+            continue
+        pages = block_tables[b, :triton.cdiv(seq_len, k_cache.shape[1])]
+        keys = k_cache[pages].flatten(0, 1)[:seq_len].float()  # [L, Hkv, D]
+        values = v_cache[pages].flatten(0, 1)[:seq_len].float()
+        keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=1)  # [L, Hq, D]
+        values = values.repeat_interleave(num_heads // num_kv_heads, dim=1)
+        scores = torch.einsum("hd,lhd->hl", q[b].float(), keys) * scale  # [Hq, L]
+        if sliding_window > 0:
+            scores[:, :max(seq_len - sliding_window, 0)] = float("-inf")
+        out[b] = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
+    return out.to(q.dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return CPU_SM_COUNT
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: int,
+                       device: torch.device) -> int:
+    """Splits filling ~TARGET_WAVES x SMs with (batch, kv head, split) programs, from shapes only.
+
+    Capped so a sequence of max_tokens (M * block_size) still gives each split
+    MIN_TILES_PER_SPLIT tiles of block_n tokens.
+    """
+    wanted = triton.cdiv(TARGET_WAVES * _sm_count(device), batch * num_kv_heads)
+    cap = triton.cdiv(max_tokens, block_n * MIN_TILES_PER_SPLIT)
+    return max(1, min(wanted, cap))
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+                         out_ptr, part_out_ptr, part_lse_ptr,
+                         stride_qb, stride_qh, stride_ob, stride_oh,
+                         stride_cb, stride_co, stride_ch,  # k/v cache: block, offset, head
+                         stride_bt, scale_log2, sliding_window, num_splits, block_size,
+                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
+                         BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
+                         PRECISION: tl.constexpr):
+    b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    start = 0
+    if sliding_window > 0:
+        start = tl.maximum(seq_len - sliding_window, 0)
+    chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
+    lo = start + split * chunk
+    hi = tl.minimum(lo + chunk, seq_len)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kvh * GROUP + offs_g  # [BLOCK_G]
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    table = block_tables_ptr + b.to(tl.int64) * stride_bt
+    for tile in range(lo, hi, BLOCK_N):
+        toks = tile + offs_n  # [BLOCK_N] key positions
+        valid = toks < hi
+        pages = tl.load(table + toks // block_size, mask=valid, other=0).to(tl.int64)
+        kv_off = (pages * stride_cb + (toks % block_size) * stride_co + kvh * stride_ch)[:, None] \
+            + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_G, BLOCK_N]
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a valid key
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)  # l_i = 0: empty range, zeros and lse -inf
+    out = acc / l_safe[:, None]
+    o_mask = g_mask[:, None] & d_mask[None, :]
+    if DIRECT:
+        o_off = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        # part_out: [B, Hq, S, D], part_lse: [B, Hq, S]; row = (b * Hq + head) * S + split
+        row = (b * (GROUP * tl.num_programs(1)) + heads).to(tl.int64) * num_splits + split
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=o_mask)
+        lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
+        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ob, stride_oh, num_splits,
+                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    row = (b * tl.num_programs(1) + h).to(tl.int64) * num_splits  # first split of (b, h)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < num_splits
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(part_lse_ptr + row + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
+    m = tl.max(lse, 0)
+    w = tl.where(lse > float("-inf"), tl.exp2(lse - tl.where(m > float("-inf"), m, 0.0)), 0.0)
+    parts = tl.load(part_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    total = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                           sliding_window: int, num_splits: int | None = None) -> torch.Tensor:
+    """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
+
+    q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
+    of one layer's kv_cache (same strides); block_tables: [B, M] int64/int32 (padded with any
+    valid id); seq_lens: [B] tokens in cache including the new one, which sits at position
+    seq_len - 1 and sees keys max(0, seq_len - sliding_window) .. seq_len - 1 (all keys when
+    sliding_window <= 0). A sequence with seq_len 0 gets zeros. Output in q's dtype, softmax in
+    float32. num_splits None: default_num_splits from shapes (no host sync either way).
+    """
+    batch, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride()
+    out = torch.empty_like(q)
+    if batch == 0:
+        return out
+    block_n = 64 if head_dim <= 128 else 32
+    if num_splits is None:
+        num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size,
+                                        block_n, q.device)
+    group = num_heads // num_kv_heads
+    direct = num_splits == 1
+    if direct:
+        part_out = part_lse = out  # unused
+    else:
+        part_out = q.new_empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32)
+        part_lse = q.new_empty((batch, num_heads, num_splits), dtype=torch.float32)
+    block_d = triton.next_power_of_2(head_dim)
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), scale * LOG2E, sliding_window, num_splits, block_size,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=3)
+    if not direct:
+        _decode_reduce_kernel[(batch, num_heads)](
+            part_out, part_lse, out, out.stride(0), out.stride(1), num_splits,
+            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            num_warps=4 if head_dim >= 128 else 2)
+    return out

@@ -1,0 +1,166 @@
+"""Variable-length causal attention of a step's new tokens over their paged KV cache.
+
+Covers prefill, chunked prefill (prefix already cached) and mixed batches with 1-token
+sequences; every key, the new tokens' own included, is read from the cache. Program
+(tile, kv_head) takes BLOCK_Q = BLOCK_M // G consecutive new tokens of one sequence times the G
+query heads of its KV head, flattened into BLOCK_M rows (row r: token r // G, head r % G), so
+each K/V tile serves the whole group. Each sequence's tokens are tiled on their own; tile i of
+the grid belongs to the last sequence b with query_start_loc[b] // BLOCK_Q + b <= i (found by
+binary search), so the grid cdiv(T, BLOCK_Q) + B bounds the tile count from shapes alone and
+programs past their sequence's tokens exit (vLLM's unified-attention trick; no host sync).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
+                                      v_cache: torch.Tensor, block_tables: torch.Tensor,
+                                      seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                                      scale: float, sliding_window: int) -> torch.Tensor:
+    """The float32 oracle: per sequence, gather its pages, causal (+ window) mask, softmax."""
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    starts = query_start_loc.tolist()
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        first, last = starts[b], starts[b + 1]
+        if first == last:
+            continue
+        pages = block_tables[b, :triton.cdiv(seq_len, k_cache.shape[1])]
+        keys = k_cache[pages].flatten(0, 1)[:seq_len].float()  # [L, Hkv, D]
+        values = v_cache[pages].flatten(0, 1)[:seq_len].float()
+        keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=1)  # [L, Hq, D]
+        values = values.repeat_interleave(num_heads // num_kv_heads, dim=1)
+        scores = torch.einsum("thd,lhd->htl", q[first:last].float(), keys) * scale  # [Hq, t, L]
+        q_pos = torch.arange(seq_len - (last - first), seq_len, device=q.device)[:, None]  # [t, 1]
+        k_pos = torch.arange(seq_len, device=q.device)[None, :]  # [1, L]
+        visible = k_pos <= q_pos
+        if sliding_window > 0:
+            visible &= k_pos > q_pos - sliding_window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        out[first:last] = torch.einsum("htl,lhd->thd", scores.softmax(-1), values)
+    return out.to(q.dtype)
+
+
+@triton.jit
+def _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
+    """The last sequence b whose first tile (query_start_loc[b] // BLOCK_Q + b) is <= tile."""
+    left = 0
+    right = num_seqs
+    while left < right:
+        mid = (left + right) // 2
+        first_tile = (tl.load(query_start_loc_ptr + mid) // BLOCK_Q + mid).to(tl.int32)
+        if first_tile <= tile:
+            left = mid + 1
+        else:
+            right = mid
+    return left - 1
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+                    query_start_loc_ptr, out_ptr,
+                    stride_qt, stride_qh, stride_ot, stride_oh,
+                    stride_cb, stride_co, stride_ch,  # k/v cache: block, offset, head
+                    stride_bt, scale_log2, sliding_window, num_seqs, block_size,
+                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+                    PRECISION: tl.constexpr):
+    tile, kvh = tl.program_id(0), tl.program_id(1)
+    b = _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
+    q_first = tl.load(query_start_loc_ptr + b).to(tl.int32)
+    q_len = tl.load(query_start_loc_ptr + b + 1).to(tl.int32) - q_first
+    q_tile_start = (tile - (q_first // BLOCK_Q + b)) * BLOCK_Q  # first token of the tile, local
+    if q_tile_start >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    prefix = seq_len - q_len  # position of the sequence's first new token
+
+    rows = tl.arange(0, BLOCK_M)
+    toks = q_tile_start + rows // GROUP  # [BLOCK_M] local token of each row
+    heads = kvh * GROUP + rows % GROUP
+    row_valid = (rows < BLOCK_Q * GROUP) & (toks < q_len)
+    q_pos = prefix + toks  # [BLOCK_M]
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    q_off = (q_first + toks).to(tl.int64)[:, None] * stride_qt + heads[:, None] * stride_qh \
+        + offs_d[None, :]  # [BLOCK_M, BLOCK_D]
+    q_mask = row_valid[:, None] & d_mask[None, :]
+    q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0)
+
+    hi = tl.minimum(prefix + q_tile_start + BLOCK_Q, seq_len)  # past the tile's last position
+    q_min_key = tl.zeros([BLOCK_M], tl.int32)  # first visible key position of each row
+    lo = 0
+    if sliding_window > 0:
+        q_min_key = q_pos - sliding_window + 1
+        lo = tl.maximum(prefix + q_tile_start - sliding_window + 1, 0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    table = block_tables_ptr + b.to(tl.int64) * stride_bt
+    offs_n = tl.arange(0, BLOCK_N)
+    for tile_n in range(lo, hi, BLOCK_N):
+        k_pos = tile_n + offs_n  # [BLOCK_N]
+        k_valid = k_pos < hi
+        pages = tl.load(table + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
+        kv_off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] \
+            + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+        kv_mask = k_valid[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None]) \
+            & (k_pos[None, :] >= q_min_key[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row may see nothing yet
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o_off = (q_first + toks).to(tl.int64)[:, None] * stride_ot + heads[:, None] * stride_oh \
+        + offs_d[None, :]
+    tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                            query_start_loc: torch.Tensor, scale: float,
+                            sliding_window: int) -> torch.Tensor:
+    """Causal attention of the step's new tokens over their sequences' pages; returns [T, Hq, D].
+
+    q: [T, Hq, D] (last-dim stride 1), sequence b's new tokens at rows
+    query_start_loc[b] .. query_start_loc[b + 1] (query_start_loc: [B + 1], nondecreasing,
+    int64/int32); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views of one layer's
+    kv_cache, with the new tokens' keys and values already stored; block_tables: [B, M];
+    seq_lens: [B] tokens in cache including the new ones. New token i of sequence b sits at
+    position p = seq_len - q_len + i and sees keys 0..p, or p - sliding_window + 1..p when
+    sliding_window > 0. Output in q's dtype (rows of no sequence are left unwritten), softmax in
+    float32; no host sync.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    num_seqs = seq_lens.shape[0]
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride()
+    out = torch.empty_like(q)
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    block_m = max(64, triton.next_power_of_2(group))
+    block_q = block_m // group
+    _prefill_kernel[(triton.cdiv(num_tokens, block_q) + num_seqs, num_kv_heads)](
+        q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        block_tables.stride(0), scale * LOG2E, sliding_window, num_seqs, block_size,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q,
+        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=64 if head_dim <= 128 else 32,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4 if head_dim <= 128 else 8, num_stages=3)
+    return out

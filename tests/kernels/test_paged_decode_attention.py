@@ -1,0 +1,75 @@
+"""Split-KV paged decode attention equals the float32 reference, for any number of splits."""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from graphllm.kernels.paged_decode_attention import (  # noqa: E402
+    default_num_splits, paged_decode_attention, paged_decode_attention_reference)
+from tests.kernels.conftest import (  # noqa: E402
+    LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
+
+# (Hq, Hkv, D, block_size, seq_lens, sliding_window)
+SMALL = [
+    (4, 4, 64, 16, [1, 16, 37], 0),  # one token, one full block, a partial block
+    (8, 2, 128, 16, [300, 5], 0),  # long: several tiles per split
+    (16, 2, 64, 8, [48, 130], 0),  # group 8, small pages
+    (8, 2, 64, 32, [200, 3, 64], 50),  # sliding window longer and shorter than the sequence
+    (4, 4, 64, 16, [0, 33], 0),  # seq_len 0: a padded batch entry, zeros
+]
+LARGE = [
+    (32, 8, 128, 16, [1, 17, 1000, 4096, 333], 0),
+    (32, 8, 128, 16, [4096, 70, 2048], 1024),
+    (64, 8, 64, 32, [513] * 40, 0),
+    (28, 4, 128, 16, [777, 9], 0),  # group 7: not a power of two
+]
+
+
+def run_case(case, dtype, num_splits, seed=0, index_dtype=torch.int64):
+    num_heads, num_kv_heads, head_dim, block_size, seq_lens, window = case
+    kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, dtype,
+                                           seed)
+    q = randn((len(seq_lens), num_heads, head_dim), dtype, seed + 1)
+    seq_lens_t = torch.tensor(seq_lens, device=q.device, dtype=index_dtype)
+    block_tables = block_tables.to(index_dtype)
+    args = (q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, 1 / math.sqrt(head_dim), window)
+    got = paged_decode_attention(*args, num_splits=num_splits)
+    assert_close(got, paged_decode_attention_reference(*args))
+
+
+@pytest.mark.parametrize("num_splits", [1, 3, None])
+@pytest.mark.parametrize("case", SMALL)
+def test_decode_matches_reference_fp32(case, num_splits):
+    run_case(case, torch.float32, num_splits)
+
+
+@pytest.mark.parametrize("case", SMALL[1:4])
+def test_decode_matches_reference_half(case):
+    run_case(case, LOW_DTYPE, num_splits=2)
+
+
+def test_decode_more_splits_than_tiles():
+    run_case((8, 2, 64, 16, [70, 1], 0), torch.float32, num_splits=8)  # most splits are empty
+
+
+def test_decode_accepts_int32_metadata():
+    run_case(SMALL[3], torch.float32, num_splits=2, index_dtype=torch.int32)
+
+
+@gpu_only
+@pytest.mark.parametrize("num_splits", [1, 4, 16, None])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", LARGE)
+def test_decode_matches_reference_large(case, dtype, num_splits):
+    run_case(case, dtype, num_splits)
+
+
+def test_default_num_splits_fills_the_machine_but_keeps_tiles_per_split():
+    cpu = torch.device("cpu")
+    assert default_num_splits(256, 8, 8192, 64, cpu) == 1
+    assert default_num_splits(1, 8, 8192, 64, cpu) == 2  # 2 waves x 8 stand-in SMs / 8 heads
+    assert default_num_splits(1, 1, 512, 64, cpu) == 2  # 8 tiles, 4 per split
+    assert default_num_splits(1, 1, 16, 64, cpu) == 1

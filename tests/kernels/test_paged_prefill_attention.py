@@ -1,0 +1,63 @@
+"""Varlen paged prefill attention equals the float32 reference: prefill, chunked, mixed batches."""
+
+import math
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from graphllm.kernels.paged_prefill_attention import (  # noqa: E402
+    paged_prefill_attention, paged_prefill_attention_reference)
+from tests.kernels.conftest import (  # noqa: E402
+    LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
+
+# (Hq, Hkv, D, block_size, [(cached, new) per sequence], sliding_window)
+SMALL = [
+    (4, 4, 64, 16, [(0, 1), (0, 16), (0, 37)], 0),  # plain prefill: 1 token, a block, partial
+    (8, 2, 128, 16, [(37, 20)], 0),  # chunked prefill over a cached prefix
+    (16, 2, 64, 8, [(0, 40), (37, 20), (99, 1), (0, 1), (5, 0)], 0),  # mixed, decode, no tokens
+    (8, 2, 64, 32, [(30, 50), (0, 70), (120, 1)], 24),  # sliding window
+]
+LARGE = [
+    (32, 8, 128, 16, [(0, 1000), (512, 300), (4000, 1), (0, 1), (2000, 64)], 0),
+    (32, 8, 128, 16, [(0, 2000), (1500, 700), (3000, 1)], 1024),
+    (28, 4, 128, 16, [(0, 333), (100, 77)], 0),  # group 7: not a power of two
+    (16, 16, 64, 32, [(0, 129)] * 9 + [(50, 1)] * 30, 0),
+]
+
+
+def run_case(case, dtype, seed=0, index_dtype=torch.int64):
+    num_heads, num_kv_heads, head_dim, block_size, chunks, window = case
+    seq_lens = [cached + new for cached, new in chunks]
+    kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, dtype,
+                                           seed)
+    starts = torch.tensor([0] + [new for _, new in chunks]).cumsum(0)  # query_start_loc [B + 1]
+    starts = starts.to(kv_cache.device, index_dtype)
+    q = randn((int(starts[-1]), num_heads, head_dim), dtype, seed + 1)
+    seq_lens_t = torch.tensor(seq_lens, device=q.device, dtype=index_dtype)
+    block_tables = block_tables.to(index_dtype)
+    args = (q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, starts,
+            1 / math.sqrt(head_dim), window)
+    assert_close(paged_prefill_attention(*args), paged_prefill_attention_reference(*args))
+
+
+@pytest.mark.parametrize("case", SMALL)
+def test_prefill_matches_reference_fp32(case):
+    run_case(case, torch.float32)
+
+
+@pytest.mark.parametrize("case", SMALL[1:3])
+def test_prefill_matches_reference_half(case):
+    run_case(case, LOW_DTYPE)
+
+
+def test_prefill_accepts_int32_metadata():
+    run_case(SMALL[2], torch.float32, index_dtype=torch.int32)
+
+
+@gpu_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("case", LARGE)
+def test_prefill_matches_reference_large(case, dtype):
+    run_case(case, dtype)
