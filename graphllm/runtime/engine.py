@@ -38,6 +38,7 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()  # step() may run in a worker thread while requests arrive
+        self._token_texts: dict[int, str] = {}  # token id -> its decoded text, for logprobs
         self._queues: dict[str, asyncio.Queue] = {}
         self._driver: asyncio.Task | None = None
 
@@ -123,7 +124,10 @@ class Engine:
     # -- the loop ---------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model once, sample, and report every request that advanced."""
+        """Schedule, run the model once, sample, and report every request that advanced.
+
+        Requests of generate() are reported only once finished: nothing reads their progress.
+        """
         with self._lock:
             batch = self.scheduler.schedule()
             if not batch:
@@ -134,28 +138,38 @@ class Engine:
                 seq.num_computed_tokens += num_new
             if sampling:
                 self._sample(logits, sampling)
-            touched = {s.seq.request_id for s in batch}
-            return [self._output(self.requests[rid]) for rid in touched if rid in self.requests]
+            touched = (self.requests.get(rid) for rid in {s.seq.request_id for s in batch})
+            return [self._output(r) for r in touched if r is not None and (r.report_progress or r.finished)]
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        # The rows hold the sequences' own token lists (no copies): the sampler only reads them.
         rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator,
-                            self._min_tokens_stop_ids(s.params)) for s in seqs]
+                            self._min_tokens_stop_ids(s)) for s in seqs]
         out = self.sampler(logits, rows)
         for seq, token, logprobs in zip(seqs, out.token_ids, out.logprobs):
-            seq.token_ids.append(token)
+            seq.append_token(token)
             if logprobs is not None:
                 seq.logprobs.append(self._decode_logprobs(logprobs))
             self._update_stop(seq, token)
 
-    def _min_tokens_stop_ids(self, params: SamplingParams) -> list[int]:
-        eos = [] if params.ignore_eos else list(self.state.eos_token_ids)
-        return eos + list(params.stop_token_ids or [])
+    def _min_tokens_stop_ids(self, seq: Sequence) -> tuple[int, ...]:
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            return ()  # min_tokens reached: the sampler forbids nothing
+        eos = () if params.ignore_eos else tuple(self.state.eos_token_ids)
+        return eos + tuple(params.stop_token_ids or ())
 
     def _decode_logprobs(self, logprobs: dict) -> dict:
         if self.tokenizer is not None:
             for token, lp in logprobs.items():
-                lp.decoded_token = self.tokenizer.decode([token])
+                lp.decoded_token = self._token_text(token)
         return logprobs
+
+    def _token_text(self, token: int) -> str:
+        text = self._token_texts.get(token)
+        if text is None:
+            text = self._token_texts[token] = self.tokenizer.decode([token])
+        return text
 
     def _update_stop(self, seq: Sequence, token: int) -> None:
         stop = check_stop(seq, token, self.state.eos_token_ids, self.state.max_model_len)
@@ -185,6 +199,8 @@ class Engine:
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
         ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
+        for request_id in ids:  # only the final outputs are kept: skip the snapshots before them
+            self.requests[request_id].report_progress = False
         finished: dict[str, RequestOutput] = {}
         with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
             while len(finished) < len(ids):

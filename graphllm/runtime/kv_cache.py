@@ -29,12 +29,14 @@ class BlockPool:
         return max(0, -(-total // self.block_size) - len(seq.block_table))
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+        return self.blocks_needed(seq, num_new_tokens) <= len(self.free_blocks)
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         needed = self.blocks_needed(seq, num_new_tokens)
-        if needed > self.num_free_blocks:
-            raise RuntimeError(f"KV cache out of blocks: need {needed}, have {self.num_free_blocks}")
+        if not needed:  # most decode steps: the token fits in the last block
+            return
+        if needed > len(self.free_blocks):
+            raise RuntimeError(f"KV cache out of blocks: need {needed}, have {len(self.free_blocks)}")
         for _ in range(needed):
             block = self.free_blocks.popleft()
             self.ref_counts[block] = 1

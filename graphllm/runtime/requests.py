@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from graphllm.runtime.outputs import CompletionOutput, RequestOutput
+from graphllm.runtime.outputs import CompletionOutput, ListSnapshot, RequestOutput
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.runtime.sequence import Sequence
 
@@ -15,20 +15,30 @@ class Request:
     params: SamplingParams
     seqs: list[Sequence] = field(default_factory=list)
     sent_text: dict[int, str] = field(default_factory=dict)  # text handed out so far, per index
+    report_progress: bool = True  # False: Engine.step reports it only once finished
 
     @property
     def finished(self) -> bool:
-        return all(seq.is_finished for seq in self.seqs)
+        for seq in self.seqs:  # a plain loop: this runs for every request every step
+            if not seq.is_finished:
+                return False
+        return True
 
     def snapshot(self) -> RequestOutput:
-        """The request's state now; each output's delta_text is what is new since the last call."""
-        outputs = [self._completion(seq) for seq in self.seqs]
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, self.finished)
+        """The request's state now; each output's delta_text is what is new since the last call.
 
-    def _completion(self, seq: Sequence) -> CompletionOutput:
+        O(1) per sequence while the request runs (token lists are ListSnapshots); the last
+        snapshot, once every sequence finished, copies them into plain lists.
+        """
+        finished = self.finished
+        outputs = [self._completion(seq, finished) for seq in self.seqs]
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, finished)
+
+    def _completion(self, seq: Sequence, final: bool) -> CompletionOutput:
         delta = seq.detokenizer.next_delta(seq.is_finished) if seq.detokenizer else ""
         text = self.sent_text.get(seq.index, "") + delta
         self.sent_text[seq.index] = text
-        logprobs = list(seq.logprobs) if seq.logprobs is not None else None
-        return CompletionOutput(seq.index, text, list(seq.output_token_ids), logprobs,
+        view = list if final else ListSnapshot
+        logprobs = view(seq.logprobs) if seq.logprobs is not None else None
+        return CompletionOutput(seq.index, text, view(seq.output_token_ids), logprobs,
                                 seq.finish_reason, seq.stop_reason, delta)

@@ -55,8 +55,12 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SamplerOutput:
         """Sample one token per row of ``logits`` ([B, V], any float dtype)."""
         assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
-        # logits: [B, V] float32, a private copy (mutated in place below)
-        logits = logits.to(torch.float32, copy=True)
+        if all(_plain_greedy(r) for r in rows):
+            # Upcasting is exact, so the argmax of the raw logits is the argmax of float32 ones.
+            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
+        # logits: [B, V] float32; a private copy where penalties or min_tokens mutate it in place
+        mutates = any(_has_penalty(r.params) or _min_tokens_active(r) for r in rows)
+        logits = logits.to(torch.float32, copy=mutates)
         raw_logprobs = compute_raw_logprobs(logits, rows)
         logits = apply_penalties(logits, rows)
         logits = apply_min_tokens(logits, rows)
@@ -162,7 +166,7 @@ def apply_min_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
     vocab = logits.shape[1]
     row_of, id_of = [], []
     for i, r in enumerate(rows):
-        if len(r.output_token_ids) >= r.params.min_tokens:
+        if not _min_tokens_active(r):
             continue
         ids = [t for t in r.min_tokens_stop_ids if 0 <= t < vocab]
         row_of.extend([i] * len(ids))
@@ -246,6 +250,16 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor | None) -> torch.Tenso
 
 def _has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
+def _min_tokens_active(r: SamplingRow) -> bool:
+    return bool(r.min_tokens_stop_ids) and len(r.output_token_ids) < r.params.min_tokens
+
+
+def _plain_greedy(r: SamplingRow) -> bool:
+    """A row whose token is the argmax of its raw logits, with nothing else to compute."""
+    p = r.params
+    return p.greedy and p.logprobs is None and not _has_penalty(p) and not _min_tokens_active(r)
 
 
 def _top_k(params: list[SamplingParams], vocab: int, device: torch.device) -> torch.Tensor | None:

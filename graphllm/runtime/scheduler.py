@@ -81,7 +81,10 @@ class Scheduler:
 
     def preempt(self, seq: Sequence) -> None:
         """Free seq's blocks and queue it first in line; its tokens will be recomputed."""
-        self.running.remove(seq)
+        if self.running[-1] is seq:  # the usual victim, the newest: no scan of the running list
+            self.running.pop()
+        else:
+            self.running.remove(seq)
         self.pool.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1

@@ -20,6 +20,9 @@ class Sequence:
     """A request with n > 1 has n sequences (index 0..n-1) sharing one request id.
 
     token_ids holds prompt + output; num_computed_tokens of them have their K/V in the cache.
+    prompt_token_ids and output_token_ids are its two parts kept as lists of their own, so that
+    reading them costs no copy; append_token is the one way to add a token (to both lists).
+    token_ids, output_token_ids and logprobs only grow: outputs hand out O(1) snapshots of them.
     """
 
     seq_id: int
@@ -37,18 +40,20 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     num_preemptions: int = 0
+    prompt_token_ids: list[int] = field(init=False)  # token_ids[:num_prompt_tokens]
+    output_token_ids: list[int] = field(init=False)  # token_ids[num_prompt_tokens:]
+
+    def __post_init__(self) -> None:
+        self.prompt_token_ids = self.token_ids[:self.num_prompt_tokens]
+        self.output_token_ids = self.token_ids[self.num_prompt_tokens:]
+
+    def append_token(self, token: int) -> None:
+        self.token_ids.append(token)
+        self.output_token_ids.append(token)
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.token_ids[:self.num_prompt_tokens]
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
 
     @property
     def num_output_tokens(self) -> int:

@@ -9,13 +9,13 @@ def check_stop(seq: Sequence, token: int, eos_token_ids: frozenset[int],
 
     Stop strings are checked by the caller through the detokenizer (they need text).
     """
-    params = seq.params
-    if seq.num_output_tokens >= params.min_tokens:
+    params, num_output = seq.params, seq.num_output_tokens
+    if num_output >= params.min_tokens:
         if token in eos_token_ids and not params.ignore_eos:
             return "stop", None
         if params.stop_token_ids and token in params.stop_token_ids:
             return "stop", token
-    if params.max_tokens is not None and seq.num_output_tokens >= params.max_tokens:
+    if params.max_tokens is not None and num_output >= params.max_tokens:
         return "length", None
     if seq.num_tokens >= max_model_len:
         return "length", None

@@ -1,11 +1,13 @@
 """The Engine API end to end on a tiny random Llama: sampling, stops, logprobs, n, streaming."""
 
 import asyncio
+import json
 
 import pytest
 import torch
 
 from graphllm import Engine, SamplingParams
+from graphllm.runtime.requests import Request
 
 PROMPTS = [[1, 5, 9, 17], [1, 42, 43], [1, 60, 61, 62, 63, 64]]
 
@@ -137,3 +139,64 @@ def test_concurrent_streams_and_early_exit_free_blocks(engine):
 
     outs = asyncio.run(main())
     assert [o.finished for o in outs] == [True, False] * 3
+
+
+class WatchedList(list):
+    """A list that records how many items each slice or iteration of it reads."""
+
+    def __init__(self, items):
+        super().__init__(items)
+        self.reads = []
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            self.reads.append(len(range(*i.indices(len(self)))))
+        return super().__getitem__(i)
+
+    def __iter__(self):
+        self.reads.append(len(self))
+        return super().__iter__()
+
+
+def test_step_copies_no_token_list(engine):
+    """Regression: each step copied every sequence's prompt, output and logprobs lists (for the
+    sampler's rows and for the snapshots), host work that grew with the sequence's length."""
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    sampled = SamplingParams(temperature=1.0, seed=5, top_k=8, logprobs=2, max_tokens=30, ignore_eos=True)
+    ids = [engine.add_request(PROMPTS[2], greedy), engine.add_request(PROMPTS[0], sampled)]
+    for _ in range(20):
+        engine.step()
+    lists = []
+    for seq in (engine.requests[i].seqs[0] for i in ids):
+        assert seq.num_output_tokens == 20
+        for name in ("token_ids", "prompt_token_ids", "output_token_ids", "logprobs"):
+            if vars(seq).get(name) is not None:
+                lists.append(WatchedList(vars(seq)[name]))
+                setattr(seq, name, lists[-1])
+    outs = engine.step()
+    assert sorted(o.request_id for o in outs) == sorted(ids) and not any(o.finished for o in outs)
+    assert max((n for watched in lists for n in watched.reads), default=0) <= 1  # the one new token
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def test_stream_outputs_are_frozen_snapshots(engine):
+    params = SamplingParams(temperature=1.0, seed=2, logprobs=1, max_tokens=10, ignore_eos=True)
+
+    async def collect():
+        return [out async for out in engine.stream(PROMPTS[1], params)]
+
+    outs = [o.outputs[0] for o in asyncio.run(collect())]
+    final = outs[-1]
+    assert type(final.token_ids) is list and type(final.logprobs) is list and json.dumps(final.token_ids)
+    for step, c in enumerate(outs, 1):  # held since they were handed out: nothing appended shows
+        assert len(c.token_ids) == len(c.logprobs) == step
+        assert c.token_ids == final.token_ids[:step] and list(c.logprobs) == final.logprobs[:step]
+
+
+def test_generate_snapshots_only_finished_requests(engine, monkeypatch):
+    calls = []
+    snapshot = Request.snapshot
+    monkeypatch.setattr(Request, "snapshot", lambda self: calls.append(self.finished) or snapshot(self))
+    outs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    assert calls == [True] * 3 and all(len(o.outputs[0].token_ids) == 12 for o in outs)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from scipy.stats import chisquare
+from torch.overrides import TorchFunctionMode
 
 from graphllm.runtime.sampler import (
     Sampler,
@@ -66,12 +67,40 @@ def test_greedy_and_sampled_rows_mix():
     assert [out.token_ids[i] for i in (0, 2, 4)] == [argmax[i] for i in (0, 2, 4)]
 
 
-def test_input_logits_are_not_modified():
+@pytest.mark.parametrize("params", [
+    SamplingParams(repetition_penalty=1.5, presence_penalty=1.0, top_p=0.5, min_p=0.1),
+    SamplingParams(top_k=5, top_p=0.5, min_p=0.1, logprobs=3),  # no copy: nothing writes to it
+    SamplingParams(temperature=0.0, min_tokens=4),
+])
+def test_input_logits_are_not_modified(params):
     logits = torch.randn(3, 50)
     before = logits.clone()
-    params = SamplingParams(repetition_penalty=1.5, presence_penalty=1.0, top_p=0.5, min_p=0.1)
-    Sampler()(logits, [make_row(params, prompt=[1, 2], output=[3, 4])] * 3)
+    Sampler()(logits, [make_row(params, prompt=[1, 2], output=[3, 4], stop_ids=[5, 6])] * 3)
     assert torch.equal(logits, before)
+
+
+class TensorOps(TorchFunctionMode):
+    """Records the name of every torch function and Tensor method called under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_plain_greedy_batch_is_one_argmax(dtype):
+    """Regression: an all-greedy batch copied its [B, V] logits to float32 and made four passes."""
+    logits = torch.randn(16, 300, generator=torch.Generator().manual_seed(4)).to(dtype)
+    rows = [make_row(SamplingParams(temperature=0.0, min_tokens=3), output=[1, 2, 3], stop_ids=[2])] * 16
+    with TensorOps() as ops:
+        out = Sampler()(logits, rows)
+    assert out.token_ids == logits.float().argmax(dim=-1).tolist() and out.logprobs == [None] * 16
+    assert sorted(set(ops.names) - {"dim", "__get__"}) == ["argmax", "tolist"]
+    assert ops.names.count("argmax") == 1
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])

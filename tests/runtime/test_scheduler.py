@@ -14,7 +14,7 @@ def run_step(batch):
         sampled = seq.num_computed_tokens + n == seq.num_tokens
         seq.num_computed_tokens += n
         if sampled:
-            seq.token_ids.append(0)
+            seq.append_token(0)
 
 
 def test_chunked_prefill_respects_token_budget():

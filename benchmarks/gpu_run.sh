@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One device call on the H200: install the carried wheels, then run the stages named in $@:
+#   tests      GPU-marked tests (kernels against references, backends against transformers / eager)
+#   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
+#   profile-B  bench latency at batch 1 with --profile, backend B
+#   throughput graphllm bench throughput, 8B shape, 1,024 requests, with --compare transformers
+# Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
+# Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
+set -uo pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH="/tmp/site:$PWD" || exit 1
+export PYTHONUNBUFFERED=1 GRAPHLLM_CACHE_DIR=/tmp/graphllm-cache TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/r"
+WORK=/tmp/bench-work
+LIMITS="--max-num-seqs 256 --max-model-len 2064 --max-num-batched-tokens 8192"  # one artifact for all stages
+bench() { python3 -m graphllm.cli bench "$@"; }
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/r/nvidia-smi.txt"
+echo "commit $(git rev-parse --short HEAD 2>/dev/null) $(date -u +%FT%TZ)" | tee "$OUT/r/run.txt"
+for stage in "$@"; do
+  start=$(date +%s)
+  case $stage in
+    tests) timeout 330 python3 -m pytest -q -rs -s -p no:cacheprovider tests/kernels tests/gpu 2>&1 | tail -60 ;;
+    latency-*) bench latency --preset llama-3-8b --batch-sizes 1,8,32,128 --input-len 128 --output-len 256 \
+        --attention-backend "${stage#latency-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --plot "$OUT/r/$stage.png" ;;
+    profile-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 \
+        --attention-backend "${stage#profile-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" ;;
+    throughput) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
+        --compare transformers --json "$OUT/r/throughput.json" --plot "$OUT/r/throughput.png" ;;
+    *) echo "unknown stage $stage" ;;
+  esac 2>&1 | tee "$OUT/r/$stage.log" | grep -v "^\s*$" | tail -40
+  echo "== stage $stage: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s"
+done
+rm -f "$OUT/r"/*/trace.json.gz; gzip -q "$OUT"/r/*/trace.json 2>/dev/null
+tar -C "$OUT" -czf "$OUT/results.tgz" r && rm -rf "$OUT/r"
