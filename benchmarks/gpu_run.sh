@@ -4,6 +4,8 @@
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
 #   profile-B  bench latency at batch 1 with --profile, backend B
 #   throughput graphllm bench throughput, 8B shape, 1,024 requests, with --compare transformers
+#   throughput-B  the same without the comparison, backend B
+#   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
 set -uo pipefail
@@ -19,11 +21,17 @@ echo "commit $(git rev-parse --short HEAD 2>/dev/null) $(date -u +%FT%TZ)" | tee
 for stage in "$@"; do
   start=$(date +%s)
   case $stage in
-    tests) timeout 330 python3 -m pytest -q -rs -s -p no:cacheprovider tests/kernels tests/gpu 2>&1 | tail -60 ;;
+    tests) timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
+        --junitxml="$OUT/r/tests.xml" tests/kernels tests/gpu -s 2>&1 | grep -v "^\.*$" ;;
+    teacher) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest tests/gpu -k teacher ;;
+    f32-*) CUDA_LAUNCH_BLOCKING=1 timeout 200 python3 -m pytest -x -q -rs -p no:cacheprovider -p no:hypothesispytest \
+        tests/gpu -k "float32 and ${stage#f32-}" 2>&1 | grep -v "Assertion .ind" ;;
+    throughput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
+        --attention-backend "${stage#throughput-}" --json "$OUT/r/$stage.json" ;;
     latency-*) bench latency --preset llama-3-8b --batch-sizes 1,8,32,128 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --plot "$OUT/r/$stage.png" ;;
     profile-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 \
-        --attention-backend "${stage#profile-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" ;;
+        --attention-backend "${stage#profile-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     throughput) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
         --compare transformers --json "$OUT/r/throughput.json" --plot "$OUT/r/throughput.png" ;;
     *) echo "unknown stage $stage" ;;

@@ -33,7 +33,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--artifact", help="run a `graphllm compile` artifact instead of --model")
     parser.add_argument("--eager", action="store_true", help="run the model uncompiled (no artifact cache)")
     parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
-                        help="auto: flashinfer when importable on a GPU, else triton; torch on CPU")
+                        help="auto: triton on a GPU (measured fastest), else flashinfer; torch on CPU")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:

@@ -103,13 +103,18 @@ def device_rows(events, ranges) -> dict[str, dict[str, dict]]:
             r["calls"] += 1
             r["us"] += e.time_range.end - e.time_range.start
     for op in events:
-        nbytes = op.kernels and matmul_bytes(op.name, op.input_shapes, op.input_dtypes or [])
+        nbytes = op.kernels and matmul_bytes(op.name, op.input_shapes, input_dtypes(op))
         if nbytes:
             kernel = max(op.kernels, key=lambda k: k.duration)
             r = row(phase_of(ranges, op.time_range.start), kernel.name)
             r["bytes"] += nbytes
             r["bytes_us"] += kernel.duration
     return rows
+
+
+def input_dtypes(e) -> list:
+    """The op's argument dtypes; FunctionEvent has them from torch 2.12 on (none before: bytes unknown)."""
+    return getattr(e, "input_dtypes", None) or []
 
 
 def matmul_below(e) -> bool:
@@ -127,7 +132,7 @@ def cpu_rows(events, ranges) -> dict[str, dict[str, dict]]:
             e.name, {"calls": 0, "us": 0.0, "bytes": 0, "bytes_us": 0.0})
         r["calls"] += 1
         r["us"] += e.self_cpu_time_total
-        if not matmul_below(e) and (nbytes := matmul_bytes(e.name, e.input_shapes, e.input_dtypes or [])):
+        if not matmul_below(e) and (nbytes := matmul_bytes(e.name, e.input_shapes, input_dtypes(e))):
             r["bytes"] += nbytes
             r["bytes_us"] += e.time_range.end - e.time_range.start
     return rows

@@ -64,14 +64,18 @@ def triton_supports(device: torch.device) -> str | None:
 
 def select_backend(name: str, config: ModelConfig, dtype: torch.dtype, device: torch.device,
                    block_size: int) -> AttentionBackend:
-    """`name` from EngineConfig.attention_backend; auto: flashinfer, else triton on CUDA; torch on CPU."""
+    """`name` from EngineConfig.attention_backend. auto: triton on CUDA, else flashinfer, else torch.
+
+    Triton comes first because it measured faster than FlashInfer 0.6's decode wrapper (CUDA
+    cores) on the H200 at every batch size tried (benchmarks/RESULTS.md, 2026-11-21).
+    """
     if name == "auto":
         if device.type != "cuda":
             name = "torch"
-        elif flashinfer_supports(config, dtype) is None:
-            name = "flashinfer"
+        elif triton_supports(device) is None:
+            name = "triton"
         else:
-            name = "triton" if triton_supports(device) is None else "torch"
+            name = "flashinfer" if flashinfer_supports(config, dtype) is None else "torch"
     if name == "torch":
         return TorchBackend()
     if name == "triton":

@@ -1,0 +1,19 @@
+"""Preset configs are real Hugging Face configs: transformers reads them (bench --compare
+transformers loads the preset folder) and agrees with our own config reader on the shapes."""
+
+import json
+
+import pytest
+import transformers
+
+from graphllm.bench.presets import PRESETS
+from graphllm.models.registry import resolve_architecture
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_transformers_reads_the_preset_config(name, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(PRESETS[name]))
+    hf = transformers.AutoConfig.from_pretrained(tmp_path)
+    _, ours = resolve_architecture(PRESETS[name])
+    assert hf.architectures == PRESETS[name]["architectures"]
+    assert (hf.num_hidden_layers, hf.num_key_value_heads) == (ours.num_hidden_layers, ours.num_key_value_heads)
