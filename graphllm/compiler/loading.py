@@ -13,10 +13,15 @@ from graphllm.compiler.lower import load_package
 from graphllm.models.registry import resolve_architecture
 
 
+DEVICE_ERRORS = tuple(e for e in (getattr(torch, "AcceleratorError", None),) if e is not None)
+
+
 def load_weights(art: Path, aliases: dict[str, str], device: torch.device) -> dict[str, torch.Tensor]:
     try:
         with safe_open(art / A.WEIGHTS, framework="pt", device=str(device)) as f:
             weights = {name: f.get_tensor(name) for name in f.keys()}
+    except DEVICE_ERRORS:  # a device fault (e.g. an earlier kernel's assert) is not a damaged file
+        raise
     except Exception as e:  # safetensors raises its own error types for damaged files
         raise A.ArtifactError(f"{art / A.WEIGHTS} is damaged ({e}). {A.recompile_hint(None, art)}") from e
     weights.update({alias: weights[name] for alias, name in aliases.items()})

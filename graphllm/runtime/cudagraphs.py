@@ -84,7 +84,7 @@ class CUDAGraphRunner:
             s.input_ids[:b], s.positions[:b], s.slot_mapping[:b] = host.input_ids, host.positions, host.slot_mapping
         s.input_ids[b:bucket], s.positions[b:bucket], s.slot_mapping[b:bucket] = 0, 0, self.padding_slot
         for src, dst in zip(unpack(self.host_buffer, self.shapes), self.static):
-            dst[:bucket].copy_(src[:bucket], non_blocking=True)
+            dst[:bucket + 1].copy_(src[:bucket + 1], non_blocking=True)  # + 1: query_start_loc has B + 1
 
     def run(self, host: HostStep) -> torch.Tensor:
         b = host.num_seqs

@@ -91,3 +91,12 @@ def test_refuses_prefill_and_oversized_batches():
     assert not runner.can_run(prefill)
     assert not runner.can_run(decode_inputs([1] * 9, [0] * 9, [0] * 9, [[1]] * 9))
     assert not runner.can_run(decode_inputs([1], [0], [0], [[1, 2, 3, 4, 5]]))
+
+
+def test_static_query_start_loc_is_copied_whole():
+    """Regression: only the first `bucket` entries of query_start_loc [bucket + 1] were copied, so the
+    last offset of a replayed batch read whatever the device buffer held (0): out-of-range gathers."""
+    runner = make_runner()
+    runner.static.query_start_loc.fill_(-7)  # what an uncopied device buffer could hold
+    runner.run(decode_inputs([5, 6, 7], [10, 20, 30], [3, 4, 5], [[1, 2], [3, 0], [4, 5]]))
+    assert runner.static.query_start_loc[:5].tolist() == [0, 1, 2, 3, 4]
