@@ -33,7 +33,7 @@ for stage in "$@"; do
     profile-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 \
         --attention-backend "${stage#profile-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     throughput) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
-        --compare transformers --json "$OUT/r/throughput.json" --plot "$OUT/r/throughput.png" ;;
+        --compare transformers --compare-num-requests 128 --json "$OUT/r/throughput.json" --plot "$OUT/r/throughput.png" ;;
     *) echo "unknown stage $stage" ;;
   esac 2>&1 | tee "$OUT/r/$stage.log" | grep -v "^\s*$" | tail -40
   echo "== stage $stage: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s"
