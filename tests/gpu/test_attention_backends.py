@@ -16,6 +16,7 @@ import torch
 import transformers
 
 from graphllm import Engine, SamplingParams
+from tests.gpu.helpers import transformers_greedy
 from graphllm.compiler.cache import compiled_artifact
 from graphllm.config import EngineConfig
 
@@ -35,13 +36,7 @@ def tokens(outs):
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3"])
 def test_float32_graphs_match_transformers(arch, backend, tiny_model_dir, compiled_dir):
     path, hf = tiny_model_dir(arch)
-    hf = hf.to("cuda")
-    expected = []
-    for prompt in PROMPTS:
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=24, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)
-        expected.append(out[0, len(prompt):].tolist())
+    expected = transformers_greedy(hf, PROMPTS, max_new_tokens=24)
     engine = Engine.load(compiled_dir(arch), attention_backend=backend)
     assert engine.runner.backend.name == backend and engine.runner.graphs is not None
     assert tokens(engine.generate(PROMPTS, GREEDY)) == expected

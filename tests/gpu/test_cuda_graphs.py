@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from graphllm import Engine, SamplingParams
+from tests.gpu.helpers import transformers_greedy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -19,13 +20,7 @@ def tokens(outs):
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_graphs_match_eager_and_transformers(arch, tiny_model_dir, compiled_dir):
     path, hf = tiny_model_dir(arch)
-    hf = hf.to("cuda")
-    expected = []
-    for prompt in PROMPTS:
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=24, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)
-        expected.append(out[0, len(prompt):].tolist())
+    expected = transformers_greedy(hf, PROMPTS, max_new_tokens=24)
     eager = Engine.from_pretrained(path, dtype="float32", cuda_graphs=False)
     graphed = Engine.load(compiled_dir(arch))
     assert graphed.runner.graphs is not None and graphed.state.device.type == "cuda"

@@ -1,0 +1,15 @@
+"""Shared by the GPU tests: transformers' greedy tokens, the oracle."""
+
+import torch
+
+
+def transformers_greedy(hf, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Each prompt alone through transformers' generate on the GPU, EOS ignored: the new tokens."""
+    hf = hf.to("cuda")
+    expected = []
+    for prompt in prompts:
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=max_new_tokens,
+                              do_sample=False, eos_token_id=None, pad_token_id=0)
+        expected.append(out[0, len(prompt):].tolist())
+    return expected
