@@ -11,9 +11,11 @@ it in Perfetto or chrome://tracing), DIR/kernels.md and DIR/kernels.json, one ta
   CPU:  one row per op: calls, self CPU time, share, and GB/s for the matmul ops (bytes over the
         op's whole time).
 
-Kernels replayed from a CUDA graph have no op above them, so under CUDA graphs decode matmuls show
-no bandwidth; when the profiler sees no kernels at all inside graph replays, decode is profiled
-again without the graphs and the table says so.
+Kernels replayed from a CUDA graph have no op above them: one more decode step is profiled
+without the graphs, and each graph kernel gets the bytes per call of the same kernel there.
+When the profiler sees no kernels at all inside graph replays, decode is profiled again without
+the graphs and the table says so. Before torch 2.12 the profiler records no argument dtypes:
+matmul operands are then taken to have the model's dtype.
 """
 
 import json
@@ -112,9 +114,26 @@ def device_rows(events, ranges) -> dict[str, dict[str, dict]]:
     return rows
 
 
+DTYPE_NAMES = {"torch.float32": "float", "torch.bfloat16": "c10::BFloat16", "torch.float16": "c10::Half"}
+_fallback_dtype: list[str] = []  # the model's dtype, for events that do not record dtypes
+
+
 def input_dtypes(e) -> list:
-    """The op's argument dtypes; FunctionEvent has them from torch 2.12 on (none before: bytes unknown)."""
-    return getattr(e, "input_dtypes", None) or []
+    """The op's argument dtypes. FunctionEvent records them from torch 2.12 on; before, every
+    tensor argument of a matmul is taken to have the model's dtype."""
+    return getattr(e, "input_dtypes", None) or _fallback_dtype * len(e.input_shapes)
+
+
+def graph_kernel_bytes(graph_rows: dict[str, dict], plain_rows: dict[str, dict]) -> dict[str, dict]:
+    """Give kernels replayed from a CUDA graph the bytes per call that the same kernel moved in a
+    plain (graph-free) run of the same step, where its matmul op was recorded above it."""
+    for name, r in graph_rows.items():
+        plain = plain_rows.get(name)
+        if r["bytes_us"] or not plain or not plain["bytes"]:
+            continue
+        r["bytes"] = plain["bytes"] / plain["calls"] * r["calls"]
+        r["bytes_us"] = r["us"]
+    return graph_rows
 
 
 def matmul_below(e) -> bool:
@@ -175,12 +194,23 @@ def profile_engine(engine, prompts: list[list[int]], decode_steps: int, out_dir:
         graphs_note = "WITHOUT CUDA graphs (the profiler saw no kernels inside graph replays)"
     prof.export_chrome_trace(str(out_dir / "trace.json"))
     ranges = step_ranges(events)
+    _fallback_dtype[:] = [DTYPE_NAMES.get(str(engine.state.dtype), "")]
+    rows = device_rows(events, ranges) if cuda else cpu_rows(events, ranges)
+    if cuda and graphs:  # bytes per kernel from one plain decode step, applied to the graph's kernels
+        engine.runner.graphs = None
+        try:
+            plain = profiled(engine, prompts, 1).events()
+        finally:
+            engine.runner.graphs = graphs
+        plain_rows = device_rows(plain, step_ranges(plain)).get("decode", {})
+        graph_kernel_bytes(rows.get("decode", {}), plain_rows)
     what = "CUDA kernels, device time" if cuda else "CPU ops, self CPU time"
     header = (f"{what}; batch {len(prompts)} x {len(prompts[0])} prompt tokens; decode {graphs_note}; "
               "GB/s = matmul operands + output bytes / time"
-              + ("; kernels replayed from a graph have no op above them, so no bytes" if graphs else ""))
+              + ("; a graph-replayed kernel gets the bytes per call of the same kernel in a plain decode step"
+                 if graphs else ""))
     report = {"dir": str(out_dir), "trace": str(out_dir / "trace.json"), "header": header,
-              "phases": phase_tables(device_rows(events, ranges) if cuda else cpu_rows(events, ranges), ranges)}
+              "phases": phase_tables(rows, ranges)}
     (out_dir / "kernels.md").write_text(format_markdown(report))
     (out_dir / "kernels.json").write_text(json.dumps(report, indent=1))
     return report

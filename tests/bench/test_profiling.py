@@ -41,3 +41,22 @@ def test_latency_profile_writes_a_trace_and_an_op_table(tiny_model_dir, tmp_path
 ])
 def test_matmul_bytes_are_operands_plus_output(name, shapes, dtypes, expected):
     assert matmul_bytes(name, shapes, dtypes) == expected
+
+
+def test_graph_kernels_get_the_bytes_of_the_same_kernel_in_a_plain_step():
+    from graphllm.bench.profiling import graph_kernel_bytes
+    row = lambda calls, us, nbytes, bytes_us: dict(calls=calls, us=us, bytes=nbytes, bytes_us=bytes_us)  # noqa: E731
+    graph = {"gemv_128x8": row(96, 1800.0, 0, 0.0), "rms_norm": row(64, 150.0, 0, 0.0)}
+    plain = {"gemv_128x8": row(32, 610.0, 32 * 235e6, 610.0), "rms_norm": row(64, 160.0, 0, 0.0)}
+    graph_kernel_bytes(graph, plain)
+    assert graph["gemv_128x8"]["bytes"] == 96 * 235e6 and graph["gemv_128x8"]["bytes_us"] == 1800.0
+    assert graph["rms_norm"]["bytes_us"] == 0.0  # no matmul above it anywhere: no bandwidth
+
+
+def test_matmul_bytes_without_recorded_dtypes_use_the_model_dtype():
+    from types import SimpleNamespace
+    from graphllm.bench import profiling
+    profiling._fallback_dtype[:] = ["c10::BFloat16"]
+    event = SimpleNamespace(input_shapes=[[1, 4096], [4096, 6144]])  # torch 2.11: no input_dtypes
+    assert profiling.matmul_bytes("aten::mm", event.input_shapes, profiling.input_dtypes(event)) == \
+        2 * (4096 + 4096 * 6144 + 6144)
