@@ -17,7 +17,7 @@ WORK=/tmp/bench-work
 LIMITS="--max-num-seqs 256 --max-model-len 2064 --max-num-batched-tokens 8192"  # one artifact for all stages
 bench() { python3 -m graphllm.cli bench "$@"; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/r/nvidia-smi.txt"
-echo "commit $(git rev-parse --short HEAD 2>/dev/null) $(date -u +%FT%TZ)" | tee "$OUT/r/run.txt"
+date -u +%FT%TZ | tee "$OUT/r/run.txt"  # the device copy's .git is not the working tree: record the commit where you launch
 for stage in "$@"; do
   start=$(date +%s)
   case $stage in
