@@ -94,7 +94,7 @@ def is_kernel(e) -> bool:
     return e.device_type == DeviceType.CUDA and not e.is_user_annotation and not e.name.startswith(RANGE)
 
 
-def device_rows(events, ranges) -> dict[str, dict[str, dict]]:
+def device_rows(events, ranges, dtype: str) -> dict[str, dict[str, dict]]:
     """phase -> kernel name -> {calls, us, bytes, bytes_us} from the device events and their ops."""
     rows: dict[str, dict[str, dict]] = {}
     row = lambda phase, name: rows.setdefault(phase, {}).setdefault(  # noqa: E731
@@ -105,7 +105,7 @@ def device_rows(events, ranges) -> dict[str, dict[str, dict]]:
             r["calls"] += 1
             r["us"] += e.time_range.end - e.time_range.start
     for op in events:
-        nbytes = op.kernels and matmul_bytes(op.name, op.input_shapes, input_dtypes(op))
+        nbytes = op.kernels and matmul_bytes(op.name, op.input_shapes, input_dtypes(op, dtype))
         if nbytes:
             kernel = max(op.kernels, key=lambda k: k.duration)
             r = row(phase_of(ranges, op.time_range.start), kernel.name)
@@ -115,13 +115,12 @@ def device_rows(events, ranges) -> dict[str, dict[str, dict]]:
 
 
 DTYPE_NAMES = {"torch.float32": "float", "torch.bfloat16": "c10::BFloat16", "torch.float16": "c10::Half"}
-_fallback_dtype: list[str] = []  # the model's dtype, for events that do not record dtypes
 
 
-def input_dtypes(e) -> list:
+def input_dtypes(e, fallback: str) -> list:
     """The op's argument dtypes. FunctionEvent records them from torch 2.12 on; before, every
     tensor argument of a matmul is taken to have the model's dtype."""
-    return getattr(e, "input_dtypes", None) or _fallback_dtype * len(e.input_shapes)
+    return getattr(e, "input_dtypes", None) or [fallback] * len(e.input_shapes)
 
 
 def graph_kernel_bytes(graph_rows: dict[str, dict], plain_rows: dict[str, dict]) -> dict[str, dict]:
@@ -141,7 +140,7 @@ def matmul_below(e) -> bool:
     return any(c.name in MATMUL_OPS or matmul_below(c) for c in e.cpu_children)
 
 
-def cpu_rows(events, ranges) -> dict[str, dict[str, dict]]:
+def cpu_rows(events, ranges, dtype: str) -> dict[str, dict[str, dict]]:
     """phase -> op name -> {calls, us (self CPU time), bytes, bytes_us}."""
     rows: dict[str, dict[str, dict]] = {}
     for e in events:
@@ -151,7 +150,7 @@ def cpu_rows(events, ranges) -> dict[str, dict[str, dict]]:
             e.name, {"calls": 0, "us": 0.0, "bytes": 0, "bytes_us": 0.0})
         r["calls"] += 1
         r["us"] += e.self_cpu_time_total
-        if not matmul_below(e) and (nbytes := matmul_bytes(e.name, e.input_shapes, input_dtypes(e))):
+        if not matmul_below(e) and (nbytes := matmul_bytes(e.name, e.input_shapes, input_dtypes(e, dtype))):
             r["bytes"] += nbytes
             r["bytes_us"] += e.time_range.end - e.time_range.start
     return rows
@@ -194,15 +193,15 @@ def profile_engine(engine, prompts: list[list[int]], decode_steps: int, out_dir:
         graphs_note = "WITHOUT CUDA graphs (the profiler saw no kernels inside graph replays)"
     prof.export_chrome_trace(str(out_dir / "trace.json"))
     ranges = step_ranges(events)
-    _fallback_dtype[:] = [DTYPE_NAMES.get(str(engine.state.dtype), "")]
-    rows = device_rows(events, ranges) if cuda else cpu_rows(events, ranges)
+    dtype = DTYPE_NAMES.get(str(engine.state.dtype), "")  # for events that do not record dtypes
+    rows = device_rows(events, ranges, dtype) if cuda else cpu_rows(events, ranges, dtype)
     if cuda and graphs:  # bytes per kernel from one plain decode step, applied to the graph's kernels
         engine.runner.graphs = None
         try:
             plain = profiled(engine, prompts, 1).events()
         finally:
             engine.runner.graphs = graphs
-        plain_rows = device_rows(plain, step_ranges(plain)).get("decode", {})
+        plain_rows = device_rows(plain, step_ranges(plain), dtype).get("decode", {})
         graph_kernel_bytes(rows.get("decode", {}), plain_rows)
     what = "CUDA kernels, device time" if cuda else "CPU ops, self CPU time"
     header = (f"{what}; batch {len(prompts)} x {len(prompts[0])} prompt tokens; decode {graphs_note}; "

@@ -56,7 +56,6 @@ def test_graph_kernels_get_the_bytes_of_the_same_kernel_in_a_plain_step():
 def test_matmul_bytes_without_recorded_dtypes_use_the_model_dtype():
     from types import SimpleNamespace
     from graphllm.bench import profiling
-    profiling._fallback_dtype[:] = ["c10::BFloat16"]
     event = SimpleNamespace(input_shapes=[[1, 4096], [4096, 6144]])  # torch 2.11: no input_dtypes
-    assert profiling.matmul_bytes("aten::mm", event.input_shapes, profiling.input_dtypes(event)) == \
+    assert profiling.matmul_bytes("aten::mm", event.input_shapes, profiling.input_dtypes(event, "c10::BFloat16")) == \
         2 * (4096 + 4096 * 6144 + 6144)

@@ -13,6 +13,7 @@ kv_cache[0] / kv_cache[1] are [num_blocks, block_size, Hkv, D] pages, which Flas
 import numpy as np
 import torch
 
+from graphllm.kernels.store_kv import store_kv
 from graphllm.models.config import ModelConfig
 from graphllm.ops.backends.base import AttentionBackend, HostMeta
 
@@ -62,7 +63,6 @@ class FlashInferBackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                 scale, sliding_window):
-        from graphllm.kernels.store_kv import store_kv
         if self.active is None:
             raise RuntimeError("FlashInfer attention ran without a plan: call plan() before the step")
         if scale != self.scale or max(sliding_window, 0) != self.window_left + 1:
