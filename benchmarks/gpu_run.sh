@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # One device call on the H200: install the carried wheels, then run the stages named in $@:
+#   sweep      benchmarks/kernel_sweep.py (skinny_matmul vs cuBLAS, decode attention bandwidth)
+#   skinny     the skinny_matmul kernel and pass tests alone
+#   latency1-B bench latency at batch 1 and 8 only, backend B
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager)
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
 #   profile-B  bench latency at batch 1 with --profile, backend B
@@ -21,6 +24,11 @@ date -u +%FT%TZ | tee "$OUT/r/run.txt"  # the device copy's .git is not the work
 for stage in "$@"; do
   start=$(date +%s)
   case $stage in
+    sweep) timeout 240 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
+    skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_skinny_matmul.py tests/passes/test_skinny_linear.py 2>&1 | tail -5 ;;
+    latency1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
+        --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     tests) timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         --junitxml="$OUT/r/tests.xml" tests/kernels tests/gpu -s 2>&1 | grep -v "^\.*$" ;;
     teacher) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest tests/gpu -k teacher ;;

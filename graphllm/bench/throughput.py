@@ -53,7 +53,7 @@ def run_requests(engine, requests: list[BenchRequest]) -> dict:
     generated = [len(o.outputs[0].token_ids) for o in outs]
     return summarize_run(requests, generated, wall) | {
         "steps": len(timer.records), "preemptions": engine.scheduler.num_preemptions - preempted,
-        "step_breakdown_ms": timer.summary()}
+        "step_breakdown_ms": timer.summary(), "step_table": timer.step_table()}
 
 
 def profile_prompts(engine, requests: list[BenchRequest]) -> list[list[int]]:

@@ -172,7 +172,7 @@ class StepTimer:
         self.engine, self.sync = engine, synchronizer(engine.state.device)
         self.records: list[tuple[str, dict[str, float]]] = []  # (phase, seconds per part)
         self._parts: dict[str, float] = {}
-        self._phase = "decode"
+        self._phase, self._shape = "decode", {}
         self._originals = (engine.step, engine.scheduler.schedule, engine.runner.execute, engine.sampler)
         step, schedule, execute, sampler = self._originals
         engine.step = self._wrap_step(step)
@@ -200,8 +200,10 @@ class StepTimer:
 
         def wrapped():
             batch = timed()
-            self._phase = "prefill" if any(s.seq.num_computed_tokens < s.seq.num_prompt_tokens for s in batch) \
-                else "decode"
+            prefill = [s for s in batch if s.seq.num_computed_tokens < s.seq.num_prompt_tokens]
+            self._phase = "prefill" if prefill else "decode"
+            self._shape = {"seqs": len(batch), "prefill_tokens": sum(s.num_new_tokens for s in prefill),
+                           "context_tokens": sum(s.seq.num_computed_tokens + s.num_new_tokens for s in batch)}
             return batch
         return wrapped
 
@@ -213,9 +215,19 @@ class StepTimer:
             total = time.perf_counter() - start
             if "model" in self._parts:  # an empty schedule ran nothing: not a step
                 parts = {p: self._parts.get(p, 0.0) for p in PARTS[:3]}
-                self.records.append((self._phase, {**parts, "rest": total - sum(parts.values()), "total": total}))
+                self.records.append((self._phase, {**parts, "rest": total - sum(parts.values()), "total": total,
+                                                   **self._shape}))
             return out
         return wrapped
+
+    def step_table(self) -> dict[str, list]:
+        """Every step as a column table: batch shape (sequences, prompt tokens computed, tokens of
+        context after the step) and milliseconds (model call, whole step), for offline analysis."""
+        keys = ("seqs", "prefill_tokens", "context_tokens")
+        table = {k: [r.get(k) for _, r in self.records] for k in keys}
+        for part in ("model", "total"):
+            table[f"{part}_ms"] = [round(1e3 * r[part], 3) for _, r in self.records]
+        return table
 
     def reset(self) -> None:
         self.records = []

@@ -43,7 +43,7 @@ def resolve_compile_dtype(config: CompileConfig, hf: dict, device: torch.device)
 # Modules whose code shapes the compiled step besides the passes (which hash themselves).
 COMPILER_MODULES = ("graphllm.ir.capture", "graphllm.ir.graph", "graphllm.compiler.lower",
                     "graphllm.compiler.inductor_lowering", "graphllm.compiler.decompositions",
-                    "graphllm.ops.attention", "graphllm.ops.rms_norm", "graphllm.ops.silu_and_mul",
+                    "graphllm.ops.attention", "graphllm.ops.linear", "graphllm.ops.rms_norm", "graphllm.ops.silu_and_mul",
                     "graphllm.models.llama", "graphllm.models.layers")
 
 

@@ -1,6 +1,7 @@
 """PassManager: the ordered list of passes a CompileConfig asks for, with a fixed clean-up tail.
 
-Order matters: gate/up must be fused before silu·mul can match its split; clean-up (no-op
+Order matters: gate/up must be fused before silu·mul can match its split, and skinny_linear
+comes after every pass that matches aten.linear; clean-up (no-op
 elimination, then dead code) always runs last. `uuid()` hashes the list and every pass's uuid,
 so an artifact's cache key changes whenever any pass changes.
 """
@@ -30,13 +31,14 @@ def build_pass_list(config: CompileConfig) -> list[GraphPass]:
     from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
     from graphllm.passes.fusion.fuse_qkv import FuseQKV
     from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
+    from graphllm.passes.lowering.skinny_linear import SkinnyLinear
     from graphllm.passes.utility.dce import DeadCodeElimination
     from graphllm.passes.utility.eliminate_noops import EliminateNoops
 
     cleanup = [EliminateNoops(), DeadCodeElimination()]
     chosen = [(config.fuse_qkv, FuseQKV), (config.fuse_gate_up, FuseGateUp),
               (config.fuse_silu_mul and config.fuse_gate_up, FuseSiluMul),
-              (config.fuse_add_rmsnorm, FuseAddRMSNorm)]
+              (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.skinny_linear, SkinnyLinear)]
     return [EliminateNoops()] + [cls() for wanted, cls in chosen if wanted] + cleanup
 
 

@@ -52,6 +52,10 @@ def test_every_request_gets_its_output_len_and_rates_add_up(tiny_model_dir, tmp_
     assert ours["output_tok_s"] == pytest.approx(ours["output_tokens"] / ours["wall_s"])
     assert ours["total_tok_s"] > ours["output_tok_s"] > 0 and ours["requests_s"] == pytest.approx(NUM / ours["wall_s"])
     assert ours["step_breakdown_ms"]["decode"]["steps"] > 0
+    table = ours["step_table"]  # one entry per step; prompt tokens add up to the inputs (no preemption here)
+    assert len(table["model_ms"]) == ours["steps"] and all(1 <= n <= 4 for n in table["seqs"])
+    if ours["preemptions"] == 0:
+        assert sum(table["prefill_tokens"]) == ours["input_tokens"]
     assert report["engine"]["max_num_seqs"] == 4
     assert report["engine"]["max_model_len"] == 48  # 2 * MAX_LEN + 16, in whole blocks of 16
     assert "transformers" not in report

@@ -1,0 +1,142 @@
+"""GPU microbenchmarks of graphllm's decode kernels at the Llama-3-8B shapes (H200 runs).
+
+    python benchmarks/kernel_sweep.py OUT.json [matmul] [attention]
+
+matmul: skinny_matmul against cuBLAS (F.linear) for each projection at M = 1, 8, 16, over a grid
+of tile configs (the best and default_config's are reported), plus cuBLAS at M = 128, 256.
+attention: paged_decode_attention at batch x context sizes, default splits and forced ones.
+
+Every timing replays a CUDA graph (no launch overhead, as in decode) of calls over several
+distinct weight / KV copies, together larger than the L2 cache, so each call streams from HBM.
+Bandwidth = bytes each call must read / its time.
+"""
+
+import itertools
+import json
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from graphllm.kernels.paged_decode_attention import default_num_splits, paged_decode_attention
+from graphllm.kernels.skinny_matmul import default_config, skinny_matmul
+
+SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+          "lm_head": (128256, 4096)}
+STREAM_BYTES = 300e6  # copies of the operands per timing: at least this much, to defeat the 50 MB L2
+DTYPE = torch.bfloat16
+
+
+def graph_seconds(calls: list, reps: int = 20) -> float:
+    """Mean seconds of one call, timed over CUDA-graph replays of all calls in sequence."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps / len(calls)
+
+
+def matmul_configs():
+    for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4)):
+        yield {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
+
+
+def sweep_matmul() -> list[dict]:
+    rows = []
+    for name, (n, k) in SHAPES.items():
+        copies = max(2, int(STREAM_BYTES // (n * k * 2)) + 1)
+        weights = [torch.randn(n, k, device="cuda", dtype=DTYPE) / k ** 0.5 for _ in range(copies)]
+        nbytes = n * k * 2
+        for m in (1, 8, 16, 128, 256):
+            x = torch.randn(m, k, device="cuda", dtype=DTYPE)
+            cublas = graph_seconds([lambda w=w: F.linear(x, w) for w in weights])
+            row = {"shape": name, "m": m, "n": n, "k": k, "cublas_us": cublas * 1e6,
+                   "cublas_tb_s": nbytes / cublas / 1e12}
+            if m <= 16:
+                ref = F.linear(x.float(), weights[0].float())
+                default = default_config(m, n, k, x.device)
+                timings = []
+                for config in [default, *matmul_configs()]:
+                    try:
+                        got = skinny_matmul(x, weights[0], config=config)
+                        torch.cuda.synchronize()
+                    except Exception as exc:  # out of shared memory / registers for this tile
+                        if "resources" not in str(exc).lower() and "shared" not in str(exc).lower():
+                            raise
+                        continue
+                    assert (got.float() - ref).abs().max().item() < 0.1, (name, m, config)
+                    timings.append((graph_seconds([lambda w=w, c=config: skinny_matmul(x, w, config=c)
+                                                   for w in weights]), config))
+                default_s = timings[0][0]
+                best_s, best = min(timings, key=lambda t: t[0])
+                row |= {"default_us": default_s * 1e6, "default_tb_s": nbytes / default_s / 1e12,
+                        "default_config": default, "best_us": best_s * 1e6, "best_tb_s": nbytes / best_s / 1e12,
+                        "best_config": best, "speedup_default": cublas / default_s}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    return rows
+
+
+def sweep_attention() -> list[dict]:
+    rows, hq, hkv, d, bs = [], 32, 8, 128, 16
+    for batch, ctx in [(1, 256), (8, 512), (32, 1024), (128, 1024), (192, 850), (256, 1024)]:
+        pages = triton.cdiv(ctx, bs)
+        per_layer = 2 * batch * pages * bs * hkv * d * 2
+        layers = max(2, int(STREAM_BYTES // per_layer) + 1)
+        caches = [torch.randn(2, batch * pages + 1, bs, hkv, d, device="cuda", dtype=DTYPE) for _ in range(layers)]
+        tables = torch.randperm(batch * pages, device="cuda").view(batch, pages)
+        tables = torch.cat([tables, torch.zeros(batch, 2048 // bs - pages, dtype=tables.dtype, device="cuda")], 1)
+        lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int64)
+        q = torch.randn(batch, hq, d, device="cuda", dtype=DTYPE)
+        kv_bytes = 2 * batch * ctx * hkv * d * 2
+        default = default_num_splits(batch, hkv, tables.shape[1] * bs, 64, q.device)
+        row = {"batch": batch, "context": ctx, "kv_mb": kv_bytes / 1e6, "default_splits": default}
+        for splits in sorted({default, 1, 2, 4, 8, 16}):
+            s = graph_seconds([lambda c=c, n=splits: paged_decode_attention(q, c[0], c[1], tables, lens, d ** -0.5, 0, n)
+                               for c in caches])
+            row[f"splits{splits}_us"] = s * 1e6
+            row[f"splits{splits}_tb_s"] = kv_bytes / s / 1e12
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del caches
+        torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    out, parts = sys.argv[1], set(sys.argv[2:]) or {"matmul", "attention"}
+    report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
+    if "matmul" in parts:
+        report["matmul"] = sweep_matmul()
+    if "attention" in parts:
+        report["attention"] = sweep_attention()
+    with open(out, "w") as f:
+        json.dump(report, f, indent=1)
+    print("\nshape     m  cuBLAS TB/s  ours(default) TB/s  ours(best) TB/s  best config")
+    for r in report.get("matmul", []):
+        if "best_tb_s" in r:
+            c = r["best_config"]
+            print(f"{r['shape']:<8} {r['m']:>3}  {r['cublas_tb_s']:11.2f}  {r['default_tb_s']:18.2f}  "
+                  f"{r['best_tb_s']:15.2f}  {c['BLOCK_N']}x{c['BLOCK_K']} w{c['num_warps']} s{c['num_stages']}")
+        else:
+            print(f"{r['shape']:<8} {r['m']:>3}  cuBLAS {r['cublas_us']:.1f} us")
+    for r in report.get("attention", []):
+        cells = " ".join(f"{k.removesuffix('_tb_s')}={v:.2f}" for k, v in r.items() if k.endswith("_tb_s"))
+        print(f"attention B={r['batch']} ctx={r['context']} default splits {r['default_splits']}: TB/s {cells}")
+
+
+if __name__ == "__main__":
+    main()
