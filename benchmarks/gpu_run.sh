@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call on the H200: install the carried wheels, then run the stages named in $@:
-#   sweep      benchmarks/kernel_sweep.py (skinny_matmul vs cuBLAS, decode attention bandwidth)
+#   sweep      benchmarks/kernel_sweep.py (skinny_matmul vs cuBLAS, decode attention bandwidth); sweep-PART: one part
+#   mixed      benchmarks/mixed_step_profile.py on the 8B preset (needs a latency/throughput stage before it)
+#   noskinny1-B  latency1-B with GRAPHLLM_SKINNY_MATMUL=0 (cuBLAS for every linear)
 #   skinny     the skinny_matmul kernel and pass tests alone
 #   latency1-B bench latency at batch 1 and 8 only, backend B
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager)
@@ -25,6 +27,10 @@ for stage in "$@"; do
   start=$(date +%s)
   case $stage in
     sweep) timeout 240 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
+    sweep-*) timeout 240 python3 benchmarks/kernel_sweep.py "$OUT/r/$stage.json" ${stage#sweep-} ;;
+    mixed) timeout 200 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/mixed.json" ;;
+    noskinny1-*) GRAPHLLM_SKINNY_MATMUL=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
+        --output-len 256 --attention-backend "${stage#noskinny1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/passes/test_skinny_linear.py 2>&1 | tail -5 ;;
     latency1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \

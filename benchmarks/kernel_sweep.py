@@ -5,6 +5,7 @@
 matmul: skinny_matmul against cuBLAS (F.linear) for each projection at M = 1, 8, 16, over a grid
 of tile configs (the best and default_config's are reported), plus cuBLAS at M = 128, 256.
 attention: paged_decode_attention at batch x context sizes, default splits and forced ones.
+mixed: one-token rows through paged_prefill_attention (as in a mixed step) against the decode kernel.
 
 Every timing replays a CUDA graph (no launch overhead, as in decode) of calls over several
 distinct weight / KV copies, together larger than the L2 cache, so each call streams from HBM.
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 import triton
 
 from graphllm.kernels.paged_decode_attention import default_num_splits, paged_decode_attention
+from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
 from graphllm.kernels.skinny_matmul import default_config, skinny_matmul
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
@@ -116,13 +118,42 @@ def sweep_attention() -> list[dict]:
     return rows
 
 
+def sweep_mixed() -> list[dict]:
+    """The decode rows of a mixed step (one new token each) through the prefill kernel, as a mixed
+    step runs them, against the decode kernel on the same rows."""
+    rows, hq, hkv, d, bs = [], 32, 8, 128, 16
+    for batch, ctx in [(64, 850), (256, 850)]:
+        pages = triton.cdiv(ctx, bs)
+        per_layer = 2 * batch * pages * bs * hkv * d * 2
+        layers = max(2, int(STREAM_BYTES // per_layer) + 1)
+        caches = [torch.randn(2, batch * pages + 1, bs, hkv, d, device="cuda", dtype=DTYPE) for _ in range(layers)]
+        tables = torch.randperm(batch * pages, device="cuda").view(batch, pages)
+        lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int64)
+        starts = torch.arange(batch + 1, device="cuda")
+        q = torch.randn(batch, hq, d, device="cuda", dtype=DTYPE)
+        kv_bytes = 2 * batch * ctx * hkv * d * 2
+        decode = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, d ** -0.5, 0)
+                                for c in caches])
+        prefill = graph_seconds([lambda c=c: paged_prefill_attention(q, c[0], c[1], tables, lens, starts, d ** -0.5, 0)
+                                 for c in caches])
+        row = {"batch": batch, "context": ctx, "decode_kernel_us": decode * 1e6, "prefill_kernel_us": prefill * 1e6,
+               "decode_tb_s": kv_bytes / decode / 1e12, "prefill_tb_s": kv_bytes / prefill / 1e12}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del caches
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
-    out, parts = sys.argv[1], set(sys.argv[2:]) or {"matmul", "attention"}
+    out, parts = sys.argv[1], set(sys.argv[2:]) or {"matmul", "attention", "mixed"}
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     if "matmul" in parts:
         report["matmul"] = sweep_matmul()
     if "attention" in parts:
         report["attention"] = sweep_attention()
+    if "mixed" in parts:
+        report["mixed"] = sweep_mixed()
     with open(out, "w") as f:
         json.dump(report, f, indent=1)
     print("\nshape     m  cuBLAS TB/s  ours(default) TB/s  ours(best) TB/s  best config")
@@ -136,6 +167,9 @@ def main() -> None:
     for r in report.get("attention", []):
         cells = " ".join(f"{k.removesuffix('_tb_s')}={v:.2f}" for k, v in r.items() if k.endswith("_tb_s"))
         print(f"attention B={r['batch']} ctx={r['context']} default splits {r['default_splits']}: TB/s {cells}")
+    for r in report.get("mixed", []):
+        print(f"decode rows B={r['batch']} ctx={r['context']}: decode kernel {r['decode_tb_s']:.2f} TB/s, "
+              f"prefill kernel {r['prefill_tb_s']:.2f} TB/s")
 
 
 if __name__ == "__main__":

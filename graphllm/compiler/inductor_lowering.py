@@ -10,6 +10,12 @@ export (T, B, M, N, KV blocks), so one compiled graph serves every batch shape.
 
 On CPU the binary form does not carry the built C++ kernels (they would be rebuilt at load),
 so CPU artifacts use AOTInductor (lower.py).
+
+Inductor runs with `emulate_precision_casts`: where eager PyTorch rounds an intermediate to
+bf16/fp16 (the residual sum before RMSNorm, the rotary products, silu before the multiply),
+the fused kernels round it too, so the compiled step computes the eager model's function in
+half precision as well, not a more precise neighbour of it. That costs a few conversions in
+memory-bound kernels.
 """
 
 from pathlib import Path
@@ -30,7 +36,7 @@ def lower_inductor(graph: StepGraph, path: Path) -> tuple[torch.export.ExportedP
         if "val" in node.meta:  # without it, it re-symbolises every dim and unifies equal sizes
             node.meta.setdefault("example_value", node.meta["val"])
     fake_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    with inductor_decompositions():
+    with inductor_decompositions(), torch._inductor.config.patch(emulate_precision_casts=True):
         compiled = torch._inductor.standalone_compile(gm, fake_inputs, dynamic_shapes="from_graph")
     compiled.save(path=str(path), format="binary")
     return exported, lifted_weight_names(exported)

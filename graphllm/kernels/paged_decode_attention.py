@@ -61,7 +61,7 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: 
     return max(1, min(wanted, cap))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt", "num_splits"])  # vary per step: one compile
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
                          out_ptr, part_out_ptr, part_lse_ptr,
                          stride_qb, stride_qh, stride_ob, stride_oh,
@@ -123,7 +123,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ob, stride_oh, num_splits,
                           HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
     b, h = tl.program_id(0), tl.program_id(1)

@@ -60,7 +60,7 @@ def _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
     return left - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt", "num_seqs"])  # vary per step: one compile
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
                     query_start_loc_ptr, out_ptr,
                     stride_qt, stride_qh, stride_ot, stride_oh,

@@ -4,10 +4,10 @@
 `aten.linear` in graphs compiled for the GPU. It is opaque to Inductor, like the matmuls Inductor
 hands to cuBLAS anyway, and decides per call, from shapes, which kernel runs:
 
-- x on CUDA in float16/bfloat16 with at most MAX_ROWS rows (decode steps up to batch 16, and the
-  logits rows of such steps): graphllm/kernels/skinny_matmul.py, the weight streamed once with no
-  split-K reduce;
-- anything else (prefill, large batches, float32, CPU): F.linear, exactly what aten.linear does.
+- x on CUDA in float16/bfloat16, with a row count and weight shape where the kernel measured
+  faster than cuBLAS (`beats_cublas`: one row against the attention projections, up to 16 rows
+  against the vocabulary): graphllm/kernels/skinny_matmul.py, no split-K reduce kernel;
+- anything else (prefill, large batches, the MLP, float32, CPU): F.linear, what aten.linear does.
 
 Inside a CUDA graph the choice is made once, at capture. GRAPHLLM_SKINNY_MATMUL=0 in the
 environment turns the kernel off (every call takes F.linear), for side-by-side benchmarks.
@@ -23,11 +23,12 @@ KERNEL_ENABLED = os.environ.get("GRAPHLLM_SKINNY_MATMUL", "1") != "0"
 
 
 def takes_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    from graphllm.kernels.skinny_matmul import MAX_ROWS
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return (KERNEL_ENABLED and x.is_cuda and x.dtype in HALF_DTYPES and weight.dtype == x.dtype
-            and 0 < rows <= MAX_ROWS and weight.is_contiguous() and x.shape[-1] % 8 == 0
-            and (bias is None or bias.dtype == x.dtype))
+    if not (KERNEL_ENABLED and x.is_cuda and x.dtype in HALF_DTYPES and weight.dtype == x.dtype
+            and weight.is_contiguous() and x.shape[-1] % 8 == 0 and (bias is None or bias.dtype == x.dtype)):
+        return False
+    from graphllm.kernels.skinny_matmul import beats_cublas
+    rows = x.numel() // x.shape[-1]
+    return rows > 0 and beats_cublas(rows, *weight.shape)
 
 
 @torch.library.custom_op("graphllm::linear", mutates_args=())

@@ -5,7 +5,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from graphllm.kernels.skinny_matmul import MAX_ROWS, default_config, skinny_matmul, skinny_matmul_reference  # noqa: E402
+from graphllm.kernels.skinny_matmul import MAX_ROWS, beats_cublas, default_config, skinny_matmul, skinny_matmul_reference  # noqa: E402
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, assert_close, gpu_only, randn  # noqa: E402
 
 
@@ -45,12 +45,15 @@ def test_zero_rows():
     assert out.shape == (0, 32)
 
 
-def test_default_config_keeps_sms_busy():
-    """Wide outputs get wide tiles, narrow ones tiles of 16; K tiles never exceed K's power of two."""
-    device = torch.device("cuda") if DEVICE.type == "cuda" else torch.device("cpu")
-    assert default_config(1, 1 << 20, 4096, device)["BLOCK_N"] == 64
-    assert default_config(1, 64, 4096, device)["BLOCK_N"] == 16
-    assert default_config(1, 64, 48, device)["BLOCK_K"] == 64
+def test_default_config_and_routing():
+    """Wide outputs get 64-column tiles, narrow ones 16 (one row) or 32; K tiles never exceed K's power of two."""
+    assert default_config(1, 1 << 20, 4096, DEVICE)["BLOCK_N"] == 64
+    assert default_config(1, 64, 4096, DEVICE)["BLOCK_N"] == 16
+    assert default_config(8, 64, 4096, DEVICE)["BLOCK_N"] == 32
+    assert default_config(1, 64, 48, DEVICE)["BLOCK_K"] == 64
+    assert beats_cublas(1, 6144, 4096) and beats_cublas(16, 128256, 4096)
+    assert not beats_cublas(8, 6144, 4096) and not beats_cublas(1, 28672, 4096)
+    assert not beats_cublas(17, 128256, 4096)
 
 
 @gpu_only

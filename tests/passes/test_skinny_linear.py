@@ -43,6 +43,9 @@ def test_kernel_only_for_small_half_batches_on_cuda():
     assert not takes_kernel(torch.randn(1, 64, dtype=torch.bfloat16), w, None)  # CPU
     if torch.cuda.is_available():
         w = w.cuda()
-        assert takes_kernel(torch.randn(16, 64, dtype=torch.bfloat16, device="cuda"), w, None)
-        assert not takes_kernel(torch.randn(17, 64, dtype=torch.bfloat16, device="cuda"), w, None)
+        assert takes_kernel(torch.randn(1, 64, dtype=torch.bfloat16, device="cuda"), w, None)
+        assert not takes_kernel(torch.randn(2, 64, dtype=torch.bfloat16, device="cuda"), w, None)  # cuBLAS wins
         assert not takes_kernel(torch.randn(1, 64, device="cuda"), w.float(), None)  # float32: cuBLAS
+        vocab = torch.randn(1 << 16, 64, dtype=torch.bfloat16, device="cuda")
+        assert takes_kernel(torch.randn(16, 64, dtype=torch.bfloat16, device="cuda"), vocab, None)
+        assert not takes_kernel(torch.randn(17, 64, dtype=torch.bfloat16, device="cuda"), vocab, None)
