@@ -61,6 +61,40 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: 
     return max(1, min(wanted, cap))
 
 
+@triton.jit
+def _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
+                         stride_cb, stride_co, stride_ch, scale_log2,
+                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+    """Online softmax of q ([BLOCK_G, BLOCK_D]: one token's query heads of KV head kvh) over the
+    keys at positions lo..hi-1 of the pages in `table`; returns (acc, l, m), acc unnormalised.
+    Shared by the decode kernel and the prefill kernel's one-token sequences."""
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    offs_n = tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for tile in range(lo, hi, BLOCK_N):
+        toks = tile + offs_n  # [BLOCK_N] key positions
+        valid = toks < hi
+        pages = tl.load(table + toks // block_size, mask=valid, other=0).to(tl.int64)
+        kv_off = (pages * stride_cb + (toks % block_size) * stride_co + kvh * stride_ch)[:, None] \
+            + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_G, BLOCK_N]
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a valid key
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
 @triton.jit(do_not_specialize=["stride_bt", "num_splits"])  # vary per step: one compile
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
                          out_ptr, part_out_ptr, part_lse_ptr,
@@ -81,33 +115,15 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     heads = kvh * GROUP + offs_g  # [BLOCK_G]
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    for tile in range(lo, hi, BLOCK_N):
-        toks = tile + offs_n  # [BLOCK_N] key positions
-        valid = toks < hi
-        pages = tl.load(table + toks // block_size, mask=valid, other=0).to(tl.int64)
-        kv_off = (pages * stride_cb + (toks % block_size) * stride_co + kvh * stride_ch)[:, None] \
-            + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_G, BLOCK_N]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a valid key
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    acc, l_i, m_i = _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
+                                         stride_cb, stride_co, stride_ch, scale_log2,
+                                         BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # l_i = 0: empty range, zeros and lse -inf
     out = acc / l_safe[:, None]

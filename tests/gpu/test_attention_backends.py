@@ -4,9 +4,11 @@
   the torch and triton backends (FlashInfer has no float32 kernels).
 - bfloat16, teacher forcing: eight sequences are fed the same random token history; at every
   position the compiled + CUDA-graph engine's top-1 token (through prefill, chunked prefill and
-  decode) must agree with the eager engine's on >= 99% of positions, for every backend.
+  decode) must agree with the eager engine's on >= 99% of positions, for every backend (the
+  issue's target; xfail, see below), and at least as often as transformers' own bf16 forward
+  does, within one point (the noise floor of this model in bf16).
   Random weights give nearly flat logits, where any rounding flips the top-1; the test model's
-  output head is sharpened so that the top-1 is as well defined as in a trained model.
+  output head is sharpened so that the top-1 is better defined.
 """
 
 import importlib.util
@@ -92,23 +94,65 @@ def histories_and_reference(bf16_model):
     return histories, teacher_forced_top1(eager, histories)
 
 
-# Measured on the H200, 2026-11-21 (benchmarks/RESULTS.md): torch 0.957, triton 0.970, flashinfer 0.957.
-# The reference attention misses by as much as the kernels do, so the gap lies between the compiled
-# bf16 graph and the eager bf16 model on this random model, not in the attention backends.
-MISSED = "issue 5's 99% target is not met yet on this random model (0.957-0.970 measured); see RESULTS.md"
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    return sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb)) / (NUM_SEQS * FORCED_LEN)
+
+
+@pytest.fixture(scope="module")
+def transformers_agreement(bf16_model, histories_and_reference):
+    """The noise floor: transformers' own bf16 forward over the same histories, against the eager engine.
+
+    Two faithful bf16 implementations of one model (different kernels, fusions and rounding
+    points) disagree on the top-1 wherever this random model's top two logits lie within bf16
+    rounding of each other; this says how often that is."""
+    histories, reference = histories_and_reference
+    model = transformers.AutoModelForCausalLM.from_pretrained(bf16_model, dtype=torch.bfloat16).cuda().eval()
+    with torch.no_grad():
+        logits = model(torch.tensor(histories, device="cuda")).logits  # [B, S, V]
+    picked = logits[:, PROMPT_LEN - 1:PROMPT_LEN - 1 + FORCED_LEN].argmax(-1).tolist()
+    del model
+    value = agreement(reference, picked)
+    print(f"transformers bf16: teacher-forced top-1 agreement with the eager engine {value:.4f}")
+    return value
+
+
+_compiled_agreement: dict[str, float] = {}
+
+
+def compiled_agreement(backend: str, bf16_model, histories_and_reference) -> float:
+    """The compiled + CUDA-graph engine with `backend` against the eager engine (computed once per backend)."""
+    if backend == "flashinfer" and importlib.util.find_spec("flashinfer") is None:
+        pytest.skip("flashinfer is not installed")
+    if backend not in _compiled_agreement:
+        histories, reference = histories_and_reference
+        art = compiled_artifact(EngineConfig(model=str(bf16_model), dtype="bfloat16", **LIMITS), bf16_model,
+                                show_progress=False)
+        engine = Engine.load(art, attention_backend=backend)
+        got = teacher_forced_top1(engine, histories)
+        assert engine.runner.graphs.replays >= FORCED_LEN - 1  # decode ran from the CUDA graphs
+        _compiled_agreement[backend] = agreement(reference, got)
+        print(f"{backend}: teacher-forced top-1 agreement with the eager engine {_compiled_agreement[backend]:.4f}")
+    return _compiled_agreement[backend]
+
+
+BACKENDS = ["torch", "triton", "flashinfer"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_compiled_agrees_with_eager_as_closely_as_transformers(backend, bf16_model, histories_and_reference,
+                                                                    transformers_agreement):
+    """The compiled engine is no further from the eager engine than transformers' bf16 forward is
+    (within one point), on every backend."""
+    value = compiled_agreement(backend, bf16_model, histories_and_reference)
+    assert value >= transformers_agreement - 0.01
+
+
+# Measured on the H200, 2026-11-21 (benchmarks/RESULTS.md): torch 0.957, triton 0.970, flashinfer 0.957;
+# with Inductor emulating eager's rounding (emulate_precision_casts): torch 0.976, triton 0.969, flashinfer 0.974.
+MISSED = "issue 5's 99% target is not met on this random model (0.969-0.976 measured); see RESULTS.md"
 
 
 @pytest.mark.xfail(reason=MISSED, strict=False)
-@pytest.mark.parametrize("backend", ["torch", "triton", "flashinfer"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_bf16_teacher_forced_agreement(backend, bf16_model, histories_and_reference):
-    if backend == "flashinfer" and importlib.util.find_spec("flashinfer") is None:
-        pytest.skip("flashinfer is not installed")
-    histories, reference = histories_and_reference
-    art = compiled_artifact(EngineConfig(model=str(bf16_model), dtype="bfloat16", **LIMITS), bf16_model,
-                            show_progress=False)
-    engine = Engine.load(art, attention_backend=backend)
-    got = teacher_forced_top1(engine, histories)
-    assert engine.runner.graphs.replays >= FORCED_LEN - 1  # decode ran from the CUDA graphs
-    agreement = sum(a == b for r, g in zip(reference, got) for a, b in zip(r, g)) / (NUM_SEQS * FORCED_LEN)
-    print(f"{backend}: teacher-forced top-1 agreement with the eager engine {agreement:.4f}")
-    assert agreement >= 0.99
+    assert compiled_agreement(backend, bf16_model, histories_and_reference) >= 0.99
