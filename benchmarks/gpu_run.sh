@@ -3,6 +3,7 @@
 #   sweep      benchmarks/kernel_sweep.py (skinny_matmul vs cuBLAS, decode attention bandwidth); sweep-PART: one part
 #   mixed      benchmarks/mixed_step_profile.py on the 8B preset (needs a latency/throughput stage before it)
 #   noskinny1-B  latency1-B with GRAPHLLM_SKINNY_MATMUL=0 (cuBLAS for every linear)
+#   steps8-B / tput8-B  latency1-B / throughput-B with --num-decode-steps 8;  gpu-steps  its GPU tests
 #   skinny     the skinny_matmul kernel and pass tests alone
 #   latency1-B bench latency at batch 1 and 8 only, backend B
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager)
@@ -29,6 +30,12 @@ for stage in "$@"; do
     sweep) timeout 240 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
     sweep-*) timeout 240 python3 benchmarks/kernel_sweep.py "$OUT/r/$stage.json" ${stage#sweep-} ;;
     mixed) timeout 200 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/mixed.json" ;;
+    steps8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --num-decode-steps 8 \
+        --attention-backend "${stage#steps8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    tput8-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --num-decode-steps 8 \
+        --attention-backend "${stage#tput8-}" --json "$OUT/r/$stage.json" ;;
+    gpu-steps) timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest tests/gpu \
+        -k "queued_decode_steps or graphs_match" 2>&1 | grep -v "DEBUG" | tail -15 ;;
     noskinny1-*) GRAPHLLM_SKINNY_MATMUL=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
         --output-len 256 --attention-backend "${stage#noskinny1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \

@@ -34,13 +34,16 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eager", action="store_true", help="run the model uncompiled (no artifact cache)")
     parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
                         help="auto: triton on a GPU (measured fastest), else flashinfer; torch on CPU")
+    parser.add_argument("--num-decode-steps", type=int, default=1,
+                        help="greedy decode steps run back to back per schedule, one host sync for all "
+                             "(tokens then stream in bursts of this many)")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, artifact=args.artifact, compile=not args.eager and not args.artifact,
                         dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                        attention_backend=args.attention_backend)
+                        attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -30,6 +30,9 @@ class EngineConfig:
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (GPU only)
     # auto: triton on CUDA (measured faster than flashinfer), else flashinfer; torch (the reference) on CPU
     attention_backend: str = "auto"
+    # decode steps run back to back per schedule when every row is plain greedy, each feeding its
+    # argmax to the next on the device, with one host sync for all (see Engine._decode_steps)
+    num_decode_steps: int = 1
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -41,6 +44,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.num_decode_steps < 1:
+            raise ValueError(f"num_decode_steps must be >= 1, got {self.num_decode_steps}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
 

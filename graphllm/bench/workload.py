@@ -41,6 +41,8 @@ def add_common_args(p: argparse.ArgumentParser, max_num_seqs: int | None) -> Non
     p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--eager", action="store_true", help="run the model uncompiled (default: compiled)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="do not replay decode steps from CUDA graphs")
+    p.add_argument("--num-decode-steps", type=int, default=1,
+                   help="greedy decode steps run back to back per schedule, one host sync for all")
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
     p.add_argument("--max-model-len", type=int, help="default: the longest request, rounded up to whole KV blocks")
     p.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
@@ -88,7 +90,7 @@ def build_engine(args: argparse.Namespace, model_dir: Path, max_num_seqs: int, m
         max_num_seqs=max_num_seqs, max_model_len=args.max_model_len or whole_blocks(model_dir, max_model_len),
         max_num_batched_tokens=args.max_num_batched_tokens or tokens,
         kv_cache_memory_gib=args.kv_cache_memory_gib, cuda_graphs=not args.no_cuda_graphs,
-        attention_backend=args.attention_backend)
+        attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps)
     start = time.perf_counter()
     engine = Engine(config)
     print(f"engine ready in {time.perf_counter() - start:.1f} s ({'eager' if args.eager else 'compiled'}, "
@@ -178,11 +180,13 @@ class StepTimer:
         engine.step = self._wrap_step(step)
         engine.scheduler.schedule = self._wrap_schedule(schedule)
         engine.runner.execute = self._timed("model", execute, sync=True)
+        engine.runner.execute_decode_steps = self._timed("model", engine.runner.execute_decode_steps, sync=True)
         engine.sampler = self._timed("sample", sampler, sync=False)
 
     def remove(self) -> None:
         """Put the engine back as it was."""
         del self.engine.step, self.engine.scheduler.schedule, self.engine.runner.execute
+        del self.engine.runner.execute_decode_steps
         self.engine.sampler = self._originals[3]
 
     def _timed(self, part: str, fn, sync: bool):

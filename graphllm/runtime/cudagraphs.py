@@ -5,7 +5,8 @@ bucket; graphs are captured largest first into one shared memory pool, each afte
 call. A decode batch of B sequences is written into a pinned host copy of that buffer (rows past
 B padded: token 0 at position 0, its one cached token in the reserved padding block), copied
 to the device, the attention backend is planned for the bucket, and the graph of the smallest
-bucket >= B is replayed.
+bucket >= B is replayed. `run_steps` queues several greedy steps of one batch at once, each
+staged in its own pinned buffer, the argmax of one feeding the input ids of the next.
 """
 
 import time
@@ -29,15 +30,26 @@ class CUDAGraphRunner:
         self.shapes = [(n,), (n,), (n,), (n, max_blocks_per_seq), (n,), (n + 1,), (n,)]  # HostStep's fields
         size = packed_offsets(self.shapes)[-1]
         self.device_buffer = torch.zeros(size, dtype=torch.int64, device=device)
-        self.host_buffer = torch.zeros(size, dtype=torch.int64, pin_memory=device.type == "cuda")
         self.static = HostStep(*unpack(self.device_buffer, self.shapes))  # device tensors, HostStep's order
-        self.staged = HostStep(*(t.numpy() for t in unpack(self.host_buffer, self.shapes)))
-        self.staged.query_start_loc[:] = np.arange(n + 1)  # decode: one token per sequence
-        self.staged.logits_indices[:] = np.arange(n)
+        self.host_buffers: list[torch.Tensor] = []  # pinned, one per step queued at once (run_steps)
+        self.staged_slots: list[HostStep] = []  # numpy views of each
+        self.staged = self.staging_slot(0)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
         self.capture_seconds, self.pool_bytes, self.replays = 0.0, 0, 0
+
+    def staging_slot(self, i: int) -> HostStep:
+        """Pinned staging buffer i (made on first use), as numpy views in HostStep's order."""
+        while len(self.host_buffers) <= i:
+            n = self.buckets[-1]
+            buffer = torch.zeros_like(self.device_buffer, device="cpu", pin_memory=self.device_buffer.is_cuda)
+            staged = HostStep(*(t.numpy() for t in unpack(buffer, self.shapes)))
+            staged.query_start_loc[:] = np.arange(n + 1)  # decode: one token per sequence
+            staged.logits_indices[:] = np.arange(n)
+            self.host_buffers.append(buffer)
+            self.staged_slots.append(staged)
+        return self.staged_slots[i]
 
     def static_inputs(self, b: int) -> tuple:
         s = self.static
@@ -70,12 +82,13 @@ class CUDAGraphRunner:
         return (b <= self.buckets[-1] and len(host.input_ids) == b and len(host.logits_indices) == b
                 and host.block_tables.shape[1] <= self.shapes[3][1])
 
-    def stage(self, host: HostStep | HostMeta, bucket: int) -> None:
-        """Write the batch plus padding rows up to `bucket` into the pinned buffer, then copy it over.
+    def stage(self, host: HostStep | HostMeta, bucket: int, slot: int = 0) -> None:
+        """Write the batch plus padding rows up to `bucket` into pinned buffer `slot`, then copy it over.
 
-        The previous step has finished (its tokens were read back), so the pinned buffer is free.
+        The previous step has finished (its tokens were read back), so the pinned buffer is free;
+        steps queued together (run_steps) each use their own.
         """
-        s, b, m = self.staged, len(host.seq_lens), host.block_tables.shape[1]
+        s, b, m = self.staging_slot(slot), len(host.seq_lens), host.block_tables.shape[1]
         s.block_tables[:bucket] = 0
         s.block_tables[:b, :m] = host.block_tables
         s.block_tables[b:bucket, 0] = self.padding_block
@@ -83,7 +96,7 @@ class CUDAGraphRunner:
         if isinstance(host, HostStep):
             s.input_ids[:b], s.positions[:b], s.slot_mapping[:b] = host.input_ids, host.positions, host.slot_mapping
         s.input_ids[b:bucket], s.positions[b:bucket], s.slot_mapping[b:bucket] = 0, 0, self.padding_slot
-        for src, dst in zip(unpack(self.host_buffer, self.shapes), self.static):
+        for src, dst in zip(unpack(self.host_buffers[slot], self.shapes), self.static):
             dst[:bucket + 1].copy_(src[:bucket + 1], non_blocking=True)  # + 1: query_start_loc has B + 1
 
     def run(self, host: HostStep) -> torch.Tensor:
@@ -94,3 +107,20 @@ class CUDAGraphRunner:
         self.graphs[bucket].replay()
         self.replays += 1
         return self.outputs[bucket][:b]
+
+    def run_steps(self, hosts: list[HostStep]) -> torch.Tensor:
+        """Greedy decode steps queued back to back: step j + 1's tokens are step j's argmax, written
+        into the graph's input ids on the device. hosts: the steps' inputs (one batch, positions
+        moving on); returns the [len(hosts), B] tokens, still on the device (nothing waited for)."""
+        assert not self.backend.plans_on_host, "queued replays need a backend that plans nothing per step"
+        b = hosts[0].num_seqs
+        bucket = next(x for x in self.buckets if x >= b)
+        tokens = []
+        for slot, host in enumerate(hosts):
+            self.stage(host, bucket, slot)
+            if tokens:
+                self.static.input_ids[:b].copy_(tokens[-1])
+            self.graphs[bucket].replay()
+            self.replays += 1
+            tokens.append(self.outputs[bucket][:b].argmax(dim=-1))
+        return torch.stack(tokens)

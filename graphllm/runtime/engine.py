@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from graphllm.config import EngineConfig
 from graphllm.runtime.outputs import RequestOutput
 from graphllm.runtime.requests import Request
-from graphllm.runtime.sampler import Sampler, SamplingRow
+from graphllm.runtime.sampler import Sampler, SamplingRow, plain_greedy
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.runtime.sequence import Sequence
 from graphllm.runtime.setup import build_runtime
@@ -132,14 +132,54 @@ class Engine:
             batch = self.scheduler.schedule()
             if not batch:
                 return []
-            logits = self.runner.execute(batch)
-            sampling = [s.seq for s in batch if s.samples]
-            for seq, num_new in batch:
-                seq.num_computed_tokens += num_new
-            if sampling:
-                self._sample(logits, sampling)
+            num_steps = self._decode_steps(batch)
+            if num_steps > 1:
+                self._run_decode_steps(batch, num_steps)
+            else:
+                logits = self.runner.execute(batch)
+                sampling = [s.seq for s in batch if s.samples]
+                for seq, num_new in batch:
+                    seq.num_computed_tokens += num_new
+                if sampling:
+                    self._sample(logits, sampling)
             touched = (self.requests.get(rid) for rid in {s.seq.request_id for s in batch})
             return [self._output(r) for r in touched if r is not None and (r.report_progress or r.finished)]
+
+    def _decode_steps(self, batch) -> int:
+        """How many decode steps this batch may run back to back (config.num_decode_steps at most).
+
+        Only a batch of decoding sequences that are all plain greedy (argmax, no logprobs,
+        penalties or pending min_tokens) qualifies: their next inputs are the previous argmax,
+        known on the device. No sequence is stepped past its max_tokens or max_model_len, and the
+        KV blocks for every step must be free now. A sequence that stops on the way (EOS, stop
+        token or string) wastes the remaining steps' compute; their tokens are dropped.
+        """
+        steps = self.config.num_decode_steps
+        if steps == 1 or not all(s.num_new_tokens == 1 and s.samples for s in batch):
+            return 1
+        limit = self.state.max_model_len
+        for s in batch:
+            seq, params = s.seq, s.seq.params
+            if not plain_greedy(params) or self._min_tokens_stop_ids(seq):
+                return 1
+            steps = min(steps, limit - seq.num_tokens)
+            if params.max_tokens is not None:
+                steps = min(steps, params.max_tokens - seq.num_output_tokens)
+        if steps > 1 and sum(self.pool.blocks_needed(s.seq, steps) for s in batch) > self.pool.num_free_blocks:
+            return 1
+        return max(steps, 1)
+
+    def _run_decode_steps(self, batch, num_steps: int) -> None:
+        for s in batch:
+            self.pool.allocate(s.seq, num_steps)
+        tokens = self.runner.execute_decode_steps(batch, num_steps)  # [num_steps][B]
+        seqs = [s.seq for s in batch]
+        for row in tokens:
+            for seq, token in zip(seqs, row):
+                if not seq.is_finished:
+                    seq.num_computed_tokens += 1
+                    seq.append_token(token)
+                    self._update_stop(seq, token)
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         # The rows hold the sequences' own token lists (no copies): the sampler only reads them.

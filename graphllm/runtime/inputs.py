@@ -103,6 +103,16 @@ def prepare_step(batch: list[ScheduledSeq], block_size: int) -> HostStep:
     return HostStep(input_ids, positions, slots, tables, seq_lens, query_start_loc, logits_indices)
 
 
+def advance(host: HostStep, steps: int, block_size: int) -> HostStep:
+    """The decode step `steps` tokens after `host` (a decode step): positions, slots and lengths move
+    on; input_ids are left as they are (the device writes the previous step's tokens over them).
+    The block tables must already cover the later positions."""
+    positions = host.positions + steps
+    rows = np.arange(len(positions))
+    slots = host.block_tables[rows, positions // block_size] * block_size + positions % block_size
+    return host._replace(positions=positions, slot_mapping=slots, seq_lens=host.seq_lens + steps)
+
+
 def block_table_array(tables: list[list[int]]) -> np.ndarray:
     """Block tables padded with 0 to the longest: [B, M] int64."""
     out = np.zeros((len(tables), max(len(t) for t in tables)), np.int64)

@@ -12,7 +12,7 @@ import torch
 
 from graphllm.ops.backends import AttentionBackend, TorchBackend, use_backend
 from graphllm.runtime.cudagraphs import CUDAGraphRunner
-from graphllm.runtime.inputs import prepare_step
+from graphllm.runtime.inputs import advance, prepare_step
 from graphllm.runtime.scheduler import ScheduledSeq
 
 
@@ -33,3 +33,22 @@ class ModelRunner:
                 return self.graphs.run(host)
             self.backend.plan(host.attention)
             return self.step(*host.to_device(self.kv_caches, self.device).flat())  # [N, vocab]
+
+    @torch.inference_mode()
+    def execute_decode_steps(self, batch: list[ScheduledSeq], num_steps: int) -> list[list[int]]:
+        """`num_steps` greedy decode steps of one batch of decoding sequences, each step's argmax
+        fed to the next on the device, read back once: tokens[step][row]. The sequences' blocks
+        must already cover num_steps new tokens."""
+        first = prepare_step(batch, self.block_size)
+        hosts = [first] + [advance(first, j, self.block_size) for j in range(1, num_steps)]
+        with use_backend(self.backend):
+            if self.graphs is not None and self.graphs.can_run(first) and not self.backend.plans_on_host:
+                return self.graphs.run_steps(hosts).tolist()
+            tokens = []
+            for host in hosts:
+                self.backend.plan(host.attention)
+                inputs = host.to_device(self.kv_caches, self.device)
+                if tokens:
+                    inputs.input_ids.copy_(tokens[-1])
+                tokens.append(self.step(*inputs.flat()).argmax(dim=-1))
+            return torch.stack(tokens).tolist()

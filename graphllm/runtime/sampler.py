@@ -258,8 +258,12 @@ def _min_tokens_active(r: SamplingRow) -> bool:
 
 def _plain_greedy(r: SamplingRow) -> bool:
     """A row whose token is the argmax of its raw logits, with nothing else to compute."""
-    p = r.params
-    return p.greedy and p.logprobs is None and not _has_penalty(p) and not _min_tokens_active(r)
+    return plain_greedy(r.params) and not _min_tokens_active(r)
+
+
+def plain_greedy(p: SamplingParams) -> bool:
+    """Params whose token is the raw logits' argmax whenever min_tokens forbids nothing."""
+    return p.greedy and p.logprobs is None and not _has_penalty(p)
 
 
 def _top_k(params: list[SamplingParams], vocab: int, device: torch.device) -> torch.Tensor | None:

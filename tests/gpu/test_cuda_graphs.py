@@ -28,3 +28,18 @@ def test_graphs_match_eager_and_transformers(arch, tiny_model_dir, compiled_dir)
     assert tokens(graphed.generate(PROMPTS, GREEDY)) == expected
     assert graphed.runner.graphs.replays > 0
     assert graphed.pool.num_free_blocks == graphed.pool.num_blocks
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_queued_decode_steps_replay_graphs_with_the_same_tokens(backend, tiny_model_dir, compiled_dir):
+    """num_decode_steps=8: graph replays queued back to back, argmax fed on the device, give
+    transformers' tokens; stopping mid-burst on max_tokens (varied per request) drops the rest."""
+    path, hf = tiny_model_dir("llama")
+    expected = transformers_greedy(hf, PROMPTS, max_new_tokens=24)
+    engine = Engine.load(compiled_dir("llama"), attention_backend=backend, num_decode_steps=8)
+    queued, inner = [], engine.runner.graphs.run_steps
+    engine.runner.graphs.run_steps = lambda hosts: queued.append(len(hosts)) or inner(hosts)
+    outs = engine.generate(PROMPTS, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (24, 11, 19)])
+    assert tokens(outs) == [expected[0], expected[1][:11], expected[2][:19]]
+    assert queued == [8, 2, 8, 5]  # after the prefill's token: bursts cut at the nearest max_tokens
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks

@@ -47,6 +47,7 @@ class AttentionBackend:
     """
 
     name = "base"
+    plans_on_host = False  # True: plan() fills buffers that a queued step may still read (no multi-step)
 
     def plan(self, host: HostMeta, graph_bucket: int | None = None) -> None:
         """Prepare for the next step; graph_bucket: the CUDA-graph bucket about to be captured or replayed."""

@@ -22,6 +22,7 @@ WORKSPACE_BYTES = 256 * 2**20
 
 class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
+    plans_on_host = True
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int):
         import flashinfer
