@@ -92,22 +92,32 @@ def sweep_matmul() -> list[dict]:
     return rows
 
 
+HQ, HKV, HEAD_DIM, BLOCK_SIZE, TABLE_WIDTH = 32, 8, 128, 16, 2048 // 16  # the 8B shape, max_model_len 2048
+
+
+def paged_decode_inputs(batch: int, ctx: int) -> tuple:
+    """(KV caches, enough layers of them to stream from HBM, block tables [B, TABLE_WIDTH] over
+    shuffled pages, seq_lens, q [B, HQ, D], KV bytes one call must read) for `batch` sequences of `ctx` tokens."""
+    pages = triton.cdiv(ctx, BLOCK_SIZE)
+    per_layer = 2 * batch * pages * BLOCK_SIZE * HKV * HEAD_DIM * 2
+    layers = max(2, int(STREAM_BYTES // per_layer) + 1)
+    caches = [torch.randn(2, batch * pages + 1, BLOCK_SIZE, HKV, HEAD_DIM, device="cuda", dtype=DTYPE)
+              for _ in range(layers)]
+    tables = torch.randperm(batch * pages, device="cuda").view(batch, pages)
+    tables = torch.cat([tables, torch.zeros(batch, TABLE_WIDTH - pages, dtype=tables.dtype, device="cuda")], 1)
+    lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int64)
+    q = torch.randn(batch, HQ, HEAD_DIM, device="cuda", dtype=DTYPE)
+    return caches, tables, lens, q, 2 * batch * ctx * HKV * HEAD_DIM * 2
+
+
 def sweep_attention() -> list[dict]:
-    rows, hq, hkv, d, bs = [], 32, 8, 128, 16
+    rows, scale = [], HEAD_DIM ** -0.5
     for batch, ctx in [(1, 256), (8, 512), (32, 1024), (128, 1024), (192, 850), (256, 1024)]:
-        pages = triton.cdiv(ctx, bs)
-        per_layer = 2 * batch * pages * bs * hkv * d * 2
-        layers = max(2, int(STREAM_BYTES // per_layer) + 1)
-        caches = [torch.randn(2, batch * pages + 1, bs, hkv, d, device="cuda", dtype=DTYPE) for _ in range(layers)]
-        tables = torch.randperm(batch * pages, device="cuda").view(batch, pages)
-        tables = torch.cat([tables, torch.zeros(batch, 2048 // bs - pages, dtype=tables.dtype, device="cuda")], 1)
-        lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int64)
-        q = torch.randn(batch, hq, d, device="cuda", dtype=DTYPE)
-        kv_bytes = 2 * batch * ctx * hkv * d * 2
-        default = default_num_splits(batch, hkv, tables.shape[1] * bs, 64, q.device)
+        caches, tables, lens, q, kv_bytes = paged_decode_inputs(batch, ctx)
+        default = default_num_splits(batch, HKV, tables.shape[1] * BLOCK_SIZE, 64, q.device)
         row = {"batch": batch, "context": ctx, "kv_mb": kv_bytes / 1e6, "default_splits": default}
         for splits in sorted({default, 1, 2, 4, 8, 16}):
-            s = graph_seconds([lambda c=c, n=splits: paged_decode_attention(q, c[0], c[1], tables, lens, d ** -0.5, 0, n)
+            s = graph_seconds([lambda c=c, n=splits: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, n)
                                for c in caches])
             row[f"splits{splits}_us"] = s * 1e6
             row[f"splits{splits}_tb_s"] = kv_bytes / s / 1e12
@@ -121,20 +131,13 @@ def sweep_attention() -> list[dict]:
 def sweep_mixed() -> list[dict]:
     """The decode rows of a mixed step (one new token each) through the prefill kernel, as a mixed
     step runs them, against the decode kernel on the same rows."""
-    rows, hq, hkv, d, bs = [], 32, 8, 128, 16
+    rows, scale = [], HEAD_DIM ** -0.5
     for batch, ctx in [(64, 850), (256, 850)]:
-        pages = triton.cdiv(ctx, bs)
-        per_layer = 2 * batch * pages * bs * hkv * d * 2
-        layers = max(2, int(STREAM_BYTES // per_layer) + 1)
-        caches = [torch.randn(2, batch * pages + 1, bs, hkv, d, device="cuda", dtype=DTYPE) for _ in range(layers)]
-        tables = torch.randperm(batch * pages, device="cuda").view(batch, pages)
-        lens = torch.full((batch,), ctx, device="cuda", dtype=torch.int64)
+        caches, tables, lens, q, kv_bytes = paged_decode_inputs(batch, ctx)
         starts = torch.arange(batch + 1, device="cuda")
-        q = torch.randn(batch, hq, d, device="cuda", dtype=DTYPE)
-        kv_bytes = 2 * batch * ctx * hkv * d * 2
-        decode = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, d ** -0.5, 0)
+        decode = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0)
                                 for c in caches])
-        prefill = graph_seconds([lambda c=c: paged_prefill_attention(q, c[0], c[1], tables, lens, starts, d ** -0.5, 0)
+        prefill = graph_seconds([lambda c=c: paged_prefill_attention(q, c[0], c[1], tables, lens, starts, scale, 0)
                                  for c in caches])
         row = {"batch": batch, "context": ctx, "decode_kernel_us": decode * 1e6, "prefill_kernel_us": prefill * 1e6,
                "decode_tb_s": kv_bytes / decode / 1e12, "prefill_tb_s": kv_bytes / prefill / 1e12}
