@@ -155,8 +155,9 @@ class Engine:
         token or string) wastes the remaining steps' compute; their tokens are dropped.
         """
         steps = self.config.num_decode_steps
-        if steps == 1 or not all(s.num_new_tokens == 1 and s.samples for s in batch):
-            return 1
+        if steps == 1 or self.runner.backend.plans_on_host or not all(s.num_new_tokens == 1 and s.samples
+                                                                        for s in batch):
+            return 1  # a backend that plans per step (FlashInfer) cannot have steps queued
         limit = self.state.max_model_len
         for s in batch:
             seq, params = s.seq, s.seq.params

@@ -42,7 +42,7 @@ class ModelRunner:
         first = prepare_step(batch, self.block_size)
         hosts = [first] + [advance(first, j, self.block_size) for j in range(1, num_steps)]
         with use_backend(self.backend):
-            if self.graphs is not None and self.graphs.can_run(first) and not self.backend.plans_on_host:
+            if self.graphs is not None and self.graphs.can_run(first):
                 return self.graphs.run_steps(hosts).tolist()
             tokens = []
             for host in hosts:

@@ -56,3 +56,14 @@ def test_only_plain_greedy_decode_batches_run_several_steps(tiny_model_dir):
     assert seen == []
     engine.generate(PROMPTS[:2], greedy(12))
     assert seen == [8, 3]  # after the prefill's token: 8, then the 3 left of max_tokens
+
+
+def test_a_backend_that_plans_every_step_gets_single_steps(tiny_model_dir):
+    path, _ = tiny_model_dir("llama")
+    engine = Engine.from_pretrained(path, num_decode_steps=8)
+    engine.runner.backend.plans_on_host = True  # as FlashInfer's: its plan for a queued step would clobber the last
+    seen = []
+    inner = engine.runner.execute_decode_steps
+    engine.runner.execute_decode_steps = lambda batch, n: seen.append(n) or inner(batch, n)
+    engine.generate(PROMPTS[:2], greedy(12))
+    assert seen == []
