@@ -208,9 +208,4 @@ def main(args: argparse.Namespace) -> int:
     if args.compare:
         prompt_sets = [latency_prompts(args.seed, b, args.input_len, vocab) for b in args.batch_sizes]
         hf_compare.compare_latency(report["results"], model_dir, dtype, device, prompt_sets, args.output_len)
-    print(format_table(report))
-    write_report(report, args)
-    if args.plot:
-        plots.plot_latency(report, args.plot)
-        print(f"wrote {args.plot}")
-    return 0
+    return write_report(report, args, format_table(report), plots.plot_latency)

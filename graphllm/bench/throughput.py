@@ -123,9 +123,4 @@ def main(args: argparse.Namespace) -> int:
         report["transformers"] = hf_compare.throughput(model_dir, dtype, device, compared, args.hf_batch_size)
         ours = report.get("ours_on_compared", report["ours"])
         report["ratio"] = hf_compare.ratios(ours, report["transformers"], RATES)
-    print(format_table(report))
-    write_report(report, args)
-    if args.plot:
-        plots.plot_throughput(report, args.plot)
-        print(f"wrote {args.plot}")
-    return 0
+    return write_report(report, args, format_table(report), plots.plot_throughput)

@@ -254,11 +254,17 @@ def free_engine() -> None:
         torch.cuda.empty_cache()
 
 
-def write_report(report: dict, args: argparse.Namespace) -> None:
+def write_report(report: dict, args: argparse.Namespace, table: str, plot) -> int:
+    """The end of a bench command: print its table, write --json, draw --plot with plot(report, path)."""
+    print(table)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1))
         print(f"wrote {args.json}")
+    if args.plot:
+        plot(report, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
 
 
 def format_rows(rows: list[tuple], left: int = 0) -> str:
