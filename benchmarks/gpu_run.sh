@@ -4,7 +4,8 @@
 #   mixed      benchmarks/mixed_step_profile.py on the 8B preset (needs a latency/throughput stage before it)
 #   noskinny1-B  latency1-B with GRAPHLLM_SKINNY_MATMUL=0 (cuBLAS for every linear)
 #   steps8-B / tput8-B  latency1-B / throughput-B with --num-decode-steps 8;  gpu-steps  its GPU tests
-#   skinny     the skinny_matmul kernel and pass tests alone
+#   skinny     the skinny_matmul / row-kernel tests and the skinny_linear / linear_prologue pass tests alone
+#   nofused8-B steps8-B with GRAPHLLM_FUSED_PROLOGUE=0 (norms and SwiGLU as their own kernels again)
 #   latency1-B bench latency at batch 1 and 8 only, backend B
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager)
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
@@ -27,11 +28,14 @@ date -u +%FT%TZ | tee "$OUT/r/run.txt"  # the device copy's .git is not the work
 for stage in "$@"; do
   start=$(date +%s)
   case $stage in
-    sweep) timeout 240 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
-    sweep-*) timeout 240 python3 benchmarks/kernel_sweep.py "$OUT/r/$stage.json" ${stage#sweep-} ;;
+    sweep) timeout 400 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
+    sweep-*) timeout 300 python3 benchmarks/kernel_sweep.py "$OUT/r/$stage.json" ${stage#sweep-} ;;
     mixed) timeout 200 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/mixed.json" ;;
     steps8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --num-decode-steps 8 \
         --attention-backend "${stage#steps8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    nofused8-*) GRAPHLLM_FUSED_PROLOGUE=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
+        --output-len 256 --num-decode-steps 8 --attention-backend "${stage#nofused8-}" $LIMITS --work $WORK \
+        --json "$OUT/r/$stage.json" ;;
     tput8-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --num-decode-steps 8 \
         --attention-backend "${stage#tput8-}" --json "$OUT/r/$stage.json" ;;
     gpu-steps) timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest tests/gpu \
@@ -39,7 +43,8 @@ for stage in "$@"; do
     noskinny1-*) GRAPHLLM_SKINNY_MATMUL=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
         --output-len 256 --attention-backend "${stage#noskinny1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
-        tests/kernels/test_skinny_matmul.py tests/passes/test_skinny_linear.py 2>&1 | tail -5 ;;
+        tests/kernels/test_skinny_matmul.py tests/kernels/test_rms_norm.py tests/kernels/test_silu_and_mul.py \
+        tests/passes/test_skinny_linear.py tests/passes/test_linear_prologue.py 2>&1 | tail -8 ;;
     latency1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     tests) timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \

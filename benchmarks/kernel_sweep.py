@@ -6,6 +6,9 @@ matmul: skinny_matmul against cuBLAS (F.linear) for each projection at M = 1, 8,
 of tile configs (the best and default_config's are reported), plus cuBLAS at M = 128, 256.
 attention: paged_decode_attention at batch x context sizes, default splits and forced ones.
 mixed: one-token rows through paged_prefill_attention (as in a mixed step) against the decode kernel.
+prologue: each decode linear with the op before it (add_rms_norm, silu_mul or none) as the engine ran it
+before linear_prologue (row kernel, then graphllm.linear's routing) against one skinny_matmul launch
+with that prologue, default config and the best of a grid with K splits, at M = 1, 8, 16.
 
 Every timing replays a CUDA graph (no launch overhead, as in decode) of calls over several
 distinct weight / KV copies, together larger than the L2 cache, so each call streams from HBM.
@@ -22,7 +25,10 @@ import triton
 
 from graphllm.kernels.paged_decode_attention import default_num_splits, paged_decode_attention
 from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
-from graphllm.kernels.skinny_matmul import default_config, skinny_matmul
+from graphllm.kernels.rms_norm import rms_norm
+from graphllm.kernels.silu_and_mul import silu_and_mul
+from graphllm.kernels.skinny_matmul import default_config, rms_norm_matmul, silu_mul_matmul, skinny_matmul
+from graphllm.ops.linear import linear
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -92,6 +98,62 @@ def sweep_matmul() -> list[dict]:
     return rows
 
 
+PROLOGUE_OF = {"qkv": "add_rms_norm", "o_proj": "none", "gate_up": "add_rms_norm", "down": "silu_mul",
+               "lm_head": "none"}
+
+
+def prologue_calls(prologue: str, x, residual, norm_w, config=None):
+    """(unfused call, fused call) for one weight: what the step ran before, and one launch."""
+    if prologue == "add_rms_norm":
+        return (lambda w: linear(rms_norm(x, norm_w, 1e-5, residual)[0], w),
+                lambda w: rms_norm_matmul(x, norm_w, 1e-5, w, residual=residual, config=config)[0])
+    if prologue == "silu_mul":
+        return lambda w: linear(silu_and_mul(x), w), lambda w: silu_mul_matmul(x, w, config=config)
+    return lambda w: linear(x, w), lambda w: skinny_matmul(x, w, config=config)
+
+
+def prologue_configs():
+    for bn, bk, warps, split in itertools.product((16, 32, 64), (256, 512), (4, 8), (1, 2, 4, 8)):
+        yield {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": 4}
+
+
+def sweep_prologue() -> list[dict]:
+    rows = []
+    for name, (n, k) in SHAPES.items():
+        prologue = PROLOGUE_OF[name]
+        copies = max(2, int(STREAM_BYTES // (n * k * 2)) + 1)
+        weights = [torch.randn(n, k, device="cuda", dtype=DTYPE) / k ** 0.5 for _ in range(copies)]
+        nbytes = n * k * 2
+        for m in (1, 8, 16):
+            x = torch.randn(m, 2 * k if prologue == "silu_mul" else k, device="cuda", dtype=DTYPE)
+            residual, norm_w = torch.randn(m, k, device="cuda", dtype=DTYPE), 1 + torch.randn(k, device="cuda", dtype=DTYPE) / 4
+            unfused, fused = prologue_calls(prologue, x, residual, norm_w)
+            ref = unfused(weights[0]).float()
+            before = graph_seconds([lambda w=w: unfused(w) for w in weights])
+            default = default_config(m, n, k, x.device)
+            timings = []
+            for config in [default, *(prologue_configs() if m < 16 else ())]:
+                call = prologue_calls(prologue, x, residual, norm_w, config)[1]
+                try:
+                    got = call(weights[0])
+                    torch.cuda.synchronize()
+                except Exception as exc:  # out of shared memory / registers for this tile
+                    if "resources" not in str(exc).lower() and "shared" not in str(exc).lower():
+                        raise
+                    continue
+                assert (got.float() - ref).abs().max().item() < 0.1, (name, m, config)
+                timings.append((graph_seconds([lambda w=w, c=call: c(w) for w in weights]), config))
+            best_s, best = min(timings, key=lambda t: t[0])
+            row = {"shape": name, "prologue": prologue, "m": m, "n": n, "k": k, "before_us": before * 1e6,
+                   "default_us": timings[0][0] * 1e6, "default_config": default, "best_us": best_s * 1e6,
+                   "best_config": best, "best_tb_s": nbytes / best_s / 1e12, "default_tb_s": nbytes / timings[0][0] / 1e12}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    return rows
+
+
 HQ, HKV, HEAD_DIM, BLOCK_SIZE, TABLE_WIDTH = 32, 8, 128, 16, 2048 // 16  # the 8B shape, max_model_len 2048
 
 
@@ -149,7 +211,7 @@ def sweep_mixed() -> list[dict]:
 
 
 def main() -> None:
-    out, parts = sys.argv[1], set(sys.argv[2:]) or {"matmul", "attention", "mixed"}
+    out, parts = sys.argv[1], set(sys.argv[2:]) or {"matmul", "attention", "mixed", "prologue"}
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     if "matmul" in parts:
         report["matmul"] = sweep_matmul()
@@ -157,6 +219,8 @@ def main() -> None:
         report["attention"] = sweep_attention()
     if "mixed" in parts:
         report["mixed"] = sweep_mixed()
+    if "prologue" in parts:
+        report["prologue"] = sweep_prologue()
     with open(out, "w") as f:
         json.dump(report, f, indent=1)
     print("\nshape     m  cuBLAS TB/s  ours(default) TB/s  ours(best) TB/s  best config")
@@ -170,6 +234,11 @@ def main() -> None:
     for r in report.get("attention", []):
         cells = " ".join(f"{k.removesuffix('_tb_s')}={v:.2f}" for k, v in r.items() if k.endswith("_tb_s"))
         print(f"attention B={r['batch']} ctx={r['context']} default splits {r['default_splits']}: TB/s {cells}")
+    for r in report.get("prologue", []):
+        c = r["best_config"]
+        print(f"{r['shape']:<8} {r['m']:>3} {r['prologue']:<12} before {r['before_us']:7.1f} us  fused default "
+              f"{r['default_us']:7.1f} us ({r['default_tb_s']:.2f} TB/s)  best {r['best_us']:7.1f} us "
+              f"({r['best_tb_s']:.2f}) {c['BLOCK_N']}x{c['BLOCK_K']} w{c['num_warps']} split{c['SPLIT_K']}")
     for r in report.get("mixed", []):
         print(f"decode rows B={r['batch']} ctx={r['context']}: decode kernel {r['decode_tb_s']:.2f} TB/s, "
               f"prefill kernel {r['prefill_tb_s']:.2f} TB/s")

@@ -71,6 +71,7 @@ class CompileConfig:
     fuse_silu_mul: bool = True
     fuse_add_rmsnorm: bool = True
     skinny_linear: bool = True  # GPU graphs: linears of decode batches <= 16 on graphllm's skinny_matmul kernel
+    linear_prologue: bool = True  # GPU graphs: norms and SwiGLU folded into the linear they feed (needs skinny_linear)
     lowering: str = "auto"  # "aoti" | "inductor"; auto: AOTInductor on CPU, Inductor standalone on CUDA
 
     def __post_init__(self):

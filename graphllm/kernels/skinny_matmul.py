@@ -1,16 +1,35 @@
-"""y = x @ W^T (+ bias) for a few rows of x: the decode-step linear layers, as one Triton kernel.
+"""y = prologue(x) @ W^T (+ bias) for a few rows of x: the decode-step linear layers, as one Triton kernel.
 
 At decode batch sizes (M <= 16 rows) a linear layer only streams its weight: [N, K] in
-nn.Linear's layout, read once. cuBLAS reaches the copy bandwidth on the big projections but
-not on the small ones (the 8B shape's qkv and o_proj ran at 76% of it on the H200), and it
-splits K on some shapes, which adds a reduce kernel. Here program n takes BLOCK_N output
-features and walks all of K in BLOCK_K steps, so the weight tile stream is pipelined and each
-output is written once, with no split and no second kernel:
+nn.Linear's layout, read once. What costs time beyond that stream is the kernels around it:
+at batch 1 each layer of the 8B shape ran about 12 kernels, and every kernel boundary costs a
+few microseconds of drain and ramp. So this kernel takes the small op before the matmul in
+as a prologue, and reduces its own K splits, so a decode layer needs no norm, activation or
+split-K reduce kernel of its own:
 
-    acc[BLOCK_M, BLOCK_N] += x[:, k:k+BK] @ W[n:n+BN, k:k+BK]^T      (tl.dot, M padded to 16)
+    PROLOGUE      the matmul's operand a, for rows of x                      extra output
+    none          x                                                          -
+    rms_norm      rms_norm(x) * norm_weight                                  -
+    add_rms_norm  rms_norm(h) * norm_weight, h = x + residual                h (the new residual)
+    silu_mul      silu(x[:, :K]) * x[:, K:]                                  -
+
+Grid (N / BLOCK_N, SPLIT_K). Program (n, s) walks its share of K in BLOCK_K steps, so the weight
+tile stream is pipelined:
+
+    acc[BLOCK_M, BLOCK_N] += a[:, k:k+BK] @ W[n:n+BN, k:k+BK]^T      (tl.dot, M padded to 16)
 
 With BLOCK_M == 1 (one row) the product is a multiply-add over a [BLOCK_N, BLOCK_K] tile and
 one sum at the end, no tensor cores. Accumulation is float32; the output has x's dtype.
+
+- The norm prologues first read the whole rows of x (and residual) once for the mean square:
+  at most 16 rows of K, from L2, beside an N x K weight stream. Program column 0 writes h.
+- SPLIT_K > 1: each program stores its float32 partial in a workspace, then counts itself in
+  on a per-column-tile counter (atomic, acq_rel); the program that arrives last sums the
+  partials in split order (deterministic), writes the output and resets the counter to 0.
+  Counters live in one zeroed buffer per device and are always left at zero.
+- The prologues round where the eager ops round (graphllm/ops/rms_norm.py,
+  graphllm/ops/silu_and_mul.py): h to x's dtype, the normalised row to x's dtype before the
+  weight, silu(gate) to x's dtype before the product with up.
 """
 
 import functools
@@ -20,9 +39,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from graphllm.ops.rms_norm import reference_rms_norm
+from graphllm.ops.silu_and_mul import reference_silu_and_mul
+
 MAX_ROWS = 16  # the kernel's BLOCK_M: rows beyond this go to cuBLAS (compute-bound territory)
 SMALL_WEIGHT = 1 << 25  # elements: qkv and o_proj of an 8B model, not its MLP
 VOCAB_WIDE = 1 << 16  # output features: a vocabulary
+PROLOGUES = {"none": 0, "rms_norm": 1, "add_rms_norm": 2, "silu_mul": 3}
+MAX_COLUMN_TILES = 1 << 16  # split-K counters per device
 
 
 def skinny_matmul_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -30,47 +54,124 @@ def skinny_matmul_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
-@triton.jit(do_not_specialize=["M"])  # 2..16 rows share one compile
-def _skinny_matmul_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om,
-                          HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                          PRECISION: tl.constexpr):
+def rms_norm_matmul_reference(x, norm_weight, eps, weight, bias=None, residual=None):
+    """(skinny_matmul_reference(rms_norm(h)), h or None) with h = x (+ residual), rounded like the eager ops."""
+    h = x if residual is None else x + residual
+    return skinny_matmul_reference(reference_rms_norm(h, norm_weight, eps), weight, bias), (
+        None if residual is None else h)
+
+
+def silu_mul_matmul_reference(x, weight, bias=None):
+    return skinny_matmul_reference(reference_silu_and_mul(x), weight, bias)
+
+
+@triton.jit
+def _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, K, stride_xm, stride_rm,
+             write_residual, PROLOGUE: tl.constexpr):
+    """The matmul operand for columns k of the rows offs_m: [BLOCK_M, BLOCK_K] in x's dtype."""
+    x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mk_mask, other=0.0)
+    a = x
+    if PROLOGUE == 3:  # silu_mul: x holds [gate | up], K columns each
+        up = tl.load(x_ptr + offs_m[:, None] * stride_xm + K + k[None, :], mask=mk_mask, other=0.0)
+        gate = x.to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(x.dtype)
+        a = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+    if PROLOGUE == 2:  # add_rms_norm: h = x + residual, in x's dtype
+        res = tl.load(res_ptr + offs_m[:, None] * stride_rm + k[None, :], mask=mk_mask, other=0.0)
+        a = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
+        tl.store(new_res_ptr + offs_m[:, None] * K + k[None, :], a, mask=mk_mask & write_residual)
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        norm_w = tl.load(norm_w_ptr + k, mask=k < K, other=0.0)
+        normed = (a.to(tl.float32) * rstd).to(x.dtype)
+        a = (normed.to(tl.float32) * norm_w.to(tl.float32)[None, :]).to(x.dtype)
+    return a
+
+
+@triton.jit
+def _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm,
+              BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr):
+    """1 / sqrt(mean(h^2) + eps) per row, h = x (+ residual) rounded to x's dtype: [BLOCK_M, 1] float32."""
+    sumsq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        mask = m_mask[:, None] & (k < K)[None, :]
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask, other=0.0)
+        if PROLOGUE == 2:
+            res = tl.load(res_ptr + offs_m[:, None] * stride_rm + k[None, :], mask=mask, other=0.0)
+            x = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
+        xf = x.to(tl.float32)
+        sumsq += xf * xf
+    return tl.math.rsqrt(tl.sum(sumsq, 1) / K + eps)[:, None]
+
+
+@triton.jit(do_not_specialize=["M", "eps"])  # 2..16 rows share one compile
+def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
+                          M, N, K, K_SPLIT, eps, stride_xm, stride_rm, stride_wn, stride_om,
+                          PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                          EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]  # [BLOCK_M, BLOCK_K]
-    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :]  # [BLOCK_N, BLOCK_K]
+    rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, BLOCK_K, PROLOGUE)
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        k = k0 + offs_k
         if EVEN_K:
-            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
-            if EVEN_N:
-                w = tl.load(w_ptrs)
-            else:
-                w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+            mk_mask = m_mask[:, None]
+            w_mask = n_mask[:, None]
         else:
-            k_mask = (k + offs_k) < K
-            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            k_mask = k < k_hi
+            mk_mask = m_mask[:, None] & k_mask[None, :]
+            w_mask = n_mask[:, None] & k_mask[None, :]
+        a = _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, K, stride_xm, stride_rm,
+                     pid_n == 0, PROLOGUE)
+        if EVEN_N and EVEN_K:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=w_mask, other=0.0)
         if BLOCK_M == 1:
-            acc += w.to(tl.float32) * x.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
+            acc += w.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
         else:
-            acc = tl.dot(x.to(w.dtype), tl.trans(w), acc, input_precision=PRECISION)
-        x_ptrs += BLOCK_K
+            acc = tl.dot(a.to(w.dtype), tl.trans(w), acc, input_precision=PRECISION)
         w_ptrs += BLOCK_K
     if BLOCK_M == 1:
         out = tl.sum(acc, 1)[None, :]  # [1, BLOCK_N]
     else:
         out = acc
-    if HAS_BIAS:
-        out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    o_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    if SPLIT_K > 1:
+        # Partial [SPLIT_K, BLOCK_M, N] float32; the last program of this column tile to arrive sums them.
+        p_ptrs = partial_ptr + (pid_k * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :]
+        tl.store(p_ptrs, out, mask=n_mask[None, :])
+        tl.debug_barrier()  # every thread's partial is stored before the count is released
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            out = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                out += tl.load(partial_ptr + (s * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :],
+                               mask=n_mask[None, :], other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
+                     mask=m_mask[:, None] & n_mask[None, :])
+            tl.atomic_xchg(count_ptr + pid_n, 0)
+    else:
+        if HAS_BIAS:
+            out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & n_mask[None, :])
 
 
 @functools.lru_cache(maxsize=None)
@@ -78,12 +179,23 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _counters(device: torch.device) -> torch.Tensor:
+    """The split-K arrival counters of a device: zeroed once, and every kernel leaves them at zero."""
+    if device not in _COUNTERS:
+        _COUNTERS[device] = torch.zeros(MAX_COLUMN_TILES, dtype=torch.int32, device=device)
+    return _COUNTERS[device]
+
+
 def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
-    """Tile sizes and launch options for an [m, k] x [n, k]^T product: the best of
+    """Tile sizes, K splits and launch options for an [m, k] x [n, k]^T product: the best of
     benchmarks/kernel_sweep.py's grid on the H200 at the Llama-3-8B shapes (2026-11-21).
 
     "Wide" outputs (at least four 64-column programs per SM, e.g. a vocabulary) take 64-column
     tiles; narrow ones take 16 columns with long K steps at one row, 32 columns at more rows.
+    K is split until there are about two programs per SM, keeping at least four K steps each.
     """
     wide = triton.cdiv(n, 64) >= 4 * _sm_count(device)
     if m == 1:
@@ -91,8 +203,10 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
     else:
         config = (64, 128, 4) if wide else (32, 256, 4)
     block_n, block_k, warps = config
-    return {"BLOCK_N": block_n, "BLOCK_K": min(block_k, max(16, triton.next_power_of_2(k))),
-            "num_warps": warps, "num_stages": 4}
+    block_k = min(block_k, max(16, triton.next_power_of_2(k)))
+    tiles = triton.cdiv(n, block_n)
+    split_k = max(1, min(triton.cdiv(2 * _sm_count(device), tiles), k // (4 * block_k)))
+    return {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k, "num_warps": warps, "num_stages": 4}
 
 
 def beats_cublas(m: int, n: int, k: int) -> bool:
@@ -103,22 +217,61 @@ def beats_cublas(m: int, n: int, k: int) -> bool:
     return m <= MAX_ROWS and (n >= VOCAB_WIDE or (m == 1 and n * k <= SMALL_WEIGHT))
 
 
+def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+            config: dict | None, residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+            eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    m = x.shape[0]
+    n, k = weight.shape
+    assert m <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1
+    assert x.shape[1] == (2 * k if prologue == "silu_mul" else k), (prologue, x.shape, weight.shape)
+    out = x.new_empty((m, n))
+    new_residual = None
+    if residual is not None:
+        assert residual.shape == x.shape and residual.stride(-1) == 1
+        new_residual = x.new_empty((m, k))
+    if m == 0:
+        return out, new_residual
+    config = config or default_config(m, n, k, x.device)
+    block_m, block_n, block_k = 1 if m == 1 else MAX_ROWS, config["BLOCK_N"], config["BLOCK_K"]
+    split_k = config.get("SPLIT_K", 1)
+    k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+    split_k = triton.cdiv(k, k_split)  # no empty splits
+    tiles = triton.cdiv(n, block_n)
+    partial = counters = out
+    if split_k > 1:
+        assert tiles <= MAX_COLUMN_TILES
+        partial = torch.empty((split_k, block_m, n), dtype=torch.float32, device=x.device)
+        counters = _counters(x.device)
+    _skinny_matmul_kernel[(tiles, split_k)](
+        x, x if residual is None else residual, x if norm_weight is None else norm_weight,
+        out if new_residual is None else new_residual, weight, weight if bias is None else bias, out, partial,
+        counters, m, n, k, k_split, eps, x.stride(0), 0 if residual is None else residual.stride(0),
+        weight.stride(0), out.stride(0),
+        PROLOGUE=PROLOGUES[prologue], HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        num_warps=config["num_warps"], num_stages=config["num_stages"])
+    return out, new_residual
+
+
 def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   config: dict | None = None) -> torch.Tensor:
     """x @ weight^T + bias for x: [M, K] with M <= MAX_ROWS (last-dim stride 1), weight: [N, K]
     contiguous, bias: [N] or None -> a new contiguous [M, N] in x's dtype. config: default_config's keys."""
-    m, k = x.shape
-    n = weight.shape[0]
-    assert m <= MAX_ROWS and weight.shape[1] == k and weight.is_contiguous() and x.stride(-1) == 1
-    out = x.new_empty((m, n))
-    if m == 0:
-        return out
-    config = config or default_config(m, n, k, x.device)
-    block_n, block_k = config["BLOCK_N"], config["BLOCK_K"]
-    _skinny_matmul_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, weight if bias is None else bias, out, m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=1 if m == 1 else MAX_ROWS, BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_N=n % block_n == 0, EVEN_K=k % block_k == 0,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config["num_warps"], num_stages=config["num_stages"])
-    return out
+    return _launch("none", x, weight, bias, config)[0]
+
+
+def rms_norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                    config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(rms_norm(h) * norm_weight) @ weight^T + bias with h = x (+ residual): x, residual: [M, K],
+    norm_weight: [K] in x's dtype -> ([M, N], h as a new [M, K] when residual is given, else None)."""
+    assert norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
+    return _launch("rms_norm" if residual is None else "add_rms_norm", x, weight, bias, config,
+                   residual=residual, norm_weight=norm_weight, eps=eps)
+
+
+def silu_mul_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    config: dict | None = None) -> torch.Tensor:
+    """(silu(x[:, :K]) * x[:, K:]) @ weight^T + bias for x: [M, 2K], weight: [N, K] -> [M, N]."""
+    return _launch("silu_mul", x, weight, bias, config)[0]

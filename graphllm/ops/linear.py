@@ -11,6 +11,18 @@ hands to cuBLAS anyway, and decides per call, from shapes, which kernel runs:
 
 Inside a CUDA graph the choice is made once, at capture. GRAPHLLM_SKINNY_MATMUL=0 in the
 environment turns the kernel off (every call takes F.linear), for side-by-side benchmarks.
+
+The `linear_prologue` pass then folds the op before a linear into it, so a decode layer runs
+no norm or activation kernel of its own (graphllm/kernels/skinny_matmul.py's prologues):
+
+    graphllm.rms_norm_linear(x, norm_weight, eps, weight, bias)          = linear(rms_norm(x))
+    graphllm.add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
+                                          = (linear(rms_norm(x + residual)), x + residual)
+    graphllm.silu_and_mul_linear(x, weight, bias)                        = linear(silu_and_mul(x))
+
+Up to MAX_ROWS rows on CUDA in float16/bfloat16 they are one skinny_matmul launch; anything
+else runs the two ops (graphllm's row kernels on CUDA, the references elsewhere) and then
+`linear` above. GRAPHLLM_FUSED_PROLOGUE=0 turns the one-launch path off.
 """
 
 import os
@@ -20,6 +32,7 @@ import torch.nn.functional as F
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 KERNEL_ENABLED = os.environ.get("GRAPHLLM_SKINNY_MATMUL", "1") != "0"
+PROLOGUE_ENABLED = os.environ.get("GRAPHLLM_FUSED_PROLOGUE", "1") != "0"
 
 
 def takes_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
@@ -36,13 +49,90 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """x: [..., K], weight: [N, K], bias: [N] or None -> a new [..., N] in x's dtype (= F.linear)."""
     if takes_kernel(x, weight, bias):
         from graphllm.kernels.skinny_matmul import skinny_matmul
-        rows = x.reshape(-1, x.shape[-1])
-        if rows.stride(-1) != 1:
-            rows = rows.contiguous()
-        return skinny_matmul(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+        return skinny_matmul(_rows(x), weight, bias).view(*x.shape[:-1], weight.shape[0])
     return F.linear(x, weight, bias)
 
 
 @linear.register_fake
+def _(x, weight, bias=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def takes_fused_kernel(x: torch.Tensor, weight: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """One skinny_matmul launch with a prologue: a decode-sized half-precision batch on CUDA."""
+    from graphllm.kernels.skinny_matmul import MAX_ROWS
+    same = all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in (weight, *others))
+    rows = x.numel() // x.shape[-1]
+    return (PROLOGUE_ENABLED and x.is_cuda and x.dtype in HALF_DTYPES and same and weight.is_contiguous()
+            and 0 < rows <= MAX_ROWS and x.shape[-1] % 8 == 0)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [rows, last dim] with a dense last dim (a view when possible)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _rms_norm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+              residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(rms_norm(h), h or None), h = x (+ residual): graphllm's row kernel on CUDA, else the reference."""
+    if x.is_cuda:
+        from graphllm.kernels.rms_norm import rms_norm as rms_norm_kernel
+        out, h = rms_norm_kernel(_rows(x), norm_weight, eps, None if residual is None else _rows(residual))
+        return out.view(x.shape), None if h is None else h.view(x.shape)
+    from graphllm.ops.rms_norm import reference_rms_norm
+    h = x if residual is None else x + residual
+    return reference_rms_norm(h, norm_weight, eps), None if residual is None else h
+
+
+@torch.library.custom_op("graphllm::rms_norm_linear", mutates_args=())
+def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """linear(rms_norm(x, norm_weight, eps), weight, bias); x: [..., K] -> a new [..., N]."""
+    if takes_fused_kernel(x, weight, norm_weight, bias):
+        from graphllm.kernels.skinny_matmul import rms_norm_matmul
+        out, _ = rms_norm_matmul(_rows(x), norm_weight, eps, weight, bias)
+        return out.view(*x.shape[:-1], weight.shape[0])
+    return linear(_rms_norm(x, norm_weight, eps, None)[0], weight, bias)
+
+
+@rms_norm_linear.register_fake
+def _(x, norm_weight, eps, weight, bias=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("graphllm::add_rms_norm_linear", mutates_args=())
+def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual; (linear(rms_norm(h, norm_weight, eps), weight, bias), h) as new tensors."""
+    if takes_fused_kernel(x, weight, residual, norm_weight, bias) and residual.shape == x.shape:
+        from graphllm.kernels.skinny_matmul import rms_norm_matmul
+        out, h = rms_norm_matmul(_rows(x), norm_weight, eps, weight, bias, residual=_rows(residual))
+        return out.view(*x.shape[:-1], weight.shape[0]), h.view(x.shape)
+    normed, h = _rms_norm(x, norm_weight, eps, residual)
+    return linear(normed, weight, bias), h.contiguous()
+
+
+@add_rms_norm_linear.register_fake
+def _(x, residual, norm_weight, eps, weight, bias=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape)
+
+
+@torch.library.custom_op("graphllm::silu_and_mul_linear", mutates_args=())
+def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """linear(silu(x[..., :K]) * x[..., K:], weight, bias); x: [..., 2K], weight: [N, K] -> a new [..., N]."""
+    if takes_fused_kernel(x, weight, bias):
+        from graphllm.kernels.skinny_matmul import silu_mul_matmul
+        return silu_mul_matmul(_rows(x), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    if x.is_cuda:
+        from graphllm.kernels.silu_and_mul import silu_and_mul as silu_and_mul_kernel
+        act = silu_and_mul_kernel(_rows(x)).view(*x.shape[:-1], x.shape[-1] // 2)
+    else:
+        from graphllm.ops.silu_and_mul import reference_silu_and_mul
+        act = reference_silu_and_mul(x)
+    return linear(act, weight, bias)
+
+
+@silu_and_mul_linear.register_fake
 def _(x, weight, bias=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))

@@ -1,7 +1,8 @@
 """PassManager: the ordered list of passes a CompileConfig asks for, with a fixed clean-up tail.
 
 Order matters: gate/up must be fused before silu·mul can match its split, and skinny_linear
-comes after every pass that matches aten.linear; clean-up (no-op
+comes after every pass that matches aten.linear, linear_prologue after it (it folds norms
+into graphllm.linear); clean-up (no-op
 elimination, then dead code) always runs last. `uuid()` hashes the list and every pass's uuid,
 so an artifact's cache key changes whenever any pass changes.
 """
@@ -31,6 +32,7 @@ def build_pass_list(config: CompileConfig) -> list[GraphPass]:
     from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
     from graphllm.passes.fusion.fuse_qkv import FuseQKV
     from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
+    from graphllm.passes.lowering.linear_prologue import LinearPrologue
     from graphllm.passes.lowering.skinny_linear import SkinnyLinear
     from graphllm.passes.utility.dce import DeadCodeElimination
     from graphllm.passes.utility.eliminate_noops import EliminateNoops
@@ -38,7 +40,8 @@ def build_pass_list(config: CompileConfig) -> list[GraphPass]:
     cleanup = [EliminateNoops(), DeadCodeElimination()]
     chosen = [(config.fuse_qkv, FuseQKV), (config.fuse_gate_up, FuseGateUp),
               (config.fuse_silu_mul and config.fuse_gate_up, FuseSiluMul),
-              (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.skinny_linear, SkinnyLinear)]
+              (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.skinny_linear, SkinnyLinear),
+              (config.skinny_linear and config.linear_prologue, LinearPrologue)]
     return [EliminateNoops()] + [cls() for wanted, cls in chosen if wanted] + cleanup
 
 

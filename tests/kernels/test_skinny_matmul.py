@@ -1,11 +1,14 @@
-"""skinny_matmul equals x @ W^T (+ bias) computed in float32, for every tile path and ragged edge."""
+"""skinny_matmul equals x @ W^T (+ bias) computed in float32, for every tile path, K split and ragged edge;
+its prologues (rms_norm, add_rms_norm, silu_mul) equal the eager ops followed by that product."""
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from graphllm.kernels.skinny_matmul import MAX_ROWS, beats_cublas, default_config, skinny_matmul, skinny_matmul_reference  # noqa: E402
+from graphllm.kernels.skinny_matmul import (  # noqa: E402
+    MAX_ROWS, _counters, beats_cublas, default_config, rms_norm_matmul, rms_norm_matmul_reference, silu_mul_matmul,
+    silu_mul_matmul_reference, skinny_matmul, skinny_matmul_reference)
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, assert_close, gpu_only, randn  # noqa: E402
 
 
@@ -24,6 +27,41 @@ def check(m: int, n: int, k: int, dtype: torch.dtype, bias: bool, config: dict |
 def test_matches_reference(m, n, k, bias, dtype):
     # (48, 96): N not a multiple of BLOCK_N and K not a multiple of BLOCK_K (masked edges)
     check(m, n, k, dtype, bias, {"BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 2})
+
+
+def tiles(split_k: int) -> dict:
+    return {"BLOCK_N": 32, "BLOCK_K": 32, "SPLIT_K": split_k, "num_warps": 4, "num_stages": 2}
+
+
+@pytest.mark.parametrize("split_k", (2, 3, 5))
+@pytest.mark.parametrize("m, dtype", [(1, torch.float32), (3, LOW_DTYPE), (MAX_ROWS, torch.float32)])
+def test_split_k_sums_every_split_once(m, dtype, split_k):
+    """K = 200 in 32-column steps: splits of unequal length, the last one ragged; counters left at zero."""
+    check(m, 80, 200, dtype, bias=True, config=tiles(split_k))
+    check(m, 48, 96, dtype, bias=False, config=tiles(split_k), seed=3)
+    assert _counters(DEVICE).count_nonzero() == 0
+
+
+@pytest.mark.parametrize("split_k", (1, 3))
+@pytest.mark.parametrize("m, dtype", [(1, torch.float32), (4, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])
+@pytest.mark.parametrize("residual", (False, True))
+def test_rms_norm_prologue(m, dtype, residual, split_k):
+    x, r = randn((m, 200), dtype, 0), randn((m, 200), dtype, 1) if residual else None
+    norm_w, w = 1 + randn((200,), dtype, 2) / 4, randn((80, 200), dtype, 3) / 200 ** 0.5
+    b = randn((80,), dtype, 4)
+    got, h = rms_norm_matmul(x, norm_w, 1e-5, w, b, residual=r, config=tiles(split_k))
+    want, want_h = rms_norm_matmul_reference(x, norm_w, 1e-5, w, b, residual=r)
+    assert_close(got, want)
+    assert (h is None and want_h is None) if r is None else torch.equal(h, want_h)  # the residual add rounds once
+
+
+@pytest.mark.parametrize("split_k", (1, 2))
+@pytest.mark.parametrize("m, dtype", [(1, torch.float32), (5, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])
+def test_silu_mul_prologue(m, dtype, split_k):
+    wide = randn((m, 2 * 96 + 16), dtype, 0)
+    x = wide[:, 8:8 + 2 * 96]  # strided rows: [gate | up] inside a wider tensor
+    w = randn((48, 96), dtype, 1) / 96 ** 0.5
+    assert_close(silu_mul_matmul(x, w, config=tiles(split_k)), silu_mul_matmul_reference(x, w))
 
 
 @pytest.mark.parametrize("m", (1, 8))
@@ -51,6 +89,13 @@ def test_default_config_and_routing():
     assert default_config(1, 64, 4096, DEVICE)["BLOCK_N"] == 16
     assert default_config(8, 64, 4096, DEVICE)["BLOCK_N"] == 32
     assert default_config(1, 64, 48, DEVICE)["BLOCK_K"] == 64
+    assert default_config(1, 64, 48, DEVICE)["SPLIT_K"] == 1  # too short to split
+    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count if DEVICE.type == "cuda" else 8
+    for m, n, k in [(1, 4096, 14336), (8, 4096, 4096), (1, 1024, 1 << 20)]:  # narrow outputs over long K
+        config = default_config(m, n, k, DEVICE)
+        tiles, split = -(-n // config["BLOCK_N"]), config["SPLIT_K"]
+        # split until about two programs per SM, but keep >= 4 K steps per split
+        assert tiles * (split - 1) < 2 * sms and (tiles * split >= 2 * sms or split == k // (4 * config["BLOCK_K"]))
     assert beats_cublas(1, 6144, 4096) and beats_cublas(16, 128256, 4096)
     assert not beats_cublas(8, 6144, 4096) and not beats_cublas(1, 28672, 4096)
     assert not beats_cublas(17, 128256, 4096)
@@ -61,3 +106,12 @@ def test_default_config_and_routing():
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 4096), (4096, 14336), (28672, 4096), (128256, 4096)])
 def test_llama_8b_shapes(m, n, k):
     check(m, n, k, torch.bfloat16, bias=False)
+    x = randn((m, k), torch.bfloat16, 7)
+    norm_w, w = 1 + randn((k,), torch.bfloat16, 8) / 4, randn((n, k), torch.bfloat16, 9) / k ** 0.5
+    got, h = rms_norm_matmul(x, norm_w, 1e-5, w, residual=x)
+    want, want_h = rms_norm_matmul_reference(x, norm_w, 1e-5, w, residual=x)
+    assert_close(got, want)
+    assert torch.equal(h, want_h)
+    gate_up = randn((m, 2 * k), torch.bfloat16, 10)
+    assert_close(silu_mul_matmul(gate_up, w), silu_mul_matmul_reference(gate_up, w))
+    assert _counters(gate_up.device).count_nonzero() == 0

@@ -1,0 +1,50 @@
+"""SwiGLU over a fused gate/up projection output, in one Triton kernel.
+
+x: [M, 2I] (last dim contiguous, any row stride) holds gate = x[:, :I] and up = x[:, I:];
+the output is a new contiguous [M, I] in x's dtype. Program (row, block) takes BLOCK columns of
+one row (masked at the edge), so the grid is [M, cdiv(I, BLOCK)].
+
+Rounding follows graphllm.ops.silu_and_mul (F.silu(gate) * up in x's dtype) step by step:
+
+    a   = silu(gate.float()).to(x.dtype)
+    out = (a.float() * up.float()).to(x.dtype)
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from graphllm.ops.silu_and_mul import reference_silu_and_mul
+
+BLOCK = 1024  # columns per program
+
+
+def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
+    """The PyTorch oracle: silu(x[:, :I]) * x[:, I:] in x's dtype, [M, 2I] -> [M, I]."""
+    return reference_silu_and_mul(x)
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, size, stride_xm, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < size
+    x_row = x_ptr + row * stride_xm
+    gate = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
+    up = tl.load(x_row + size + offs, mask=mask, other=0.0).to(tl.float32)
+    a = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)  # F.silu's cast back
+    tl.store(out_ptr + row * size + offs, (a * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[:, :I]) * x[:, I:] for x: [M, 2I] with last-dim stride 1 (M may be 0);
+    returns a new contiguous [M, I] in x's dtype."""
+    num_rows, width = x.shape
+    assert width % 2 == 0 and x.stride(-1) == 1, f"silu_and_mul needs [M, 2I] rows of stride 1, got {x.shape}"
+    size = width // 2
+    out = x.new_empty((num_rows, size))
+    if num_rows == 0 or size == 0:
+        return out
+    _silu_and_mul_kernel[(num_rows, triton.cdiv(size, BLOCK))](
+        x, out, size, x.stride(0), BLOCK=BLOCK, num_warps=4)
+    return out

@@ -1,0 +1,109 @@
+"""LinearPrologue: the norm or activation that feeds a graphllm.linear becomes that linear's prologue.
+
+Runs after `skinny_linear` (which makes every linear a graphllm.linear) on GPU graphs, so a
+decode step runs each norm and SwiGLU inside the next matmul kernel (graphllm/ops/linear.py).
+Before and after, for the three shapes a decoder layer has:
+
+    n = graphllm.add_rms_norm.default(x, o_proj, w_norm, eps)      # post-attention norm
+    y = getitem(n, 0)
+    h = getitem(n, 1)                                               # the residual stream
+    gate_up = graphllm.linear.default(y, w_gate_up)
+->
+    f = graphllm.add_rms_norm_linear.default(x, o_proj, w_norm, eps, w_gate_up)
+    gate_up = getitem(f, 0)
+    h = getitem(f, 1)
+
+    y = graphllm.rms_norm.default(x, w_norm, eps)                   # first layer's input norm
+    qkv = graphllm.linear.default(y, w_qkv, b_qkv)
+->  qkv = graphllm.rms_norm_linear.default(x, w_norm, eps, w_qkv, b_qkv)
+
+    act = graphllm.silu_and_mul.default(gate_up)
+    down = graphllm.linear.default(act, w_down)
+->  down = graphllm.silu_and_mul_linear.default(gate_up, w_down)
+
+Only a norm or activation whose output nothing else reads is folded (the final norm reaches
+lm_head through a row gather, so it stays). Like skinny_linear, only graphs whose example
+inputs are on the listed devices are rewritten.
+"""
+
+import operator
+
+import torch
+from torch import fx
+
+import graphllm.ops.linear  # noqa: F401  (registers the fused ops)
+from graphllm.ir.graph import StepGraph
+from graphllm.passes.base import GraphPass
+from graphllm.passes.fusion.fuse_add_rmsnorm import _new_node
+from graphllm.passes.lowering.skinny_linear import graph_device
+
+ops = torch.ops.graphllm
+
+
+def _call(node, target) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target == target and not node.kwargs
+
+
+def _linear_operands(node: fx.Node) -> tuple[fx.Node, tuple]:
+    """(x, (weight,) or (weight, bias)): the arguments a fused op appends after its own."""
+    x, *params = node.args
+    return x, tuple(params[:1] if len(params) < 2 or params[1] is None else params[:2])
+
+
+def _fold_add_rms_norm(graph: fx.Graph, lin: fx.Node) -> bool:
+    """lin = linear(getitem(add_rms_norm(...), 0), w[, b]) with the norm's outputs read only there and by getitem 1."""
+    y, params = _linear_operands(lin)
+    if not (_call(y, operator.getitem) and y.args[1] == 0 and len(y.users) == 1):
+        return False
+    norm = y.args[0]
+    if not _call(norm, ops.add_rms_norm.default) or not all(
+            _call(u, operator.getitem) and u.args[1] in (0, 1) for u in norm.users):
+        return False
+    with graph.inserting_before(lin):
+        fused = _new_node(graph, ops.add_rms_norm_linear.default, (*norm.args, *params), lin)
+        out = _new_node(graph, operator.getitem, (fused, 0), lin)
+        new_residual = _new_node(graph, operator.getitem, (fused, 1), norm)
+    lin.replace_all_uses_with(out)
+    for old in [u for u in norm.users if u.args[1] == 1]:
+        old.replace_all_uses_with(new_residual)
+        graph.erase_node(old)
+    for old in (lin, y, norm):
+        graph.erase_node(old)
+    return True
+
+
+def _fold_single(graph: fx.Graph, lin: fx.Node, source, fused_op) -> bool:
+    """lin = linear(source(args...), w[, b]) with source read only there -> fused_op(args..., w, b)."""
+    y, params = _linear_operands(lin)
+    if not _call(y, source) or len(y.users) != 1:
+        return False
+    with graph.inserting_before(lin):
+        fused = _new_node(graph, fused_op, (*y.args, *params), lin)
+    lin.replace_all_uses_with(fused)
+    graph.erase_node(lin)
+    graph.erase_node(y)
+    return True
+
+
+class LinearPrologue(GraphPass):
+    """Fold norms and SwiGLU into the graphllm.linear they feed; counts each kind folded."""
+
+    name = "linear_prologue"
+    version = 1
+
+    def __init__(self, devices: tuple[str, ...] = ("cuda",)):
+        self.devices = devices
+
+    def apply(self, graph: StepGraph) -> dict[str, int]:
+        counts = {"add_rms_norm": 0, "rms_norm": 0, "silu_and_mul": 0}
+        if graph_device(graph).type not in self.devices:
+            return counts
+        g = graph.graph
+        for lin in [n for n in g.nodes if n.op == "call_function" and n.target == ops.linear.default]:
+            if _fold_add_rms_norm(g, lin):
+                counts["add_rms_norm"] += 1
+            elif _fold_single(g, lin, ops.rms_norm.default, ops.rms_norm_linear.default):
+                counts["rms_norm"] += 1
+            elif _fold_single(g, lin, ops.silu_and_mul.default, ops.silu_and_mul_linear.default):
+                counts["silu_and_mul"] += 1
+        return counts

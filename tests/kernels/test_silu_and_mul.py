@@ -1,0 +1,33 @@
+"""silu_and_mul equals silu(gate) * up in x's dtype, rounded like the ops reference."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from graphllm.kernels.silu_and_mul import silu_and_mul, silu_and_mul_reference  # noqa: E402
+from tests.kernels.conftest import LOW_DTYPE, assert_close, randn  # noqa: E402
+
+
+def check(x: torch.Tensor) -> None:
+    out = silu_and_mul(x)
+    assert out.is_contiguous()
+    assert_close(out, silu_and_mul_reference(x))
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, LOW_DTYPE))
+@pytest.mark.parametrize("num_rows", (0, 1, 5))
+@pytest.mark.parametrize("size", (64, 200, 1500))  # 200: masked tail; 1500: two column blocks
+def test_matches_reference(num_rows, size, dtype):
+    check(randn((num_rows, 2 * size), dtype, seed=0) * 3)  # * 3: reach silu's flat and linear parts
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, LOW_DTYPE))
+def test_strided_rows(dtype):
+    wide = randn((5, 2 * 200 + 24), dtype, seed=0) * 3
+    check(wide[:, 8:408])  # row stride 424, last dim contiguous
+
+
+def test_rejects_odd_width():
+    with pytest.raises(AssertionError):
+        silu_and_mul(randn((2, 7), torch.float32, seed=0))

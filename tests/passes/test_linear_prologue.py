@@ -1,0 +1,80 @@
+"""LinearPrologue: norms and SwiGLU fold into the graphllm.linear they feed; same logits and KV writes."""
+
+import pytest
+import torch
+
+from graphllm.ops.linear import add_rms_norm_linear, rms_norm_linear, silu_and_mul_linear
+from graphllm.ops.rms_norm import reference_rms_norm
+from graphllm.ops.silu_and_mul import reference_silu_and_mul
+from graphllm.passes.fusion.fuse_add_rmsnorm import FuseAddRMSNorm
+from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
+from graphllm.passes.fusion.fuse_qkv import FuseQKV
+from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
+from graphllm.passes.lowering.linear_prologue import LinearPrologue
+from graphllm.passes.lowering.skinny_linear import SkinnyLinear
+from graphllm.passes.utility.dce import DeadCodeElimination
+from graphllm.passes.utility.eliminate_noops import EliminateNoops
+from tests.passes.harness import assert_same_function, copy_graph, tiny_step_graph
+
+ops = torch.ops.graphllm
+
+
+def prepared(arch: str):
+    """The tiny graph as the pass manager hands it over: fused, then on graphllm.linear (forced on CPU)."""
+    graph, config = tiny_step_graph(arch)
+    for p in (EliminateNoops(), FuseQKV(), FuseGateUp(), FuseSiluMul(), FuseAddRMSNorm(),
+              SkinnyLinear(devices=("cpu", "cuda"))):
+        p(graph)
+    return graph, config
+
+
+def targets(graph) -> list:
+    return [n.target for n in graph.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen2", "qwen3"))  # qwen2: qkv bias; qwen3: q/k norms that stay
+def test_same_function_when_forced_on_cpu(arch):
+    before, config = prepared(arch)
+    after = copy_graph(before)
+    counts = LinearPrologue(devices=("cpu", "cuda"))(after)
+    DeadCodeElimination()(after)
+    layers = config.num_hidden_layers
+    # every layer's post-attention norm and the input norms after the first; the first layer's input
+    # norm has no residual yet; the final norm reaches lm_head through the row gather and stays
+    assert counts == {"add_rms_norm": 2 * layers - 1, "rms_norm": 1, "silu_and_mul": layers}
+    found = targets(after)
+    assert found.count(ops.linear.default) == 1 + layers  # lm_head and each o_proj keep the plain op
+    assert ops.silu_and_mul.default not in found and found.count(ops.add_rms_norm.default) == 1
+    assert_same_function(before, after, config, seeds=(1, 2))
+
+
+def test_cpu_graph_is_left_alone():
+    graph, _ = prepared("llama")
+    code = graph.gm.code
+    assert LinearPrologue()(graph) == {"add_rms_norm": 0, "rms_norm": 0, "silu_and_mul": 0}
+    assert graph.gm.code == code
+
+
+def test_a_norm_read_elsewhere_stays():
+    """An rms_norm output that another node also reads cannot move inside the matmul."""
+    g = torch.fx.Graph()
+    x, nw, w = g.placeholder("x"), g.placeholder("nw"), g.placeholder("w")
+    y = g.call_function(ops.rms_norm.default, (x, nw, 1e-6))
+    lin = g.call_function(ops.linear.default, (y, w))
+    g.output((lin, y))
+    from graphllm.passes.lowering.linear_prologue import _fold_single
+    assert not _fold_single(g, lin, ops.rms_norm.default, ops.rms_norm_linear.default)
+
+
+def test_ops_equal_their_parts_off_the_kernel_path():
+    """CPU (and rows > 16 on CUDA) run the two ops one after the other: exactly the unfused result."""
+    gen = torch.Generator().manual_seed(0)
+    x, r = torch.randn(20, 3, 32, generator=gen), torch.randn(20, 3, 32, generator=gen)
+    nw, w, b = torch.randn(32, generator=gen), torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen)
+    linear = torch.nn.functional.linear
+    torch.testing.assert_close(rms_norm_linear(x, nw, 1e-5, w, b), linear(reference_rms_norm(x, nw, 1e-5), w, b),
+                               rtol=0, atol=0)
+    out, h = add_rms_norm_linear(x, r, nw, 1e-5, w)
+    assert torch.equal(h, x + r) and torch.equal(out, linear(reference_rms_norm(x + r, nw, 1e-5), w))
+    gate_up = torch.randn(20, 64, generator=gen)
+    assert torch.equal(silu_and_mul_linear(gate_up, w), linear(reference_silu_and_mul(gate_up), w))
