@@ -9,6 +9,9 @@ mixed: one-token rows through paged_prefill_attention (as in a mixed step) again
 prologue: each decode linear with the op before it (add_rms_norm, silu_mul or none) as the engine ran it
 before linear_prologue (row kernel, then graphllm.linear's routing) against one skinny_matmul launch
 with that prologue, default config and the best of a grid with K splits, at M = 1, 8, 16.
+chain: LAYERS decoder layers' linears back to back (norm, qkv, o_proj, norm, gate_up, SwiGLU,
+down, each on its own weights), unfused and through the fused ops, with programmatic dependent
+launch off, on, and on with weight prefetch: what the kernel boundaries cost inside a graph.
 
 Every timing replays a CUDA graph (no launch overhead, as in decode) of calls over several
 distinct weight / KV copies, together larger than the L2 cache, so each call streams from HBM.
@@ -28,7 +31,8 @@ from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
 from graphllm.kernels.rms_norm import rms_norm
 from graphllm.kernels.silu_and_mul import silu_and_mul
 from graphllm.kernels.skinny_matmul import default_config, rms_norm_matmul, silu_mul_matmul, skinny_matmul
-from graphllm.ops.linear import linear
+import graphllm.kernels.skinny_matmul as skinny
+from graphllm.ops.linear import add_rms_norm_linear, linear, silu_and_mul_linear
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -154,6 +158,53 @@ def sweep_prologue() -> list[dict]:
     return rows
 
 
+CHAIN_LAYERS = 8  # 3.5 GB of weights: every layer streams from HBM
+
+
+def chain_step(layers: list[dict], h: torch.Tensor, fused: bool) -> torch.Tensor:
+    """The linears of `layers` in decode order on hidden state h ([M, 4096]); returns the last residual."""
+    residual, attn = h, h
+    for w in layers:
+        if fused:
+            qkv, residual = add_rms_norm_linear(attn, residual, w["norm1"], 1e-5, w["qkv"])
+            o = linear(qkv[:, :4096], w["o_proj"])
+            gate_up, residual = add_rms_norm_linear(o, residual, w["norm2"], 1e-5, w["gate_up"])
+            attn = silu_and_mul_linear(gate_up, w["down"])
+        else:
+            normed, residual = rms_norm(attn, w["norm1"], 1e-5, residual)
+            o = linear(linear(normed, w["qkv"])[:, :4096].contiguous(), w["o_proj"])
+            normed, residual = rms_norm(o, w["norm2"], 1e-5, residual)
+            attn = linear(silu_and_mul(linear(normed, w["gate_up"])), w["down"])
+    return residual
+
+
+def sweep_chain() -> list[dict]:
+    make = lambda name: torch.randn(*SHAPES[name], device="cuda", dtype=DTYPE) / SHAPES[name][1] ** 0.5  # noqa: E731
+    layers = [{**{name: make(name) for name in ("qkv", "o_proj", "gate_up", "down")},
+               "norm1": torch.ones(4096, device="cuda", dtype=DTYPE), "norm2": torch.ones(4096, device="cuda", dtype=DTYPE)}
+              for _ in range(CHAIN_LAYERS)]
+    nbytes = sum(w.numel() * 2 for layer in layers for w in layer.values())
+    rows = []
+    for m in (1, 8):
+        h = torch.randn(m, 4096, device="cuda", dtype=DTYPE)
+        ref = chain_step(layers, h, fused=False).float()
+        row = {"m": m, "layers": CHAIN_LAYERS, "weight_gb": nbytes / 1e9}
+        for fused, (pdl, prefetch) in itertools.product((False, True), ((False, 0), (True, 0), (True, 4), (True, 8))):
+            skinny.PDL_ENABLED, skinny.PREFETCH_TILES = pdl, prefetch
+            skinny.uses_pdl.cache_clear()
+            got = chain_step(layers, h, fused).float()
+            assert (got - ref).abs().max().item() < 0.5, (m, fused, pdl)
+            s = graph_seconds([lambda f=fused: chain_step(layers, h, f)], reps=10)
+            key = f"{'fused' if fused else 'unfused'}_pdl{int(pdl)}_prefetch{prefetch}"
+            row[f"{key}_us_per_layer"] = s * 1e6 / CHAIN_LAYERS
+            row[f"{key}_tb_s"] = nbytes / s / 1e12
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    skinny.PDL_ENABLED, skinny.PREFETCH_TILES = True, 4
+    skinny.uses_pdl.cache_clear()
+    return rows
+
+
 HQ, HKV, HEAD_DIM, BLOCK_SIZE, TABLE_WIDTH = 32, 8, 128, 16, 2048 // 16  # the 8B shape, max_model_len 2048
 
 
@@ -211,7 +262,7 @@ def sweep_mixed() -> list[dict]:
 
 
 def main() -> None:
-    out, parts = sys.argv[1], set(sys.argv[2:]) or {"matmul", "attention", "mixed", "prologue"}
+    out, parts = sys.argv[1], set(sys.argv[2:]) or {"matmul", "attention", "mixed", "prologue", "chain"}
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     if "matmul" in parts:
         report["matmul"] = sweep_matmul()
@@ -221,6 +272,8 @@ def main() -> None:
         report["mixed"] = sweep_mixed()
     if "prologue" in parts:
         report["prologue"] = sweep_prologue()
+    if "chain" in parts:
+        report["chain"] = sweep_chain()
     with open(out, "w") as f:
         json.dump(report, f, indent=1)
     print("\nshape     m  cuBLAS TB/s  ours(default) TB/s  ours(best) TB/s  best config")
@@ -239,6 +292,10 @@ def main() -> None:
         print(f"{r['shape']:<8} {r['m']:>3} {r['prologue']:<12} before {r['before_us']:7.1f} us  fused default "
               f"{r['default_us']:7.1f} us ({r['default_tb_s']:.2f} TB/s)  best {r['best_us']:7.1f} us "
               f"({r['best_tb_s']:.2f}) {c['BLOCK_N']}x{c['BLOCK_K']} w{c['num_warps']} split{c['SPLIT_K']}")
+    for r in report.get("chain", []):
+        cells = "  ".join(f"{k.removesuffix('_us_per_layer')} {v:.1f} us ({r[k.replace('us_per_layer', 'tb_s')]:.2f} TB/s)"
+                          for k, v in r.items() if k.endswith("_us_per_layer"))
+        print(f"chain M={r['m']} per layer: {cells}")
     for r in report.get("mixed", []):
         print(f"decode rows B={r['batch']} ctx={r['context']}: decode kernel {r['decode_tb_s']:.2f} TB/s, "
               f"prefill kernel {r['prefill_tb_s']:.2f} TB/s")

@@ -27,12 +27,18 @@ one sum at the end, no tensor cores. Accumulation is float32; the output has x's
   on a per-column-tile counter (atomic, acq_rel); the program that arrives last sums the
   partials in split order (deterministic), writes the output and resets the counter to 0.
   Counters live in one zeroed buffer per device and are always left at zero.
+- Programmatic dependent launch (Hopper and newer, GRAPHLLM_PDL=0 turns it off): the kernel
+  is launched before the kernel ahead of it in the stream has finished. Until that one is done
+  (gdc_wait) a program only prefetches the first PREFETCH_TILES weight tiles of its share into
+  L2, since weights never depend on an earlier kernel, so each matmul's ramp-up overlaps the
+  tail of the kernel before; it then lets the next kernel launch early in turn.
 - The prologues round where the eager ops round (graphllm/ops/rms_norm.py,
   graphllm/ops/silu_and_mul.py): h to x's dtype, the normalised row to x's dtype before the
   weight, silu(gate) to x's dtype before the product with up.
 """
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +53,9 @@ SMALL_WEIGHT = 1 << 25  # elements: qkv and o_proj of an 8B model, not its MLP
 VOCAB_WIDE = 1 << 16  # output features: a vocabulary
 PROLOGUES = {"none": 0, "rms_norm": 1, "add_rms_norm": 2, "silu_mul": 3}
 MAX_COLUMN_TILES = 1 << 16  # split-K counters per device
+PDL_ENABLED = os.environ.get("GRAPHLLM_PDL", "1") != "0"
+PREFETCH_TILES = int(os.environ.get("GRAPHLLM_PDL_PREFETCH_TILES", "4"))  # per program, before gdc_wait
+L2_LINE = 128  # bytes per prefetch
 
 
 def skinny_matmul_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -88,6 +97,17 @@ def _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, 
 
 
 @triton.jit
+def _prefetch_weights(w_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn,
+                      BLOCK_K: tl.constexpr, TILES: tl.constexpr, LINE: tl.constexpr):
+    """prefetch.global.L2 of the first TILES [BLOCK_N, BLOCK_K] weight tiles from k_lo, one per LINE elements."""
+    k = k_lo + tl.arange(0, BLOCK_K * TILES // LINE) * LINE
+    ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + k[None, :]
+    valid = (n_mask[:, None] & (k < k_hi)[None, :]).to(tl.int32)
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                              "=r,l,r", [ptrs, valid], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm,
               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr):
     """1 / sqrt(mean(h^2) + eps) per row, h = x (+ residual) rounded to x's dtype: [BLOCK_M, 1] float32."""
@@ -109,7 +129,8 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
                           M, N, K, K_SPLIT, eps, stride_xm, stride_rm, stride_wn, stride_om,
                           PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                          EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
+                          EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
+                          USE_PDL: tl.constexpr, PREFETCH_TILES: tl.constexpr, LINE: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -117,11 +138,16 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    if USE_PDL:  # nothing read below this point may come from the kernel before, until gdc_wait
+        if PREFETCH_TILES > 0:
+            _prefetch_weights(w_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, BLOCK_K, PREFETCH_TILES, LINE)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:
         rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, BLOCK_K, PROLOGUE)
-    k_lo = pid_k * K_SPLIT
-    k_hi = tl.minimum(k_lo + K_SPLIT, K)
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -179,6 +205,12 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
+@functools.lru_cache(maxsize=None)
+def uses_pdl(device: torch.device) -> bool:
+    """Programmatic dependent launch: CUDA devices of compute capability 9.0 and newer."""
+    return PDL_ENABLED and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
@@ -191,21 +223,23 @@ def _counters(device: torch.device) -> torch.Tensor:
 
 def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
     """Tile sizes, K splits and launch options for an [m, k] x [n, k]^T product: the best of
-    benchmarks/kernel_sweep.py's grid on the H200 at the Llama-3-8B shapes (2026-11-21).
+    benchmarks/kernel_sweep.py's grids on the H200 at the Llama-3-8B shapes (2026-11-21).
 
-    "Wide" outputs (at least four 64-column programs per SM, e.g. a vocabulary) take 64-column
-    tiles; narrow ones take 16 columns with long K steps at one row, 32 columns at more rows.
-    K is split until there are about two programs per SM, keeping at least four K steps each.
+    One row: 16-column tiles in 256-column K steps, except a K at least twice N (down_proj),
+    which takes 32 columns and 4 K splits (31.0 us against 38.6 with 2 splits of 16 columns).
+    More rows: 64-column tiles for "wide" outputs (at least four 64-column programs per SM, e.g.
+    a vocabulary), 32 otherwise, no split.
     """
-    wide = triton.cdiv(n, 64) >= 4 * _sm_count(device)
+    split_k = 1
     if m == 1:
-        config = (64, 256, 8) if wide else (16, 512, 4)
+        block_n, block_k, warps = 16, 256, 4
+        if k >= 2 * n:
+            block_n, split_k = 32, 4
     else:
-        config = (64, 128, 4) if wide else (32, 256, 4)
-    block_n, block_k, warps = config
+        wide = triton.cdiv(n, 64) >= 4 * _sm_count(device)
+        block_n, block_k, warps = (64, 128, 4) if wide else (32, 256, 4)
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
-    tiles = triton.cdiv(n, block_n)
-    split_k = max(1, min(triton.cdiv(2 * _sm_count(device), tiles), k // (4 * block_k)))
+    split_k = max(1, min(split_k, k // (4 * block_k)))  # at least four K steps per split
     return {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k, "num_warps": warps, "num_stages": 4}
 
 
@@ -237,6 +271,8 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_split)  # no empty splits
     tiles = triton.cdiv(n, block_n)
+    pdl = uses_pdl(x.device) and config.get("PDL", True)
+    options = {"launch_pdl": True} if pdl else {}
     partial = counters = out
     if split_k > 1:
         assert tiles <= MAX_COLUMN_TILES
@@ -250,7 +286,9 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         PROLOGUE=PROLOGUES[prologue], HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        num_warps=config["num_warps"], num_stages=config["num_stages"])
+        USE_PDL=pdl, PREFETCH_TILES=config.get("PREFETCH_TILES", PREFETCH_TILES),
+        LINE=max(1, L2_LINE // weight.element_size()),
+        num_warps=config["num_warps"], num_stages=config["num_stages"], **options)
     return out, new_residual
 
 

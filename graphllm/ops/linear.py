@@ -20,7 +20,7 @@ no norm or activation kernel of its own (graphllm/kernels/skinny_matmul.py's pro
                                           = (linear(rms_norm(x + residual)), x + residual)
     graphllm.silu_and_mul_linear(x, weight, bias)                        = linear(silu_and_mul(x))
 
-Up to MAX_ROWS rows on CUDA in float16/bfloat16 they are one skinny_matmul launch; anything
+One row on CUDA in float16/bfloat16 is one skinny_matmul launch (`takes_fused_kernel`); anything
 else runs the two ops (graphllm's row kernels on CUDA, the references elsewhere) and then
 `linear` above. GRAPHLLM_FUSED_PROLOGUE=0 turns the one-launch path off.
 """
@@ -59,12 +59,13 @@ def _(x, weight, bias=None):
 
 
 def takes_fused_kernel(x: torch.Tensor, weight: torch.Tensor, *others: torch.Tensor | None) -> bool:
-    """One skinny_matmul launch with a prologue: a decode-sized half-precision batch on CUDA."""
-    from graphllm.kernels.skinny_matmul import MAX_ROWS
+    """One skinny_matmul launch with a prologue: one row (a batch-1 decode step) in half precision on
+    CUDA. From two rows up the prologue made the kernel slower than the two launches it replaces
+    (kernel_sweep prologue, H200: gate_up at 8 rows 95 us against 59), so those stay apart."""
     same = all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in (weight, *others))
     rows = x.numel() // x.shape[-1]
     return (PROLOGUE_ENABLED and x.is_cuda and x.dtype in HALF_DTYPES and same and weight.is_contiguous()
-            and 0 < rows <= MAX_ROWS and x.shape[-1] % 8 == 0)
+            and rows == 1 and x.shape[-1] % 8 == 0)
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:

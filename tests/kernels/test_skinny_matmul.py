@@ -85,17 +85,16 @@ def test_zero_rows():
 
 def test_default_config_and_routing():
     """Wide outputs get 64-column tiles, narrow ones 16 (one row) or 32; K tiles never exceed K's power of two."""
-    assert default_config(1, 1 << 20, 4096, DEVICE)["BLOCK_N"] == 64
-    assert default_config(1, 64, 4096, DEVICE)["BLOCK_N"] == 16
+    assert default_config(8, 1 << 20, 4096, DEVICE)["BLOCK_N"] == 64
+    assert default_config(1, 1 << 20, 4096, DEVICE)["BLOCK_N"] == 16
+    assert default_config(1, 4096, 4096, DEVICE)["BLOCK_N"] == 16
     assert default_config(8, 64, 4096, DEVICE)["BLOCK_N"] == 32
     assert default_config(1, 64, 48, DEVICE)["BLOCK_K"] == 64
     assert default_config(1, 64, 48, DEVICE)["SPLIT_K"] == 1  # too short to split
-    sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count if DEVICE.type == "cuda" else 8
-    for m, n, k in [(1, 4096, 14336), (8, 4096, 4096), (1, 1024, 1 << 20)]:  # narrow outputs over long K
-        config = default_config(m, n, k, DEVICE)
-        tiles, split = -(-n // config["BLOCK_N"]), config["SPLIT_K"]
-        # split until about two programs per SM, but keep >= 4 K steps per split
-        assert tiles * (split - 1) < 2 * sms and (tiles * split >= 2 * sms or split == k // (4 * config["BLOCK_K"]))
+    down = default_config(1, 4096, 14336, DEVICE)  # K >= 2N at one row: wider tiles, 4 K splits
+    assert (down["BLOCK_N"], down["SPLIT_K"]) == (32, 4)
+    assert default_config(1, 4096, 2048, DEVICE)["SPLIT_K"] == 1 and default_config(8, 4096, 14336, DEVICE)["SPLIT_K"] == 1
+    assert default_config(1, 64, 8 * 256, DEVICE)["SPLIT_K"] == 2  # never fewer than four K steps per split
     assert beats_cublas(1, 6144, 4096) and beats_cublas(16, 128256, 4096)
     assert not beats_cublas(8, 6144, 4096) and not beats_cublas(1, 28672, 4096)
     assert not beats_cublas(17, 128256, 4096)
