@@ -6,7 +6,6 @@
 #   steps8-B / tput8-B  latency1-B / throughput-B with --num-decode-steps 8;  gpu-steps  its GPU tests
 #   skinny     the skinny_matmul / row-kernel tests and the skinny_linear / linear_prologue pass tests alone
 #   nofused8-B steps8-B with GRAPHLLM_FUSED_PROLOGUE=0 (norms and SwiGLU as their own kernels again)
-#   nopdl8-B   steps8-B with GRAPHLLM_PDL=0 (skinny_matmul without programmatic dependent launch)
 #   latency1-B bench latency at batch 1 and 8 only, backend B
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager)
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
@@ -36,9 +35,6 @@ for stage in "$@"; do
         --attention-backend "${stage#steps8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     nofused8-*) GRAPHLLM_FUSED_PROLOGUE=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
         --output-len 256 --num-decode-steps 8 --attention-backend "${stage#nofused8-}" $LIMITS --work $WORK \
-        --json "$OUT/r/$stage.json" ;;
-    nopdl8-*) GRAPHLLM_PDL=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
-        --output-len 256 --num-decode-steps 8 --attention-backend "${stage#nopdl8-}" $LIMITS --work $WORK \
         --json "$OUT/r/$stage.json" ;;
     tput8-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --num-decode-steps 8 \
         --attention-backend "${stage#tput8-}" --json "$OUT/r/$stage.json" ;;

@@ -9,9 +9,11 @@ mixed: one-token rows through paged_prefill_attention (as in a mixed step) again
 prologue: each decode linear with the op before it (add_rms_norm, silu_mul or none) as the engine ran it
 before linear_prologue (row kernel, then graphllm.linear's routing) against one skinny_matmul launch
 with that prologue, default config and the best of a grid with K splits, at M = 1, 8, 16.
-chain: LAYERS decoder layers' linears back to back (norm, qkv, o_proj, norm, gate_up, SwiGLU,
-down, each on its own weights), unfused and through the fused ops, with programmatic dependent
-launch off, on, and on with weight prefetch: what the kernel boundaries cost inside a graph.
+chain: CHAIN_LAYERS decoder layers' linears back to back (norm, qkv, o_proj, norm, gate_up, SwiGLU,
+down, each on its own weights), unfused and through the fused ops: what the kernel boundaries
+cost inside a graph. (The run of 2026-11-21 also tried programmatic dependent launch, with and
+without an L2 weight prefetch before gdc_wait: no gain without the prefetch, slower with it;
+results/2026-11-21-h200-kernel-sweep-chain.json.)
 
 Every timing replays a CUDA graph (no launch overhead, as in decode) of calls over several
 distinct weight / KV copies, together larger than the L2 cache, so each call streams from HBM.
@@ -31,7 +33,6 @@ from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
 from graphllm.kernels.rms_norm import rms_norm
 from graphllm.kernels.silu_and_mul import silu_and_mul
 from graphllm.kernels.skinny_matmul import default_config, rms_norm_matmul, silu_mul_matmul, skinny_matmul
-import graphllm.kernels.skinny_matmul as skinny
 from graphllm.ops.linear import add_rms_norm_linear, linear, silu_and_mul_linear
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
@@ -189,19 +190,15 @@ def sweep_chain() -> list[dict]:
         h = torch.randn(m, 4096, device="cuda", dtype=DTYPE)
         ref = chain_step(layers, h, fused=False).float()
         row = {"m": m, "layers": CHAIN_LAYERS, "weight_gb": nbytes / 1e9}
-        for fused, (pdl, prefetch) in itertools.product((False, True), ((False, 0), (True, 0), (True, 4), (True, 8))):
-            skinny.PDL_ENABLED, skinny.PREFETCH_TILES = pdl, prefetch
-            skinny.uses_pdl.cache_clear()
+        for fused in (False, True):
             got = chain_step(layers, h, fused).float()
-            assert (got - ref).abs().max().item() < 0.5, (m, fused, pdl)
+            assert (got - ref).abs().max().item() < 0.5, (m, fused)
             s = graph_seconds([lambda f=fused: chain_step(layers, h, f)], reps=10)
-            key = f"{'fused' if fused else 'unfused'}_pdl{int(pdl)}_prefetch{prefetch}"
+            key = "fused" if fused else "unfused"
             row[f"{key}_us_per_layer"] = s * 1e6 / CHAIN_LAYERS
             row[f"{key}_tb_s"] = nbytes / s / 1e12
         rows.append(row)
         print(json.dumps(row), flush=True)
-    skinny.PDL_ENABLED, skinny.PREFETCH_TILES = True, 4
-    skinny.uses_pdl.cache_clear()
     return rows
 
 

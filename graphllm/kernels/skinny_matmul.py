@@ -27,18 +27,12 @@ one sum at the end, no tensor cores. Accumulation is float32; the output has x's
   on a per-column-tile counter (atomic, acq_rel); the program that arrives last sums the
   partials in split order (deterministic), writes the output and resets the counter to 0.
   Counters live in one zeroed buffer per device and are always left at zero.
-- Programmatic dependent launch (Hopper and newer, GRAPHLLM_PDL=0 turns it off): the kernel
-  is launched before the kernel ahead of it in the stream has finished. Until that one is done
-  (gdc_wait) a program only prefetches the first PREFETCH_TILES weight tiles of its share into
-  L2, since weights never depend on an earlier kernel, so each matmul's ramp-up overlaps the
-  tail of the kernel before; it then lets the next kernel launch early in turn.
 - The prologues round where the eager ops round (graphllm/ops/rms_norm.py,
   graphllm/ops/silu_and_mul.py): h to x's dtype, the normalised row to x's dtype before the
   weight, silu(gate) to x's dtype before the product with up.
 """
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
@@ -53,9 +47,6 @@ SMALL_WEIGHT = 1 << 25  # elements: qkv and o_proj of an 8B model, not its MLP
 VOCAB_WIDE = 1 << 16  # output features: a vocabulary
 PROLOGUES = {"none": 0, "rms_norm": 1, "add_rms_norm": 2, "silu_mul": 3}
 MAX_COLUMN_TILES = 1 << 16  # split-K counters per device
-PDL_ENABLED = os.environ.get("GRAPHLLM_PDL", "1") != "0"
-PREFETCH_TILES = int(os.environ.get("GRAPHLLM_PDL_PREFETCH_TILES", "4"))  # per program, before gdc_wait
-L2_LINE = 128  # bytes per prefetch
 
 
 def skinny_matmul_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -97,17 +88,6 @@ def _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, 
 
 
 @triton.jit
-def _prefetch_weights(w_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn,
-                      BLOCK_K: tl.constexpr, TILES: tl.constexpr, LINE: tl.constexpr):
-    """prefetch.global.L2 of the first TILES [BLOCK_N, BLOCK_K] weight tiles from k_lo, one per LINE elements."""
-    k = k_lo + tl.arange(0, BLOCK_K * TILES // LINE) * LINE
-    ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + k[None, :]
-    valid = (n_mask[:, None] & (k < k_hi)[None, :]).to(tl.int32)
-    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                              "=r,l,r", [ptrs, valid], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm,
               BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr):
     """1 / sqrt(mean(h^2) + eps) per row, h = x (+ residual) rounded to x's dtype: [BLOCK_M, 1] float32."""
@@ -129,8 +109,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
                           M, N, K, K_SPLIT, eps, stride_xm, stride_rm, stride_wn, stride_om,
                           PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                          EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                          USE_PDL: tl.constexpr, PREFETCH_TILES: tl.constexpr, LINE: tl.constexpr):
+                          EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -140,11 +119,6 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
     n_mask = offs_n < N
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    if USE_PDL:  # nothing read below this point may come from the kernel before, until gdc_wait
-        if PREFETCH_TILES > 0:
-            _prefetch_weights(w_ptr, offs_n, n_mask, k_lo, k_hi, stride_wn, BLOCK_K, PREFETCH_TILES, LINE)
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
     rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:
         rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, BLOCK_K, PROLOGUE)
@@ -203,12 +177,6 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-
-
-@functools.lru_cache(maxsize=None)
-def uses_pdl(device: torch.device) -> bool:
-    """Programmatic dependent launch: CUDA devices of compute capability 9.0 and newer."""
-    return PDL_ENABLED and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -271,8 +239,6 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_split)  # no empty splits
     tiles = triton.cdiv(n, block_n)
-    pdl = uses_pdl(x.device) and config.get("PDL", True)
-    options = {"launch_pdl": True} if pdl else {}
     partial = counters = out
     if split_k > 1:
         assert tiles <= MAX_COLUMN_TILES
@@ -286,9 +252,7 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         PROLOGUE=PROLOGUES[prologue], HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        USE_PDL=pdl, PREFETCH_TILES=config.get("PREFETCH_TILES", PREFETCH_TILES),
-        LINE=max(1, L2_LINE // weight.element_size()),
-        num_warps=config["num_warps"], num_stages=config["num_stages"], **options)
+        num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, new_residual
 
 
