@@ -12,6 +12,7 @@
 """
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,7 +82,10 @@ def teacher_forced_top1(engine: Engine, histories: list[list[int]]) -> list[list
 
     engine.sampler = forced
     params = SamplingParams(temperature=0, max_tokens=FORCED_LEN, ignore_eos=True)
-    engine.generate([h[:PROMPT_LEN] for h in histories], params)
+    try:
+        engine.generate([h[:PROMPT_LEN] for h in histories], params)
+    finally:
+        engine.sampler = inner
     return picked
 
 
@@ -151,6 +155,23 @@ def test_bf16_compiled_agrees_with_eager_as_closely_as_transformers(backend, bf1
     """The compiled engine is no further from the eager engine than transformers' bf16 forward is
     (within one point), on every backend."""
     value = compiled_agreement(backend, bf16_model, histories_and_reference)
+    assert value >= transformers_agreement - 0.01
+
+
+def test_bf16_teacher_forced_batch1_through_fused_prologues(bf16_model, histories_and_reference,
+                                                            transformers_agreement):
+    """One sequence at a time, decode runs from the batch-1 CUDA graph, where each norm and SwiGLU
+    runs inside the next matmul (the linear_prologue pass, skinny_matmul's one-row prologues):
+    as close to the eager engine as transformers is, within one point."""
+    histories, reference = histories_and_reference
+    art = compiled_artifact(EngineConfig(model=str(bf16_model), dtype="bfloat16", **LIMITS), bf16_model,
+                            show_progress=False)
+    after = (Path(art) / "graphs" / "after.txt").read_text()
+    assert "graphllm.add_rms_norm_linear" in after and "graphllm.silu_and_mul_linear" in after
+    engine = Engine.load(art, attention_backend="torch")
+    got = [row for history in histories for row in teacher_forced_top1(engine, [history])]
+    value = agreement(reference, got)
+    print(f"batch 1, fused prologues: teacher-forced top-1 agreement with the eager engine {value:.4f}")
     assert value >= transformers_agreement - 0.01
 
 
