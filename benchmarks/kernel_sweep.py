@@ -60,6 +60,24 @@ def graph_seconds(calls: list, reps: int = 20) -> float:
     return start.elapsed_time(end) / 1e3 / reps / len(calls)
 
 
+def time_configs(call_for, configs, weights: list, ref: torch.Tensor, label) -> list[tuple[float, dict]]:
+    """(seconds per call, config) for each config that fits the GPU; call_for(config) -> call(weight).
+    Every config's result is checked against ref (float32) first."""
+    timings = []
+    for config in configs:
+        call = call_for(config)
+        try:
+            got = call(weights[0])
+            torch.cuda.synchronize()
+        except Exception as exc:  # out of shared memory / registers for this tile
+            if "resources" not in str(exc).lower() and "shared" not in str(exc).lower():
+                raise
+            continue
+        assert (got.float() - ref).abs().max().item() < 0.1, (label, config)
+        timings.append((graph_seconds([lambda w=w, c=call: c(w) for w in weights]), config))
+    return timings
+
+
 def matmul_configs():
     for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4)):
         yield {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
@@ -79,18 +97,8 @@ def sweep_matmul() -> list[dict]:
             if m <= 16:
                 ref = F.linear(x.float(), weights[0].float())
                 default = default_config(m, n, k, x.device)
-                timings = []
-                for config in [default, *matmul_configs()]:
-                    try:
-                        got = skinny_matmul(x, weights[0], config=config)
-                        torch.cuda.synchronize()
-                    except Exception as exc:  # out of shared memory / registers for this tile
-                        if "resources" not in str(exc).lower() and "shared" not in str(exc).lower():
-                            raise
-                        continue
-                    assert (got.float() - ref).abs().max().item() < 0.1, (name, m, config)
-                    timings.append((graph_seconds([lambda w=w, c=config: skinny_matmul(x, w, config=c)
-                                                   for w in weights]), config))
+                timings = time_configs(lambda c: (lambda w: skinny_matmul(x, w, config=c)),
+                                       [default, *matmul_configs()], weights, ref, (name, m))
                 default_s = timings[0][0]
                 best_s, best = min(timings, key=lambda t: t[0])
                 row |= {"default_us": default_s * 1e6, "default_tb_s": nbytes / default_s / 1e12,
@@ -136,18 +144,8 @@ def sweep_prologue() -> list[dict]:
             ref = unfused(weights[0]).float()
             before = graph_seconds([lambda w=w: unfused(w) for w in weights])
             default = default_config(m, n, k, x.device)
-            timings = []
-            for config in [default, *(prologue_configs() if m < 16 else ())]:
-                call = prologue_calls(prologue, x, residual, norm_w, config)[1]
-                try:
-                    got = call(weights[0])
-                    torch.cuda.synchronize()
-                except Exception as exc:  # out of shared memory / registers for this tile
-                    if "resources" not in str(exc).lower() and "shared" not in str(exc).lower():
-                        raise
-                    continue
-                assert (got.float() - ref).abs().max().item() < 0.1, (name, m, config)
-                timings.append((graph_seconds([lambda w=w, c=call: c(w) for w in weights]), config))
+            timings = time_configs(lambda c: prologue_calls(prologue, x, residual, norm_w, c)[1],
+                                   [default, *(prologue_configs() if m < 16 else ())], weights, ref, (name, m))
             best_s, best = min(timings, key=lambda t: t[0])
             row = {"shape": name, "prologue": prologue, "m": m, "n": n, "k": k, "before_us": before * 1e6,
                    "default_us": timings[0][0] * 1e6, "default_config": default, "best_us": best_s * 1e6,
