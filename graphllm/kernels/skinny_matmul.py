@@ -67,7 +67,7 @@ def silu_mul_matmul_reference(x, weight, bias=None):
 
 @triton.jit
 def _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, K, stride_xm, stride_rm,
-             write_residual, PROLOGUE: tl.constexpr):
+             residual_rows, PROLOGUE: tl.constexpr):
     """The matmul operand for columns k of the rows offs_m: [BLOCK_M, BLOCK_K] in x's dtype."""
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mk_mask, other=0.0)
     a = x
@@ -79,7 +79,7 @@ def _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, 
     if PROLOGUE == 2:  # add_rms_norm: h = x + residual, in x's dtype
         res = tl.load(res_ptr + offs_m[:, None] * stride_rm + k[None, :], mask=mk_mask, other=0.0)
         a = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
-        tl.store(new_res_ptr + offs_m[:, None] * K + k[None, :], a, mask=mk_mask & write_residual)
+        tl.store(new_res_ptr + offs_m[:, None] * K + k[None, :], a, mask=mk_mask & (offs_m < residual_rows)[:, None])
     if PROLOGUE == 1 or PROLOGUE == 2:
         norm_w = tl.load(norm_w_ptr + k, mask=k < K, other=0.0)
         normed = (a.to(tl.float32) * rstd).to(x.dtype)
@@ -117,6 +117,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
+    residual_rows = M - M * tl.minimum(pid_n, 1)  # column tile 0 writes the new residual: M rows, others none
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
@@ -137,7 +138,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
             mk_mask = m_mask[:, None] & k_mask[None, :]
             w_mask = n_mask[:, None] & k_mask[None, :]
         a = _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, K, stride_xm, stride_rm,
-                     pid_n == 0, PROLOGUE)
+                     residual_rows, PROLOGUE)
         if EVEN_N and EVEN_K:
             w = tl.load(w_ptrs)
         else:
