@@ -39,7 +39,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from graphllm.ops.rms_norm import reference_rms_norm
+from graphllm.kernels.rms_norm import rms_norm_reference
 from graphllm.ops.silu_and_mul import reference_silu_and_mul
 
 MAX_ROWS = 16  # the kernel's BLOCK_M: rows beyond this go to cuBLAS (compute-bound territory)
@@ -56,9 +56,8 @@ def skinny_matmul_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
 
 def rms_norm_matmul_reference(x, norm_weight, eps, weight, bias=None, residual=None):
     """(skinny_matmul_reference(rms_norm(h)), h or None) with h = x (+ residual), rounded like the eager ops."""
-    h = x if residual is None else x + residual
-    return skinny_matmul_reference(reference_rms_norm(h, norm_weight, eps), weight, bias), (
-        None if residual is None else h)
+    normed, h = rms_norm_reference(x, norm_weight, eps, residual)
+    return skinny_matmul_reference(normed, weight, bias), h
 
 
 def silu_mul_matmul_reference(x, weight, bias=None):
