@@ -7,7 +7,7 @@ import sys
 
 from graphllm.bench import latency, serve_bench, throughput
 from graphllm.server.cli import add_serve_parser
-from graphllm.config import ATTENTION_BACKENDS, CompileConfig, EngineConfig
+from graphllm.config import ATTENTION_BACKENDS, CompileConfig, EngineConfig, add_runtime_flags
 from graphllm.runtime.sampling_params import SamplingParams
 
 SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
@@ -37,13 +37,15 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-decode-steps", type=int, default=1,
                         help="greedy decode steps run back to back per schedule, one host sync for all "
                              "(tokens then stream in bursts of this many)")
+    add_runtime_flags(parser)
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, artifact=args.artifact, compile=not args.eager and not args.artifact,
                         dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                        attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps)
+                        attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
+                        async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -4,11 +4,13 @@ Unknown options are an error (the dataclass constructor refuses them). Facts fou
 time (KV blocks, EOS ids, resolved lengths) live in the engine's RuntimeState, not here.
 """
 
+import argparse
 from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOWERINGS = ("auto", "aoti", "inductor")
 ATTENTION_BACKENDS = ("auto", "flashinfer", "triton", "torch")
+KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model's dtype; fp8: float8_e4m3fn with a per-tensor scale
 DEFAULT_LIMITS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "block_size": 16}
 
 
@@ -33,10 +35,16 @@ class EngineConfig:
     # decode steps run back to back per schedule when every row is plain greedy, each feeding its
     # argmax to the next on the device, with one host sync for all (see Engine._decode_steps)
     num_decode_steps: int = 1
+    # schedule and launch step N + 1 before reading back step N's tokens, so the host's work
+    # (scheduling, inputs, stop checks, detokenizing) overlaps the GPU's (see Engine.step)
+    async_scheduling: bool = True
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         for name in DEFAULT_LIMITS:
@@ -48,6 +56,15 @@ class EngineConfig:
             raise ValueError(f"num_decode_steps must be >= 1, got {self.num_decode_steps}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+
+
+def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
+    """Engine options that the serving commands and the benchmarks share."""
+    parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
+                        help="read back each step's tokens before scheduling the next (no host/GPU overlap)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help="auto: the model's dtype; fp8: float8_e4m3fn (half the KV bytes)")
+
 
 
 def default_buckets(max_num_seqs: int) -> tuple[int, ...]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from graphllm.config import ATTENTION_BACKENDS, DEFAULT_LIMITS, DTYPES, EngineConfig
+from graphllm.config import ATTENTION_BACKENDS, DEFAULT_LIMITS, DTYPES, EngineConfig, add_runtime_flags
 from graphllm.runtime.sampling_params import SamplingParams
 
 PARTS = ("schedule", "model", "sample", "rest")  # a step's time, in this order
@@ -43,6 +43,7 @@ def add_common_args(p: argparse.ArgumentParser, max_num_seqs: int | None) -> Non
     p.add_argument("--no-cuda-graphs", action="store_true", help="do not replay decode steps from CUDA graphs")
     p.add_argument("--num-decode-steps", type=int, default=1,
                    help="greedy decode steps run back to back per schedule, one host sync for all")
+    add_runtime_flags(p)
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
     p.add_argument("--max-model-len", type=int, help="default: the longest request, rounded up to whole KV blocks")
     p.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
@@ -90,7 +91,8 @@ def build_engine(args: argparse.Namespace, model_dir: Path, max_num_seqs: int, m
         max_num_seqs=max_num_seqs, max_model_len=args.max_model_len or whole_blocks(model_dir, max_model_len),
         max_num_batched_tokens=args.max_num_batched_tokens or tokens,
         kv_cache_memory_gib=args.kv_cache_memory_gib, cuda_graphs=not args.no_cuda_graphs,
-        attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps)
+        attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
+        async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype)
     start = time.perf_counter()
     engine = Engine(config)
     print(f"engine ready in {time.perf_counter() - start:.1f} s ({'eager' if args.eager else 'compiled'}, "
