@@ -59,16 +59,18 @@ def run_steps(engine, prompts: list[list[int]], decode_steps: int) -> None:
     """Prefill the batch, then `decode_steps` decode steps, each in its phase's range."""
     sync = synchronizer(engine.state.device)
     ids = [engine.add_request(p, params_for(decode_steps + 1)) for p in prompts]
-    waiting_first, done = set(ids), set()
+    seqs = [seq for i in ids for seq in engine.requests[i].seqs]
+    done = set()
     while len(done) < len(ids):
-        with record_function(RANGE + ("prefill" if waiting_first else "decode")):
+        # the phase of the step this call launches (under async scheduling it reads back the one before)
+        prefill = any(seq.num_computed_tokens < seq.num_prompt_tokens for seq in seqs)
+        if all(seq.stopping or seq.is_finished for seq in seqs):  # async: only the last tokens to read back
             outs = engine.step()
-            sync()
-        for out in outs:
-            if out.outputs[0].token_ids:
-                waiting_first.discard(out.request_id)
-            if out.finished:
-                done.add(out.request_id)
+        else:
+            with record_function(RANGE + ("prefill" if prefill else "decode")):
+                outs = engine.step()
+                sync()
+        done.update(out.request_id for out in outs if out.finished)
 
 
 def profiled(engine, prompts: list[list[int]], decode_steps: int):

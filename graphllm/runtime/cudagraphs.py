@@ -5,7 +5,8 @@ bucket; graphs are captured largest first into one shared memory pool, each afte
 call. A decode batch of B sequences is written into a pinned host copy of that buffer (rows past
 B padded: token 0 at position 0, its one cached token in the reserved padding block), copied
 to the device, the attention backend is planned for the bucket, and the graph of the smallest
-bucket >= B is replayed. `run_steps` queues several greedy steps of one batch at once, each
+bucket >= B is replayed (under async scheduling while the step before is still running).
+`run_steps` queues several greedy steps of one batch at once, each
 staged in its own pinned buffer, the argmax of one feeding the input ids of the next.
 """
 
@@ -85,8 +86,9 @@ class CUDAGraphRunner:
     def stage(self, host: HostStep | HostMeta, bucket: int, slot: int = 0) -> None:
         """Write the batch plus padding rows up to `bucket` into pinned buffer `slot`, then copy it over.
 
-        The previous step has finished (its tokens were read back), so the pinned buffer is free;
-        steps queued together (run_steps) each use their own.
+        A slot is reused only once the step that last copied out of it has finished: `run`
+        alternates two slots (the step before is still in flight under async scheduling, the one
+        before that was read back), and steps queued together (run_steps) each use their own.
         """
         s, b, m = self.staging_slot(slot), len(host.seq_lens), host.block_tables.shape[1]
         s.block_tables[:bucket] = 0
@@ -99,10 +101,15 @@ class CUDAGraphRunner:
         for src, dst in zip(unpack(self.host_buffers[slot], self.shapes), self.static):
             dst[:bucket + 1].copy_(src[:bucket + 1], non_blocking=True)  # + 1: query_start_loc has B + 1
 
-    def run(self, host: HostStep) -> torch.Tensor:
+    def run(self, host: HostStep, fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
+        """Replay the bucket's graph for `host`; fill(input_ids) may then write device-side input ids
+        (async scheduling). The staging buffer alternates between two, because the previous step's
+        copy out of its buffer may not have run yet (its tokens are read back after this call)."""
         b = host.num_seqs
         bucket = next(x for x in self.buckets if x >= b)
-        self.stage(host, bucket)
+        self.stage(host, bucket, slot=self.replays % 2)
+        if fill is not None:
+            fill(self.static.input_ids[:b])
         self.backend.plan(host.attention.padded(bucket, self.padding_block), graph_bucket=bucket)
         self.graphs[bucket].replay()
         self.replays += 1

@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import threading
 from collections.abc import AsyncIterator, Sequence as Seq
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -28,6 +29,14 @@ from graphllm.runtime.stopping import check_stop
 Prompt = str | list[int]
 
 
+class InFlight(NamedTuple):
+    """A launched step whose sampled tokens are not read back yet (async scheduling)."""
+
+    seqs: list[Sequence]  # row i of tokens is seqs[i]'s PENDING token
+    tokens: torch.Tensor  # [R] on the device: the next step's inputs are copied from here
+    host: tuple[torch.Tensor, torch.cuda.Event | None]  # their copy on the host, and when it is done
+
+
 class Engine:
     def __init__(self, config: EngineConfig):
         self.config = config
@@ -41,6 +50,11 @@ class Engine:
         self._token_texts: dict[int, str] = {}  # token id -> its decoded text, for logprobs
         self._queues: dict[str, asyncio.Queue] = {}
         self._driver: asyncio.Task | None = None
+        # async scheduling needs a backend whose per-step planning cannot disturb the step in flight,
+        # and gives way to queued decode steps (num_decode_steps > 1), which overlap the host their own way
+        self._async = (config.async_scheduling and config.num_decode_steps == 1
+                       and not self.runner.backend.plans_on_host)
+        self._in_flight: InFlight | None = None  # the step whose tokens are still on the device
 
     @classmethod
     def from_pretrained(cls, path: str | None = None, **options) -> "Engine":
@@ -127,8 +141,12 @@ class Engine:
         """Schedule, run the model once, sample, and report every request that advanced.
 
         Requests of generate() are reported only once finished: nothing reads their progress.
+        Under async scheduling (`_step_async`) the tokens a call reports are those of the step
+        before: each call launches one step and reads back the previous one.
         """
         with self._lock:
+            if self._async:
+                return self._step_async()
             batch = self.scheduler.schedule()
             if not batch:
                 return []
@@ -144,6 +162,76 @@ class Engine:
                     self._sample(logits, sampling)
             touched = (self.requests.get(rid) for rid in {s.seq.request_id for s in batch})
             return [self._output(r) for r in touched if r is not None and (r.report_progress or r.finished)]
+
+    def _step_async(self) -> list[RequestOutput]:
+        """Launch step N + 1, then read back step N: the host's work for one step overlaps the GPU's
+        work for the other (what vLLM calls async scheduling, SGLang its overlap scheduler).
+
+        1. Schedule N + 1 while N's tokens are still on the device. Each sequence N samples holds
+           a PENDING token; as an input of N + 1 it is copied on the device from N's tokens.
+        2. Launch N + 1 (inputs, graph replay): queued behind N, not waited for.
+        3. Read back N's tokens (N has finished or nearly), append them, check stops, detokenize.
+           A sequence that stopped at N wastes its row of N + 1; its blocks are freed now, and the
+           stream order keeps N + 1's writes to them before any later step's.
+        4. Sample N + 1 on the device and keep its tokens in flight. Rows that need host lists
+           (logprobs, penalties) are sampled now instead, which waits for N + 1.
+        A sequence whose pending token is its last by length is not scheduled again (`stopping`).
+        """
+        batch = self.scheduler.schedule()
+        previous, self._in_flight = self._in_flight, None
+        logits, sampling = None, []
+        if batch:
+            sampling = [s.seq for s in batch if s.samples]
+            logits = self.runner.execute(batch, previous.tokens if previous else None)
+            for seq, num_new in batch:
+                seq.num_computed_tokens += num_new
+        advanced = self._read_back(previous) if previous else []
+        live = [i for i, seq in enumerate(sampling) if not seq.is_finished]
+        if live:
+            if len(live) < len(sampling):
+                logits, sampling = logits[live], [sampling[i] for i in live]
+            rows = self._sampling_rows(sampling)
+            tokens = self.sampler.sample_on_device(logits, rows)
+            if tokens is None:
+                self._sample(logits, sampling, rows)
+                advanced += sampling
+            else:
+                self._in_flight = InFlight(sampling, tokens, self._to_host(tokens))
+                limit = self.state.max_model_len
+                for row, seq in enumerate(sampling):
+                    seq.append_pending(row)
+                    max_tokens = seq.params.max_tokens
+                    seq.stopping = seq.num_tokens >= limit or (max_tokens is not None
+                                                               and seq.num_output_tokens >= max_tokens)
+        touched = (self.requests.get(rid) for rid in {seq.request_id for seq in advanced})
+        return [self._output(r) for r in touched if r is not None and (r.report_progress or r.finished)]
+
+    def _to_host(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """A copy of tokens on the host, queued now, and the event that marks it done (None on CPU)."""
+        if not tokens.is_cuda:
+            return tokens, None
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return host, done
+
+    def _wait_for_tokens(self, step: InFlight) -> list[int]:
+        host, done = step.host
+        if done is not None:
+            done.synchronize()
+        return host.tolist()
+
+    def _read_back(self, step: InFlight) -> list[Sequence]:
+        """Wait for an in-flight step's tokens and give each to its sequence (unless it finished meanwhile)."""
+        advanced = []
+        for seq, token in zip(step.seqs, self._wait_for_tokens(step)):
+            if seq.pending_row is None:  # finished or aborted since: the token is dropped
+                continue
+            seq.resolve(token)
+            self._update_stop(seq, token)
+            advanced.append(seq)
+        return advanced
 
     def _decode_steps(self, batch) -> int:
         """How many decode steps this batch may run back to back (config.num_decode_steps at most).
@@ -182,11 +270,13 @@ class Engine:
                     seq.append_token(token)
                     self._update_stop(seq, token)
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    def _sampling_rows(self, seqs: list[Sequence]) -> list[SamplingRow]:
         # The rows hold the sequences' own token lists (no copies): the sampler only reads them.
-        rows = [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator,
+        return [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator,
                             self._min_tokens_stop_ids(s)) for s in seqs]
-        out = self.sampler(logits, rows)
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[SamplingRow] | None = None) -> None:
+        out = self.sampler(logits, rows or self._sampling_rows(seqs))
         for seq, token, logprobs in zip(seqs, out.token_ids, out.logprobs):
             seq.append_token(token)
             if logprobs is not None:

@@ -15,6 +15,7 @@ import torch
 from graphllm.ops.attention import AttentionMetadata
 from graphllm.ops.backends import HostMeta
 from graphllm.runtime.scheduler import ScheduledSeq
+from graphllm.runtime.sequence import PENDING
 
 ALIGN = 16  # elements: each packed field starts 128-byte aligned, as compiled kernels assume
 
@@ -52,7 +53,10 @@ class HostStep(NamedTuple):
         return HostMeta(self.query_start_loc, self.seq_lens, self.block_tables)
 
     def to_device(self, kv_caches: list[torch.Tensor], device: torch.device) -> StepInputs:
-        packed = torch.from_numpy(pack(self)).to(device, non_blocking=True)
+        packed = torch.from_numpy(pack(self))
+        if device.type == "cuda":  # pinned: the copy does not wait for a step still in flight
+            packed = packed.pin_memory()
+        packed = packed.to(device, non_blocking=True)
         fields = unpack(packed, [a.shape for a in self])
         ids, pos, slots, tables, seq_lens, starts, logits_indices = fields
         return StepInputs(ids, pos, AttentionMetadata(slots, tables, seq_lens, starts, kv_caches), logits_indices)
@@ -101,6 +105,30 @@ def prepare_step(batch: list[ScheduledSeq], block_size: int) -> HostStep:
     samples = seq_lens == np.fromiter((s.seq.num_tokens for s in batch), np.int64, b)
     logits_indices = query_start_loc[1:][samples] - 1
     return HostStep(input_ids, positions, slots, tables, seq_lens, query_start_loc, logits_indices)
+
+
+def pending_inputs(batch: list[ScheduledSeq], host: HostStep) -> tuple[np.ndarray, np.ndarray] | None:
+    """Input tokens still on the device (async scheduling): (their flat positions in the step,
+    their rows in the in-flight step's sampled tokens), or None. A pending token is always its
+    sequence's last, so it is the last new token of that sequence in this step. Its placeholder
+    in host.input_ids becomes 0, a valid id, until the device writes the token over it."""
+    rows = [(i, s.seq.pending_row) for i, s in enumerate(batch) if s.seq.pending_row is not None]
+    if not rows:
+        return None
+    seqs, src = np.array(rows, np.int64).T
+    dst = host.query_start_loc[seqs + 1] - 1
+    assert (host.input_ids[dst] == PENDING).all(), "a pending token must be the last new token of its sequence"
+    host.input_ids[dst] = 0
+    return dst, src
+
+
+def fill_pending(input_ids: torch.Tensor, pending: tuple[np.ndarray, np.ndarray], tokens: torch.Tensor) -> None:
+    """input_ids[dst] = tokens[src] on the device, queued behind the step that samples `tokens`."""
+    index = torch.from_numpy(np.stack(pending))
+    if input_ids.is_cuda:  # pinned: the copy neither waits for the step in flight nor blocks the host
+        index = index.pin_memory()
+    index = index.to(input_ids.device, non_blocking=True)
+    input_ids[index[0]] = tokens[index[1]]
 
 
 def advance(host: HostStep, steps: int, block_size: int) -> HostStep:

@@ -12,7 +12,7 @@ import torch
 
 from graphllm.ops.backends import AttentionBackend, TorchBackend, use_backend
 from graphllm.runtime.cudagraphs import CUDAGraphRunner
-from graphllm.runtime.inputs import advance, prepare_step
+from graphllm.runtime.inputs import advance, fill_pending, pending_inputs, prepare_step
 from graphllm.runtime.scheduler import ScheduledSeq
 
 
@@ -26,13 +26,21 @@ class ModelRunner:
         self.backend = backend or TorchBackend()
 
     @torch.inference_mode()
-    def execute(self, batch: list[ScheduledSeq]) -> torch.Tensor:
+    def execute(self, batch: list[ScheduledSeq], pending_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Queue the step; returns its logits [N, vocab] (not waited for). pending_tokens: the tokens
+        of the step in flight, where the sequences' PENDING input tokens are read (async scheduling)."""
         host = prepare_step(batch, self.block_size)
+        pending = pending_inputs(batch, host)
+        assert pending is None or pending_tokens is not None, "pending input tokens without the step that samples them"
+        fill = None if pending is None else (lambda input_ids: fill_pending(input_ids, pending, pending_tokens))
         with use_backend(self.backend):
             if self.graphs is not None and self.graphs.can_run(host):
-                return self.graphs.run(host)
+                return self.graphs.run(host, fill)
             self.backend.plan(host.attention)
-            return self.step(*host.to_device(self.kv_caches, self.device).flat())  # [N, vocab]
+            inputs = host.to_device(self.kv_caches, self.device)
+            if fill is not None:
+                fill(inputs.input_ids)
+            return self.step(*inputs.flat())  # [N, vocab]
 
     @torch.inference_mode()
     def execute_decode_steps(self, batch: list[ScheduledSeq], num_steps: int) -> list[list[int]]:

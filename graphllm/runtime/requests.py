@@ -40,5 +40,7 @@ class Request:
         self.sent_text[seq.index] = text
         view = list if final else ListSnapshot
         logprobs = view(seq.logprobs) if seq.logprobs is not None else None
-        return CompletionOutput(seq.index, text, view(seq.output_token_ids), logprobs,
+        tokens = list(seq.output_token_ids) if final else ListSnapshot(seq.output_token_ids,
+                                                                      seq.num_resolved_output_tokens)
+        return CompletionOutput(seq.index, text, tokens, logprobs,
                                 seq.finish_reason, seq.stop_reason, delta)

@@ -69,6 +69,18 @@ class Sampler:
         return SamplerOutput(token_ids=token_ids.tolist(), logprobs=logprobs)
 
 
+    def sample_on_device(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor | None:
+        """The rows' tokens as a [B] device tensor, nothing read back (async scheduling); None when a
+        row needs host work after sampling (logprobs) or the token lists on the device (penalties)."""
+        assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
+        if any(r.params.logprobs is not None or _has_penalty(r.params) for r in rows):
+            return None
+        if all(_plain_greedy(r) for r in rows):
+            return logits.argmax(dim=-1)
+        logits = logits.to(torch.float32, copy=any(_min_tokens_active(r) for r in rows))
+        return sample(apply_min_tokens(logits, rows), rows)
+
+
 # ---------------------------------------------------------------- logprobs
 
 

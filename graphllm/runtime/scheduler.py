@@ -50,6 +50,9 @@ class Scheduler:
         scheduled, preempted, i = [], False, 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            if seq.stopping:  # its last token is still on the device: nothing more to compute
+                i += 1
+                continue
             num_new = min(seq.num_uncomputed_tokens, budget)
             while not self.pool.can_allocate(seq, num_new):
                 preempted = True
@@ -98,4 +101,5 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         self.pool.free(seq)
+        seq.discard_pending()
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason

@@ -9,6 +9,9 @@ import torch
 from graphllm.runtime.sampling_params import SamplingParams
 
 
+PENDING = -1  # token_ids entry of a token sampled on the device and not read back yet (async scheduling)
+
+
 class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -23,6 +26,11 @@ class Sequence:
     prompt_token_ids and output_token_ids are its two parts kept as lists of their own, so that
     reading them costs no copy; append_token is the one way to add a token (to both lists).
     token_ids, output_token_ids and logprobs only grow: outputs hand out O(1) snapshots of them.
+
+    Under async scheduling the newest token may be PENDING: sampled on the device by a step still
+    in flight (row `pending_row` of that step's tokens), so that the next step can be scheduled and
+    launched before it is read back; `resolve` writes it in. `stopping`: that pending token is the
+    sequence's last (max_tokens or max_model_len), so it is not scheduled again.
     """
 
     seq_id: int
@@ -40,6 +48,8 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
     num_preemptions: int = 0
+    pending_row: int | None = None  # set while token_ids[-1] is PENDING
+    stopping: bool = False
     prompt_token_ids: list[int] = field(init=False)  # token_ids[:num_prompt_tokens]
     output_token_ids: list[int] = field(init=False)  # token_ids[num_prompt_tokens:]
 
@@ -50,6 +60,28 @@ class Sequence:
     def append_token(self, token: int) -> None:
         self.token_ids.append(token)
         self.output_token_ids.append(token)
+
+    def append_pending(self, row: int) -> None:
+        self.append_token(PENDING)
+        self.pending_row = row
+
+    def resolve(self, token: int) -> None:
+        """The pending token, read back from the device."""
+        assert self.pending_row is not None, "no pending token"
+        self.token_ids[-1] = self.output_token_ids[-1] = token
+        self.pending_row = None
+
+    def discard_pending(self) -> None:
+        """Drop a pending token that will not be read (the sequence finished or was aborted meanwhile)."""
+        if self.pending_row is not None:
+            self.token_ids.pop()
+            self.output_token_ids.pop()
+            self.pending_row = None
+
+    @property
+    def num_resolved_output_tokens(self) -> int:
+        """Output tokens known on the host (what outputs report)."""
+        return self.num_output_tokens - (self.pending_row is not None)
 
     @property
     def num_tokens(self) -> int:

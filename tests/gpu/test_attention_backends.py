@@ -65,9 +65,10 @@ def teacher_forced_top1(engine: Engine, histories: list[list[int]]) -> list[list
     """Per sequence, the engine's greedy token at each position after the prompt, always fed the history.
 
     The engine's sampler is wrapped: it records what the engine picked and hands back the
-    history's token instead. All sequences have the same length, so every sampling call has
+    history's token instead (so the engine must sample on the host: async_scheduling=False). All sequences have the same length, so every sampling call has
     one row per sequence, in request order.
     """
+    assert not engine._async, "teacher forcing swaps tokens on the host: build the engine with async_scheduling=False"
     picked = [[] for _ in histories]
     inner = engine.sampler
 
@@ -94,7 +95,7 @@ def histories_and_reference(bf16_model):
     gen = torch.Generator().manual_seed(0)
     histories = torch.randint(3, 2048, (NUM_SEQS, PROMPT_LEN + FORCED_LEN), generator=gen).tolist()
     eager = Engine.from_pretrained(bf16_model, dtype="bfloat16", cuda_graphs=False, attention_backend="torch",
-                                   **LIMITS)
+                                   async_scheduling=False, **LIMITS)
     return histories, teacher_forced_top1(eager, histories)
 
 
@@ -131,7 +132,7 @@ def compiled_agreement(backend: str, bf16_model, histories_and_reference) -> flo
         histories, reference = histories_and_reference
         art = compiled_artifact(EngineConfig(model=str(bf16_model), dtype="bfloat16", **LIMITS), bf16_model,
                                 show_progress=False)
-        engine = Engine.load(art, attention_backend=backend)
+        engine = Engine.load(art, attention_backend=backend, async_scheduling=False)
         got = teacher_forced_top1(engine, histories)
         assert engine.runner.graphs.replays >= FORCED_LEN - 1  # decode ran from the CUDA graphs
         _compiled_agreement[backend] = agreement(reference, got)
@@ -164,7 +165,7 @@ def test_bf16_teacher_forced_batch1_through_fused_prologues(bf16_model, historie
                             show_progress=False)
     after = (Path(art) / "graphs" / "after.txt").read_text()
     assert "graphllm.add_rms_norm_linear" in after and "graphllm.silu_and_mul_linear" in after
-    engine = Engine.load(art, attention_backend="torch")
+    engine = Engine.load(art, attention_backend="torch", async_scheduling=False)
     got = [row for history in histories for row in teacher_forced_top1(engine, [history])]
     value = agreement(reference, got)
     print(f"batch 1, fused prologues: teacher-forced top-1 agreement with the eager engine {value:.4f}")

@@ -43,3 +43,33 @@ def test_queued_decode_steps_replay_graphs_with_the_same_tokens(backend, tiny_mo
     assert tokens(outs) == [expected[0], expected[1][:11], expected[2][:19]]
     assert queued == [8, 2, 8, 5]  # after the prefill's token: bursts cut at the nearest max_tokens
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_async_scheduling_replays_graphs_with_transformers_tokens(tiny_model_dir, compiled_dir):
+    """Async scheduling on the GPU: graph replays whose input ids are copied on the device from the
+    step still in flight, mixed steps (a prompt arriving while others decode), preemption (5 KV
+    blocks for 3 sequences that need 7) and rows stopping at different max_tokens all give
+    transformers' tokens, and the same as the synchronous engine."""
+    path, hf = tiny_model_dir("llama")
+    expected = transformers_greedy(hf, PROMPTS, max_new_tokens=24)
+    lengths = (24, 11, 19)
+    results = {}
+    for overlap in (True, False):
+        engine = Engine.load(compiled_dir("llama"), attention_backend="triton", async_scheduling=overlap,
+                             num_kv_blocks=5, max_model_len=64)
+        assert engine._async is overlap
+        ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+               for p, n in zip(PROMPTS[:2], lengths)]
+        finished = {}
+        for step in range(200):
+            if step == 5:  # the long prompt arrives while the others decode: a mixed step
+                ids.append(engine.add_request(PROMPTS[2], SamplingParams(temperature=0, max_tokens=lengths[2],
+                                                                         ignore_eos=True)))
+            finished.update((o.request_id, o) for o in engine.step() if o.finished)
+            if step > 5 and not engine.has_unfinished_requests():
+                break
+        results[overlap] = [finished[i].outputs[0].token_ids for i in ids]
+        assert engine.runner.graphs.replays > 0 and engine.scheduler.num_preemptions > 0
+        assert engine.pool.num_free_blocks == engine.pool.num_blocks
+    assert results[True] == [e[:n] for e, n in zip(expected, lengths)]
+    assert results[True] == results[False]
