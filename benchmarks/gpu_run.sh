@@ -13,6 +13,8 @@
 #   throughput graphllm bench throughput, 8B shape, 1,024 requests, with --compare transformers
 #   throughput-B  the same without the comparison, backend B
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
+#   sync1-B / synctput-B  latency1-B / throughput-B with --no-async-scheduling (host and GPU take turns)
+#   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
 set -uo pipefail
@@ -40,6 +42,16 @@ for stage in "$@"; do
         --attention-backend "${stage#tput8-}" --json "$OUT/r/$stage.json" ;;
     gpu-steps) timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest tests/gpu \
         -k "queued_decode_steps or graphs_match" 2>&1 | grep -v "DEBUG" | tail -15 ;;
+    sync1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --no-async-scheduling \
+        --attention-backend "${stage#sync1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    fp8lat-*) bench latency --preset llama-3-8b --batch-sizes 1,8,32,128 --input-len 128 --output-len 256 \
+        --kv-cache-dtype fp8 --attention-backend "${stage#fp8lat-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    synctput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --no-async-scheduling \
+        --attention-backend "${stage#synctput-}" --json "$OUT/r/$stage.json" ;;
+    fp8tput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --kv-cache-dtype fp8 \
+        --attention-backend "${stage#fp8tput-}" --json "$OUT/r/$stage.json" ;;
+    gpu-async) timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
+        tests/gpu/test_cuda_graphs.py tests/gpu/test_attention_backends.py -k "not bf16" 2>&1 | grep -v "DEBUG" | tail -15 ;;
     noskinny1-*) GRAPHLLM_SKINNY_MATMUL=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
         --output-len 256 --attention-backend "${stage#noskinny1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
