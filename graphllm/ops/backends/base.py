@@ -6,6 +6,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from graphllm.ops.kv_quant import KVScales
+
 
 class HostMeta(NamedTuple):
     """CPU copies of the step's attention metadata (integer numpy), for backends that plan on the host."""
@@ -44,10 +46,15 @@ class AttentionBackend:
 
     `plan` runs on the host before every step (and before every CUDA-graph replay, with the
     metadata padded to the bucket); `forward` runs inside the op, possibly under capture.
+    A float8 cache is written and read with `kv_scales` (graphllm.ops.kv_quant.KVScales).
     """
 
     name = "base"
     plans_on_host = False  # True: plan() fills buffers that a queued step may still read (no multi-step)
+    kv_scales = KVScales()
+
+    def __init__(self, kv_scales: KVScales = KVScales()):
+        self.kv_scales = kv_scales
 
     def plan(self, host: HostMeta, graph_bucket: int | None = None) -> None:
         """Prepare for the next step; graph_bucket: the CUDA-graph bucket about to be captured or replayed."""
@@ -67,6 +74,7 @@ class TorchBackend(AttentionBackend):
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                 scale, sliding_window):
         from graphllm.ops.attention import reference_attention, write_kv_cache
-        write_kv_cache(k, v, kv_cache, slot_mapping)
-        out = reference_attention(q, kv_cache, positions, block_tables, query_start_loc, scale, sliding_window)
+        write_kv_cache(k, v, kv_cache, slot_mapping, self.kv_scales)
+        out = reference_attention(q, kv_cache, positions, block_tables, query_start_loc, scale, sliding_window,
+                                  self.kv_scales)
         return out.to(q.dtype)
