@@ -7,6 +7,10 @@ sequence's own visible range is cut into num_splits tile-aligned chunks on devic
 sequences use few splits and the grid depends on shapes only (CUDA-graph safe). Splits write a
 normalised partial output and its log2-sum-exp2; a second kernel merges them. With one split
 the first kernel writes the output directly.
+
+A float8 cache (graphllm/ops/kv_quant.py) is read with its per-tensor scales folded out of the
+inner loop: K and V tiles convert exactly to q's dtype for tl.dot, k_scale multiplies the
+softmax scale on the host and v_scale the unnormalised output once per program.
 """
 
 import functools
@@ -14,6 +18,8 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
+from graphllm.ops.kv_quant import KVScales, dequantize_kv, is_fp8
 
 LOG2E = 1.4426950408889634
 TARGET_WAVES = 2  # aim for about this many programs per SM
@@ -23,16 +29,19 @@ CPU_SM_COUNT = 8  # stand-in for the interpreter
 
 def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                      block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                                     scale: float, sliding_window: int) -> torch.Tensor:
-    """The float32 oracle: per sequence, gather its pages, mask the window, softmax. [B, Hq, D]."""
+                                     scale: float, sliding_window: int,
+                                     kv_scales: KVScales = KVScales()) -> torch.Tensor:
+    """The float32 oracle: per sequence, gather its pages, mask the window, softmax. [B, Hq, D].
+
+    A float8 cache is read as float(x) * kv_scales."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for b, seq_len in enumerate(seq_lens.tolist()):
         if seq_len == 0:
             continue
         pages = block_tables[b, :triton.cdiv(seq_len, k_cache.shape[1])]
-        keys = k_cache[pages].flatten(0, 1)[:seq_len].float()  # [L, Hkv, D]
-        values = v_cache[pages].flatten(0, 1)[:seq_len].float()
+        keys = dequantize_kv(k_cache[pages].flatten(0, 1)[:seq_len], kv_scales.k)  # [L, Hkv, D] float32
+        values = dequantize_kv(v_cache[pages].flatten(0, 1)[:seq_len], kv_scales.v)
         keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=1)  # [L, Hq, D]
         values = values.repeat_interleave(num_heads // num_kv_heads, dim=1)
         scores = torch.einsum("hd,lhd->hl", q[b].float(), keys) * scale  # [Hq, L]
@@ -63,12 +72,13 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: 
 
 @triton.jit
 def _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
-                         stride_cb, stride_co, stride_ch, scale_log2,
+                         stride_cb, stride_co, stride_ch, scale_log2, v_scale,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
     """Online softmax of q ([BLOCK_G, BLOCK_D]: one token's query heads of KV head kvh) over the
     keys at positions lo..hi-1 of the pages in `table`; returns (acc, l, m), acc unnormalised.
-    Shared by the decode kernel and the prefill kernel's one-token sequences."""
+    Shared by the decode kernel and the prefill kernel's one-token sequences. KV_FP8: a float8
+    cache, whose k_scale the caller folded into scale_log2; acc comes back times v_scale."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     offs_n = tl.arange(0, BLOCK_N)
@@ -90,8 +100,12 @@ def _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        if KV_FP8:  # exact: float8 e4m3 fits in float16, bfloat16 and float32
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
+    if KV_FP8:
+        acc = acc * v_scale
     return acc, l_i, m_i
 
 
@@ -100,10 +114,10 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          out_ptr, part_out_ptr, part_lse_ptr,
                          stride_qb, stride_qh, stride_ob, stride_oh,
                          stride_cb, stride_co, stride_ch,  # k/v cache: block, offset, head
-                         stride_bt, scale_log2, sliding_window, num_splits, block_size,
+                         stride_bt, scale_log2, v_scale, sliding_window, num_splits, block_size,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
-                         PRECISION: tl.constexpr):
+                         PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     start = 0
@@ -122,8 +136,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, m_i = _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
-                                         stride_cb, stride_co, stride_ch, scale_log2,
-                                         BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION)
+                                         stride_cb, stride_co, stride_ch, scale_log2, v_scale,
+                                         BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # l_i = 0: empty range, zeros and lse -inf
     out = acc / l_safe[:, None]
@@ -161,7 +175,8 @@ def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ob, stride
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                           sliding_window: int, num_splits: int | None = None) -> torch.Tensor:
+                           sliding_window: int, num_splits: int | None = None,
+                           kv_scales: KVScales = KVScales()) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -169,7 +184,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     valid id); seq_lens: [B] tokens in cache including the new one, which sits at position
     seq_len - 1 and sees keys max(0, seq_len - sliding_window) .. seq_len - 1 (all keys when
     sliding_window <= 0). A sequence with seq_len 0 gets zeros. Output in q's dtype, softmax in
-    float32. num_splits None: default_num_splits from shapes (no host sync either way).
+    float32. num_splits None: default_num_splits from shapes (no host sync either way). A
+    float8_e4m3fn cache is read as float(x) * kv_scales.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -189,14 +205,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         part_out = q.new_empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32)
         part_lse = q.new_empty((batch, num_heads, num_splits), dtype=torch.float32)
     block_d = triton.next_power_of_2(head_dim)
+    kv_fp8 = is_fp8(k_cache.dtype)
+    scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), scale * LOG2E, sliding_window, num_splits, block_size,
+        block_tables.stride(0), scale_log2, kv_scales.v, sliding_window, num_splits, block_size,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=3)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, num_warps=4, num_stages=3)
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, out, out.stride(0), out.stride(1), num_splits,

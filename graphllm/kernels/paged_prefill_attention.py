@@ -12,6 +12,8 @@ each K/V tile serves the whole group. Each sequence's tokens are tiled on their 
 the grid belongs to the last sequence b with query_start_loc[b] // BLOCK_Q + b <= i (found by
 binary search), so the grid cdiv(T, BLOCK_Q) + B bounds the tile count from shapes alone and
 programs past their sequence's tokens exit (vLLM's unified-attention trick; no host sync).
+A float8 cache is read as in the decode kernel: tiles converted exactly to q's dtype, k_scale
+folded into the softmax scale on the host, v_scale applied once to the unnormalised output.
 """
 
 import torch
@@ -19,6 +21,7 @@ import triton
 import triton.language as tl
 
 from graphllm.kernels.paged_decode_attention import _one_token_attention
+from graphllm.ops.kv_quant import KVScales, dequantize_kv, is_fp8
 
 LOG2E = 1.4426950408889634
 
@@ -26,8 +29,11 @@ LOG2E = 1.4426950408889634
 def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
                                       v_cache: torch.Tensor, block_tables: torch.Tensor,
                                       seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                                      scale: float, sliding_window: int) -> torch.Tensor:
-    """The float32 oracle: per sequence, gather its pages, causal (+ window) mask, softmax."""
+                                      scale: float, sliding_window: int,
+                                      kv_scales: KVScales = KVScales()) -> torch.Tensor:
+    """The float32 oracle: per sequence, gather its pages, causal (+ window) mask, softmax.
+
+    A float8 cache is read as float(x) * kv_scales."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     starts = query_start_loc.tolist()
@@ -36,8 +42,8 @@ def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
         if first == last:
             continue
         pages = block_tables[b, :triton.cdiv(seq_len, k_cache.shape[1])]
-        keys = k_cache[pages].flatten(0, 1)[:seq_len].float()  # [L, Hkv, D]
-        values = v_cache[pages].flatten(0, 1)[:seq_len].float()
+        keys = dequantize_kv(k_cache[pages].flatten(0, 1)[:seq_len], kv_scales.k)  # [L, Hkv, D] float32
+        values = dequantize_kv(v_cache[pages].flatten(0, 1)[:seq_len], kv_scales.v)
         keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=1)  # [L, Hq, D]
         values = values.repeat_interleave(num_heads // num_kv_heads, dim=1)
         scores = torch.einsum("thd,lhd->htl", q[first:last].float(), keys) * scale  # [Hq, t, L]
@@ -69,8 +75,9 @@ def _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kvh, token, seq_len,
                stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt,
-               scale_log2, sliding_window, block_size, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+               scale_log2, v_scale, sliding_window, block_size, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+               KV_FP8: tl.constexpr):
     """Attention of sequence b's single new token (row `token`), all G heads of KV head kvh at once:
     a [BLOCK_G, D] query tile instead of [BLOCK_M, D], a quarter of the work for GQA 4."""
     offs_g = tl.arange(0, BLOCK_G)
@@ -84,7 +91,7 @@ def _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kv
         lo = tl.maximum(seq_len - sliding_window, 0)
     acc, l_i, _ = _one_token_attention(q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt,
                                        kvh, lo, seq_len, block_size, stride_cb, stride_co, stride_ch, scale_log2,
-                                       BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION)
+                                       v_scale, BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + token.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -95,10 +102,10 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
                     query_start_loc_ptr, out_ptr,
                     stride_qt, stride_qh, stride_ot, stride_oh,
                     stride_cb, stride_co, stride_ch,  # k/v cache: block, offset, head
-                    stride_bt, scale_log2, sliding_window, num_seqs, block_size,
+                    stride_bt, scale_log2, v_scale, sliding_window, num_seqs, block_size,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr):
+                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
     tile, kvh = tl.program_id(0), tl.program_id(1)
     b = _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
     q_first = tl.load(query_start_loc_ptr + b).to(tl.int32)
@@ -110,7 +117,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
     if q_len == 1:  # a decoding sequence of a mixed step: the decode kernel's [BLOCK_G, D] loop
         _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kvh, q_first, seq_len,
                    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt,
-                   scale_log2, sliding_window, block_size, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N, PRECISION)
+                   scale_log2, v_scale, sliding_window, block_size, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D, BLOCK_N,
+                   PRECISION, KV_FP8)
         return
     prefix = seq_len - q_len  # position of the sequence's first new token
 
@@ -155,9 +163,13 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+        if KV_FP8:  # exact: float8 e4m3 fits in float16, bfloat16 and float32
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
+    if KV_FP8:
+        acc = acc * v_scale
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_off = (q_first + toks).to(tl.int64)[:, None] * stride_ot + heads[:, None] * stride_oh \
         + offs_d[None, :]
@@ -167,7 +179,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, seq_lens: torch.Tensor,
                             query_start_loc: torch.Tensor, scale: float,
-                            sliding_window: int) -> torch.Tensor:
+                            sliding_window: int, kv_scales: KVScales = KVScales()) -> torch.Tensor:
     """Causal attention of the step's new tokens over their sequences' pages; returns [T, Hq, D].
 
     q: [T, Hq, D] (last-dim stride 1), sequence b's new tokens at rows
@@ -177,7 +189,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     seq_lens: [B] tokens in cache including the new ones. New token i of sequence b sits at
     position p = seq_len - q_len + i and sees keys 0..p, or p - sliding_window + 1..p when
     sliding_window > 0. Output in q's dtype (rows of no sequence are left unwritten), softmax in
-    float32; no host sync.
+    float32; no host sync. A float8_e4m3fn cache is read as float(x) * kv_scales.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
@@ -189,13 +201,15 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     group = num_heads // num_kv_heads
     block_m = max(64, triton.next_power_of_2(group))
     block_q = block_m // group
+    kv_fp8 = is_fp8(k_cache.dtype)
+    scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     _prefill_kernel[(triton.cdiv(num_tokens, block_q) + num_seqs, num_kv_heads)](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), scale * LOG2E, sliding_window, num_seqs, block_size,
+        block_tables.stride(0), scale_log2, kv_scales.v, sliding_window, num_seqs, block_size,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=64 if head_dim <= 128 else 32,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8,
         num_warps=4 if head_dim <= 128 else 8, num_stages=3)
     return out

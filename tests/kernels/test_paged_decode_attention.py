@@ -1,4 +1,5 @@
-"""Split-KV paged decode attention equals the float32 reference, for any number of splits."""
+"""Split-KV paged decode attention equals the float32 reference, for any number of splits, over a
+cache of q's dtype or a float8 one read with its scales."""
 
 import math
 
@@ -9,8 +10,11 @@ pytest.importorskip("triton")
 
 from graphllm.kernels.paged_decode_attention import (  # noqa: E402
     default_num_splits, paged_decode_attention, paged_decode_attention_reference)
+from graphllm.ops.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
 from tests.kernels.conftest import (  # noqa: E402
     LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
+
+FP8_SCALES = KVScales(k=0.37, v=1.9)  # not 1.0: a dropped or swapped scale shows
 
 # (Hq, Hkv, D, block_size, seq_lens, sliding_window)
 SMALL = [
@@ -28,16 +32,17 @@ LARGE = [
 ]
 
 
-def run_case(case, dtype, num_splits, seed=0, index_dtype=torch.int64):
+def run_case(case, dtype, num_splits, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_scales=KVScales()):
+    """cache_dtype None: q's dtype."""
     num_heads, num_kv_heads, head_dim, block_size, seq_lens, window = case
-    kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, dtype,
-                                           seed)
+    kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim,
+                                           cache_dtype or dtype, seed)
     q = randn((len(seq_lens), num_heads, head_dim), dtype, seed + 1)
     seq_lens_t = torch.tensor(seq_lens, device=q.device, dtype=index_dtype)
     block_tables = block_tables.to(index_dtype)
     args = (q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, 1 / math.sqrt(head_dim), window)
-    got = paged_decode_attention(*args, num_splits=num_splits)
-    assert_close(got, paged_decode_attention_reference(*args))
+    got = paged_decode_attention(*args, num_splits=num_splits, kv_scales=kv_scales)
+    assert_close(got, paged_decode_attention_reference(*args, kv_scales=kv_scales))
 
 
 @pytest.mark.parametrize("num_splits", [1, 3, None])
@@ -49,6 +54,21 @@ def test_decode_matches_reference_fp32(case, num_splits):
 @pytest.mark.parametrize("case", SMALL[1:4])
 def test_decode_matches_reference_half(case):
     run_case(case, LOW_DTYPE, num_splits=2)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("case", [SMALL[0], SMALL[1], SMALL[3]])
+def test_decode_fp8_cache_matches_reference(case, num_splits):
+    run_case(case, torch.float32, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+
+
+@pytest.mark.parametrize("case", SMALL[2:4])
+def test_decode_fp8_cache_half_queries(case):
+    run_case(case, LOW_DTYPE, num_splits=2, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+
+
+def test_decode_fp8_cache_unit_scales():
+    run_case(SMALL[4], torch.float32, num_splits=None, cache_dtype=FP8_KV_DTYPE)
 
 
 def test_decode_more_splits_than_tiles():
@@ -65,6 +85,13 @@ def test_decode_accepts_int32_metadata():
 @pytest.mark.parametrize("case", LARGE)
 def test_decode_matches_reference_large(case, dtype, num_splits):
     run_case(case, dtype, num_splits)
+
+
+@gpu_only
+@pytest.mark.parametrize("num_splits", [1, None])
+@pytest.mark.parametrize("case", LARGE)
+def test_decode_fp8_cache_matches_reference_large(case, num_splits):
+    run_case(case, torch.bfloat16, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
 
 
 def test_default_num_splits_fills_the_machine_but_keeps_tiles_per_split():

@@ -1,4 +1,5 @@
-"""Varlen paged prefill attention equals the float32 reference: prefill, chunked, mixed batches."""
+"""Varlen paged prefill attention equals the float32 reference: prefill, chunked, mixed batches, over
+a cache of q's dtype or a float8 one read with its scales."""
 
 import math
 
@@ -9,8 +10,11 @@ pytest.importorskip("triton")
 
 from graphllm.kernels.paged_prefill_attention import (  # noqa: E402
     paged_prefill_attention, paged_prefill_attention_reference)
+from graphllm.ops.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
 from tests.kernels.conftest import (  # noqa: E402
     LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
+
+FP8_SCALES = KVScales(k=0.37, v=1.9)  # not 1.0: a dropped or swapped scale shows
 
 # (Hq, Hkv, D, block_size, [(cached, new) per sequence], sliding_window)
 SMALL = [
@@ -27,11 +31,12 @@ LARGE = [
 ]
 
 
-def run_case(case, dtype, seed=0, index_dtype=torch.int64):
+def run_case(case, dtype, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_scales=KVScales()):
+    """cache_dtype None: q's dtype."""
     num_heads, num_kv_heads, head_dim, block_size, chunks, window = case
     seq_lens = [cached + new for cached, new in chunks]
-    kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, dtype,
-                                           seed)
+    kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim,
+                                           cache_dtype or dtype, seed)
     starts = torch.tensor([0] + [new for _, new in chunks]).cumsum(0)  # query_start_loc [B + 1]
     starts = starts.to(kv_cache.device, index_dtype)
     q = randn((int(starts[-1]), num_heads, head_dim), dtype, seed + 1)
@@ -39,7 +44,8 @@ def run_case(case, dtype, seed=0, index_dtype=torch.int64):
     block_tables = block_tables.to(index_dtype)
     args = (q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, starts,
             1 / math.sqrt(head_dim), window)
-    assert_close(paged_prefill_attention(*args), paged_prefill_attention_reference(*args))
+    assert_close(paged_prefill_attention(*args, kv_scales=kv_scales),
+                 paged_prefill_attention_reference(*args, kv_scales=kv_scales))
 
 
 @pytest.mark.parametrize("case", SMALL)
@@ -52,6 +58,15 @@ def test_prefill_matches_reference_half(case):
     run_case(case, LOW_DTYPE)
 
 
+@pytest.mark.parametrize("case", SMALL)
+def test_prefill_fp8_cache_matches_reference(case):
+    run_case(case, torch.float32, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+
+
+def test_prefill_fp8_cache_half_queries():
+    run_case(SMALL[2], LOW_DTYPE, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+
+
 def test_prefill_accepts_int32_metadata():
     run_case(SMALL[2], torch.float32, index_dtype=torch.int32)
 
@@ -61,3 +76,9 @@ def test_prefill_accepts_int32_metadata():
 @pytest.mark.parametrize("case", LARGE)
 def test_prefill_matches_reference_large(case, dtype):
     run_case(case, dtype)
+
+
+@gpu_only
+@pytest.mark.parametrize("case", LARGE)
+def test_prefill_fp8_cache_matches_reference_large(case):
+    run_case(case, torch.bfloat16, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
