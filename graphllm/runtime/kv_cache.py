@@ -59,13 +59,15 @@ class BlockPool:
         seq.num_computed_tokens = 0
 
 
-def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+def kv_bytes_per_block(config: ModelConfig, block_size: int, kv_cache_dtype: torch.dtype) -> int:
+    """Bytes of one block over all layers, K and V, in the cache's element type."""
     per_layer = 2 * block_size * config.num_key_value_heads * config.head_dim
-    return per_layer * config.num_hidden_layers * torch.tensor([], dtype=dtype).element_size()
+    return per_layer * config.num_hidden_layers * kv_cache_dtype.itemsize
 
 
-def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
+def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, kv_cache_dtype: torch.dtype,
                        device: torch.device) -> list[torch.Tensor]:
-    """One [2, num_blocks, block_size, Hkv, D] tensor per layer (the step's kv_caches input)."""
+    """One [2, num_blocks, block_size, Hkv, D] tensor per layer (the step's kv_caches input), of
+    kv_cache_dtype: the model's dtype, or float8_e4m3fn (graphllm/ops/kv_quant.py)."""
     shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+    return [torch.zeros(shape, dtype=kv_cache_dtype, device=device) for _ in range(config.num_hidden_layers)]

@@ -1,7 +1,7 @@
 """Builds the runtime pieces from an EngineConfig: model, tokenizer, KV cache, scheduler, runner.
 
-Facts found here (device, dtype, KV blocks, EOS ids, max_model_len) go into RuntimeState;
-the EngineConfig is never mutated.
+Facts found here (device, dtype, KV-cache dtype, KV blocks, EOS ids, max_model_len) go into
+RuntimeState; the EngineConfig is never mutated.
 """
 
 import json
@@ -18,6 +18,7 @@ from graphllm.models.config import ModelConfig
 from graphllm.models.loader import load_model, read_hf_config
 from graphllm.ir.capture import StepModule
 from graphllm.ops.backends import select_backend
+from graphllm.ops.kv_quant import FP8_KV_DTYPE, KVScales
 from graphllm.runtime.kv_cache import BlockPool, allocate_kv_caches, kv_bytes_per_block
 from graphllm.runtime.model_runner import ModelRunner
 from graphllm.runtime.scheduler import Scheduler
@@ -40,6 +41,7 @@ class RuntimeState:
     model_path: Path
     device: torch.device
     dtype: torch.dtype
+    kv_cache_dtype: torch.dtype  # the model's dtype, or float8_e4m3fn (EngineConfig.kv_cache_dtype "fp8")
     max_model_len: int
     num_kv_blocks: int
     kv_cache_bytes: int
@@ -79,6 +81,11 @@ def resolve_dtype(config: EngineConfig, hf: dict[str, Any], device: torch.device
     return torch.float16 if saved == "float16" else torch.bfloat16
 
 
+def resolve_kv_cache_dtype(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
+    """auto: the model's dtype; fp8: float8_e4m3fn, K/V stored with per-tensor KVScales (vLLM's)."""
+    return FP8_KV_DTYPE if config.kv_cache_dtype == "fp8" else dtype
+
+
 def load_tokenizer(path: Path):
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         return None
@@ -107,13 +114,15 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
     return config.max_model_len
 
 
-def resolve_num_blocks(config: EngineConfig, limits: Limits, model_config: ModelConfig, dtype: torch.dtype,
-                       device: torch.device, max_model_len: int) -> int:
+def resolve_num_blocks(config: EngineConfig, limits: Limits, model_config: ModelConfig,
+                       kv_cache_dtype: torch.dtype, device: torch.device, max_model_len: int) -> int:
+    """config.num_kv_blocks, else as many as the KV memory budget holds in kv_cache_dtype (capped
+    at every sequence at full length)."""
     block_size = limits.block_size
     if config.num_kv_blocks is not None:
         num_blocks = config.num_kv_blocks
     else:
-        per_block = kv_bytes_per_block(model_config, block_size, dtype)
+        per_block = kv_bytes_per_block(model_config, block_size, kv_cache_dtype)
         wanted = limits.max_num_seqs * -(-max_model_len // block_size)  # every sequence at full length
         num_blocks = min(wanted, kv_cache_budget(config, device) // per_block)
     if num_blocks * block_size < max_model_len:
@@ -176,19 +185,26 @@ def resolve_limits(config: EngineConfig, built: dict | None = None) -> Limits:
 def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module | None,
              model_config: ModelConfig, step, dtype: torch.dtype, device: torch.device,
              buckets: tuple[int, ...] | None = None) -> Runtime:
-    """The parts eager and compiled engines share: tokenizer, KV cache, scheduler, runner."""
+    """The parts eager and compiled engines share: tokenizer, KV cache, scheduler, runner.
+
+    The compiled step takes a KV cache of any element type (the attention op, an opaque call in
+    the graph, is all that reads or writes it), so one artifact serves both kv_cache_dtype values.
+    """
     tokenizer = load_tokenizer(path)
     max_model_len = resolve_max_model_len(config, model_config)
-    num_blocks = resolve_num_blocks(config, limits, model_config, dtype, device, max_model_len)
+    kv_dtype = resolve_kv_cache_dtype(config, dtype)
+    num_blocks = resolve_num_blocks(config, limits, model_config, kv_dtype, device, max_model_len)
     # one block more than the pool hands out: padded CUDA-graph rows write their K/V there
-    kv_caches = allocate_kv_caches(model_config, num_blocks + 1, limits.block_size, dtype, device)
+    kv_caches = allocate_kv_caches(model_config, num_blocks + 1, limits.block_size, kv_dtype, device)
     kv_bytes = sum(c.numel() * c.element_size() for c in kv_caches)
     torch.manual_seed(config.seed)
-    state = RuntimeState(path, device, dtype, max_model_len, num_blocks, kv_bytes,
+    state = RuntimeState(path, device, dtype, kv_dtype, max_model_len, num_blocks, kv_bytes,
                          eos_token_ids(path, model_config, tokenizer), model_config, limits)
     pool = BlockPool(num_blocks, limits.block_size)
     scheduler = Scheduler(pool, limits.max_num_seqs, limits.max_num_batched_tokens)
-    backend = select_backend(config.attention_backend, model_config, dtype, device, limits.block_size)
+    kv_scales = KVScales()  # uncalibrated, 1.0 for K and V (vLLM's default); ignored unless fp8
+    backend = select_backend(config.attention_backend, model_config, dtype, device, limits.block_size,
+                             kv_dtype, kv_scales)
     logger.info("attention backend: %s", backend.name)
     graphs = None
     if device.type == "cuda" and config.cuda_graphs:

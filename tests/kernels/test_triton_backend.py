@@ -1,25 +1,32 @@
 """The triton attention backend inside the engine: the same greedy tokens as the PyTorch
 reference backend (float32), through prefill, chunked prefill (8-token budget) and decode, for
-grouped-query attention (llama), a sliding window (mistral) and head_dim 32 (qwen3).
+grouped-query attention (llama), a sliding window (mistral) and head_dim 32 (qwen3), with a KV
+cache of the model's dtype or a float8 one (kv_cache_dtype="fp8", both backends quantizing alike).
 On CPU the kernels run under Triton's interpreter (see conftest.py)."""
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 
 from graphllm import Engine, SamplingParams  # noqa: E402
-from tests.kernels.conftest import DEVICE  # noqa: E402
+from tests.kernels.conftest import DEVICE, ON_GPU  # noqa: E402
+from tests.kernels.test_store_kv import INTERPRETER_FP8_ROUNDING  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 17, 33], [1, 42], list(range(3, 24))]
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 
+@pytest.mark.parametrize("kv_cache_dtype", [
+    "auto", pytest.param("fp8", marks=pytest.mark.skipif(not ON_GPU, reason=INTERPRETER_FP8_ROUNDING))])
 @pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3"])
-def test_triton_backend_gives_the_reference_tokens(arch, tiny_model_dir):
+def test_triton_backend_gives_the_reference_tokens(arch, kv_cache_dtype, tiny_model_dir):
     path, _ = tiny_model_dir(arch)
-    options = dict(dtype="float32", device=DEVICE.type, cuda_graphs=False, max_num_batched_tokens=8)
+    options = dict(dtype="float32", device=DEVICE.type, cuda_graphs=False, max_num_batched_tokens=8,
+                   kv_cache_dtype=kv_cache_dtype)
     expected = Engine.from_pretrained(path, attention_backend="torch", **options).generate(PROMPTS, GREEDY)
     engine = Engine.from_pretrained(path, attention_backend="triton", **options)
     assert engine.runner.backend.name == "triton"
+    assert engine.state.kv_cache_dtype == (torch.float8_e4m3fn if kv_cache_dtype == "fp8" else torch.float32)
     got = engine.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]

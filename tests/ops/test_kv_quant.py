@@ -1,12 +1,16 @@
 """The float8 KV format of the reference (write_kv_cache, reference_attention): stored as
-saturate(x / scale), read as float(x) * scale; a model-dtype cache is a plain cast, as before."""
+saturate(x / scale), read as float(x) * scale; a model-dtype cache is a plain cast, as before.
+On a GPU, the triton and flashinfer backends store the same bytes and read them alike."""
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from graphllm.models.config import ModelConfig
 from graphllm.ops.attention import reference_attention, write_kv_cache
+from graphllm.ops.backends import HostMeta, TorchBackend, select_backend
 from graphllm.ops.kv_quant import FP8_KV_DTYPE, FP8_MAX, KVScales, dequantize_kv, quantize_kv
 
 SCALES = [KVScales(), KVScales(k=0.25, v=3.0)]
@@ -80,3 +84,60 @@ def test_attention_over_fp8_reads_the_dequantized_cache(scales, sliding_window):
     error = (got - unquantized).abs().mean() / unquantized.abs().mean()
     assert 0 < error < 0.05  # lossy, but close
 
+
+# (cached, new) tokens per sequence: a prefill step with a chunked prefix and a decoding row, and a decode step
+PREFILL_STEP, DECODE_STEP = [(0, 37), (20, 5), (50, 1)], [(40, 1), (130, 1), (7, 1)]
+GPU_CONFIG = ModelConfig("LlamaForCausalLM", vocab_size=128, hidden_size=512, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                         rms_norm_eps=1e-5, max_position_embeddings=4096)
+
+
+def gpu_step(chunks, scales: KVScales, block_size=16, seed=0, device="cuda"):
+    """Attention op inputs for one step on the GPU over an fp8 cache already holding the cached tokens."""
+    heads, kv_heads, head_dim = GPU_CONFIG.num_attention_heads, GPU_CONFIG.num_key_value_heads, GPU_CONFIG.head_dim
+    gen = torch.Generator().manual_seed(seed)
+    seq_lens = [cached + new for cached, new in chunks]
+    counts = [-(-n // block_size) for n in seq_lens]
+    pool = torch.randperm(sum(counts) + 2, generator=gen).tolist()
+    tables = torch.zeros(len(chunks), max(counts), dtype=torch.int64)
+    for b, count in enumerate(counts):
+        tables[b, :count] = torch.tensor([pool.pop() for _ in range(count)])
+    positions = torch.cat([torch.arange(cached, cached + new) for cached, new in chunks])
+    rows = torch.cat([torch.full((new,), b) for b, (_, new) in enumerate(chunks)])
+    slots = tables[rows, positions // block_size] * block_size + positions % block_size
+    cache = torch.zeros((2, sum(counts) + 2, block_size, kv_heads, head_dim), dtype=FP8_KV_DTYPE)
+    for b, (cached, _) in enumerate(chunks):  # the prefix, as an earlier step stored it
+        pos = torch.arange(cached)
+        write_kv_cache(*torch.randn(2, cached, kv_heads, head_dim, generator=gen), cache,
+                       tables[b, pos // block_size] * block_size + pos % block_size, scales)
+    num_tokens = len(positions)
+    q, k, v = (torch.randn(num_tokens, h, head_dim, generator=gen) for h in (heads, kv_heads, kv_heads))
+    qsl = torch.tensor([0] + [new for _, new in chunks]).cumsum(0)
+    host = HostMeta(qsl.numpy(), np.array(seq_lens), tables.numpy())
+    half = dict(device=device, dtype=torch.bfloat16)
+    args = (q.to(**half), k.to(**half), v.to(**half), cache.to(device), positions.to(device), slots.to(device),
+            tables.to(device), torch.tensor(seq_lens, device=device), qsl.to(device), head_dim ** -0.5, 0)
+    return host, args
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("graph_decoder", [False, True])
+@pytest.mark.parametrize("chunks", [PREFILL_STEP, DECODE_STEP])
+@pytest.mark.parametrize("scales", SCALES)
+@pytest.mark.parametrize("name", ["triton", "flashinfer"])
+def test_gpu_backend_writes_and_reads_fp8_like_the_reference(name, scales, chunks, graph_decoder):
+    """The same cache bytes as the reference backend, and its output within bfloat16 tolerance."""
+    import importlib.util
+    if name == "flashinfer" and importlib.util.find_spec("flashinfer") is None:
+        pytest.skip("flashinfer is not installed")
+    if graph_decoder and (name != "flashinfer" or chunks is PREFILL_STEP):
+        pytest.skip("only FlashInfer's decode has a CUDA-graph wrapper")
+    host, args = gpu_step(chunks, scales)
+    backend = select_backend(name, GPU_CONFIG, torch.bfloat16, torch.device("cuda"), 16, FP8_KV_DTYPE, scales)
+    backend.plan(host, len(chunks) if graph_decoder else None)
+    reference_cache = args[3].clone()
+    expected = TorchBackend(scales).forward(*args[:3], reference_cache, *args[4:])
+    got = backend.forward(*args)
+    assert torch.equal(args[3].view(torch.uint8), reference_cache.view(torch.uint8))
+    torch.testing.assert_close(got.float(), expected.float(), atol=2e-2, rtol=2e-2)

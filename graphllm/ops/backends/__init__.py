@@ -10,6 +10,9 @@ the op runs the PyTorch reference.
   triton      graphllm/kernels: store_kv + split-KV paged decode / paged prefill (no host planning)
   flashinfer  FlashInfer's paged decode and prefill wrappers, planned on the host; CUDA-graph
               decode uses one fixed-buffer wrapper per batch bucket
+
+Every backend writes and reads a cache of the model's dtype or a float8_e4m3fn one, the latter
+with the per-tensor KVScales given to select_backend (graphllm/ops/kv_quant.py).
 """
 
 import contextlib
@@ -21,6 +24,7 @@ import torch
 
 from graphllm.models.config import ModelConfig
 from graphllm.ops.backends.base import AttentionBackend, HostMeta, TorchBackend
+from graphllm.ops.kv_quant import KVScales, is_fp8
 
 __all__ = ["AttentionBackend", "HostMeta", "TorchBackend", "active_backend", "select_backend", "use_backend"]
 
@@ -54,39 +58,44 @@ def flashinfer_supports(config: ModelConfig, dtype: torch.dtype) -> str | None:
     return None
 
 
-def triton_supports(device: torch.device) -> str | None:
+def triton_supports(device: torch.device, kv_cache_dtype: torch.dtype | None = None) -> str | None:
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed"
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return f"the Triton kernels need a CUDA device (or TRITON_INTERPRET=1), not {device.type}"
+    if is_fp8(kv_cache_dtype) and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        return "Triton's float8_e4m3fn (an fp8 KV cache) needs compute capability 8.9 or newer"
     return None
 
 
 def select_backend(name: str, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                   block_size: int) -> AttentionBackend:
+                   block_size: int, kv_cache_dtype: torch.dtype | None = None,
+                   kv_scales: KVScales = KVScales()) -> AttentionBackend:
     """`name` from EngineConfig.attention_backend. auto: triton on CUDA, else flashinfer, else torch.
 
     Triton comes first because it measured faster than FlashInfer 0.6's decode wrapper (CUDA
     cores) on the H200 at every batch size tried (benchmarks/RESULTS.md, 2026-11-21).
+    kv_cache_dtype: the cache's element type (None: the model's dtype); kv_scales: a float8
+    cache's per-tensor scales.
     """
     if name == "auto":
         if device.type != "cuda":
             name = "torch"
-        elif triton_supports(device) is None:
+        elif triton_supports(device, kv_cache_dtype) is None:
             name = "triton"
         else:
             name = "flashinfer" if flashinfer_supports(config, dtype) is None else "torch"
     if name == "torch":
-        return TorchBackend()
+        return TorchBackend(kv_scales)
     if name == "triton":
-        if (why := triton_supports(device)) is not None:
+        if (why := triton_supports(device, kv_cache_dtype)) is not None:
             raise ValueError(f"attention backend 'triton' is unavailable: {why}")
         from graphllm.ops.backends.triton_backend import TritonBackend
-        return TritonBackend()
+        return TritonBackend(kv_scales)
     if name == "flashinfer":
         why = "it needs a CUDA device" if device.type != "cuda" else flashinfer_supports(config, dtype)
         if why is not None:
             raise ValueError(f"attention backend 'flashinfer' is unavailable: {why}")
         from graphllm.ops.backends.flashinfer_backend import FlashInferBackend
-        return FlashInferBackend(config, dtype, device, block_size)
+        return FlashInferBackend(config, dtype, device, block_size, kv_cache_dtype, kv_scales)
     raise ValueError(f"unknown attention backend {name!r}")

@@ -2,7 +2,7 @@
 split-KV paged decode when every sequence has one new token, else paged prefill.
 
 Nothing is planned on the host: launch grids depend on tensor shapes only, so a decode step
-captures into a CUDA graph as is."""
+captures into a CUDA graph as is. A float8 cache is written and read with `kv_scales`."""
 
 from graphllm.kernels.paged_decode_attention import paged_decode_attention
 from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
@@ -15,9 +15,9 @@ class TritonBackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                 scale, sliding_window):
-        store_kv(k, v, kv_cache, slot_mapping)
+        store_kv(k, v, kv_cache, slot_mapping, self.kv_scales)
         if q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
-                                          sliding_window)
+                                          sliding_window, kv_scales=self.kv_scales)
         return paged_prefill_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
-                                       scale, sliding_window)
+                                       scale, sliding_window, kv_scales=self.kv_scales)
