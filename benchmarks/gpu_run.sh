@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call on the H200: install the carried wheels, then run the stages named in $@:
 #   sweep      benchmarks/kernel_sweep.py (skinny_matmul vs cuBLAS, decode attention bandwidth); sweep-PART: one part
+#   waits      benchmarks/host_waits.py (where the host waits for the GPU under async scheduling; after a bench stage)
 #   mixed      benchmarks/mixed_step_profile.py on the 8B preset (needs a latency/throughput stage before it)
 #   noskinny1-B  latency1-B with GRAPHLLM_SKINNY_MATMUL=0 (cuBLAS for every linear)
 #   steps8-B / tput8-B  latency1-B / throughput-B with --num-decode-steps 8;  gpu-steps  its GPU tests
@@ -32,6 +33,7 @@ for stage in "$@"; do
   case $stage in
     sweep) timeout 400 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
     sweep-*) timeout 300 python3 benchmarks/kernel_sweep.py "$OUT/r/$stage.json" ${stage#sweep-} ;;
+    waits) timeout 300 python3 benchmarks/host_waits.py $WORK/models/llama-3-8b "$OUT/r/waits.json" ;;
     mixed) timeout 200 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/mixed.json" ;;
     steps8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --num-decode-steps 8 \
         --attention-backend "${stage#steps8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;

@@ -188,17 +188,20 @@ class Engine:
         advanced = self._read_back(previous) if previous else []
         live = [i for i, seq in enumerate(sampling) if not seq.is_finished]
         if live:
-            if len(live) < len(sampling):
-                logits, sampling = logits[live], [sampling[i] for i in live]
-            rows = self._sampling_rows(sampling)
-            tokens = self.sampler.sample_on_device(logits, rows)
+            # Rows of sequences that finished at N are sampled too, and dropped: selecting the
+            # others on the device would wait for N + 1 (an index built on the host).
+            tokens = self.sampler.sample_on_device(logits, self._sampling_rows(sampling))
             if tokens is None:
-                self._sample(logits, sampling, rows)
+                if len(live) < len(sampling):
+                    logits, sampling = logits[live], [sampling[i] for i in live]
+                self._sample(logits, sampling)
                 advanced += sampling
             else:
                 self._in_flight = InFlight(sampling, tokens, self._to_host(tokens))
                 limit = self.state.max_model_len
                 for row, seq in enumerate(sampling):
+                    if seq.is_finished:
+                        continue
                     seq.append_pending(row)
                     max_tokens = seq.params.max_tokens
                     seq.stopping = seq.num_tokens >= limit or (max_tokens is not None
@@ -275,8 +278,8 @@ class Engine:
         return [SamplingRow(s.params, s.prompt_token_ids, s.output_token_ids, s.generator,
                             self._min_tokens_stop_ids(s)) for s in seqs]
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], rows: list[SamplingRow] | None = None) -> None:
-        out = self.sampler(logits, rows or self._sampling_rows(seqs))
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        out = self.sampler(logits, self._sampling_rows(seqs))
         for seq, token, logprobs in zip(seqs, out.token_ids, out.logprobs):
             seq.append_token(token)
             if logprobs is not None:
