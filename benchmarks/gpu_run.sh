@@ -15,6 +15,7 @@
 #   throughput-B  the same without the comparison, backend B
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
 #   sync1-B / synctput-B  latency1-B / throughput-B with --no-async-scheduling (host and GPU take turns)
+#   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
 #   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
@@ -33,6 +34,10 @@ for stage in "$@"; do
   case $stage in
     sweep) timeout 400 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
     sweep-*) timeout 300 python3 benchmarks/kernel_sweep.py "$OUT/r/$stage.json" ${stage#sweep-} ;;
+    fp8-tests) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_store_kv.py tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py \
+        tests/kernels/test_triton_backend.py tests/ops/test_kv_quant.py tests/runtime/test_kv_cache_dtype.py 2>&1 \
+        | grep -v "^\.*$" | grep -v DEBUG | tail -40 ;;
     waits) timeout 300 python3 benchmarks/host_waits.py $WORK/models/llama-3-8b "$OUT/r/waits.json" ;;
     mixed) timeout 200 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/mixed.json" ;;
     steps8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --num-decode-steps 8 \

@@ -118,7 +118,8 @@ def engine_facts(engine) -> dict:
             "attention_backend": getattr(backend, "name", None) or engine.config.attention_backend,
             "max_num_seqs": state.limits.max_num_seqs, "max_num_batched_tokens": state.limits.max_num_batched_tokens,
             "max_model_len": state.max_model_len, "num_kv_blocks": state.num_kv_blocks,
-            "kv_cache_gib": state.kv_cache_bytes / 2**30}
+            "kv_cache_gib": state.kv_cache_bytes / 2**30, "kv_cache_dtype": str(state.kv_cache_dtype)[6:],
+            "async_scheduling": engine._async}
 
 
 def device_name(device: torch.device) -> str:
