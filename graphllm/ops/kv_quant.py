@@ -34,7 +34,11 @@ def quantize_kv(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tens
     """x in a cache's element type: a plain cast, or for float8 saturate(x / scale) in float32."""
     if not is_fp8(dtype):
         return x.to(dtype)
-    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(dtype)
+    # Divide by a float32 tensor: a correctly rounded quotient, as store_kv's div_rn. (Dividing by a
+    # Python float multiplies by its reciprocal on CUDA, which rounds differently near ties: 42.5 / 1.7
+    # stored 26 where the exact quotient 24.99999 stores 24; measured on the H200, 2026-11-21.)
+    divisor = torch.full((), scale, dtype=torch.float32, device=x.device)
+    return (x.float() / divisor).clamp(-FP8_MAX, FP8_MAX).to(dtype)
 
 
 def dequantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:

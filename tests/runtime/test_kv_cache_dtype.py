@@ -139,7 +139,7 @@ def head_dim_128_model(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+@pytest.mark.parametrize("backend", ["triton"])  # flashinfer refuses an fp8 cache (test_kv_quant)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

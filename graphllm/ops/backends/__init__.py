@@ -11,8 +11,9 @@ the op runs the PyTorch reference.
   flashinfer  FlashInfer's paged decode and prefill wrappers, planned on the host; CUDA-graph
               decode uses one fixed-buffer wrapper per batch bucket
 
-Every backend writes and reads a cache of the model's dtype or a float8_e4m3fn one, the latter
-with the per-tensor KVScales given to select_backend (graphllm/ops/kv_quant.py).
+The torch and triton backends write and read a cache of the model's dtype or a float8_e4m3fn one,
+the latter with the per-tensor KVScales given to select_backend (graphllm/ops/kv_quant.py).
+FlashInfer is refused with an fp8 cache: its fp8 prefill kernel failed to build on the H200.
 """
 
 import contextlib
@@ -47,8 +48,11 @@ def use_backend(backend: AttentionBackend) -> Iterator[AttentionBackend]:
         _active = saved
 
 
-def flashinfer_supports(config: ModelConfig, dtype: torch.dtype) -> str | None:
+def flashinfer_supports(config: ModelConfig, dtype: torch.dtype, kv_cache_dtype: torch.dtype | None = None) -> str | None:
     """None when FlashInfer can run this model, else why not."""
+    if is_fp8(kv_cache_dtype):
+        return ("FlashInfer 0.6's prefill kernel for a float8_e4m3fn KV cache failed to build on the H200 "
+                "(sm_90, 2026-11-21); use the triton backend or kv_cache_dtype 'auto'")
     if dtype not in (torch.float16, torch.bfloat16):
         return f"FlashInfer kernels take float16/bfloat16, not {dtype}"
     if config.head_dim not in (64, 128, 256):
@@ -84,7 +88,7 @@ def select_backend(name: str, config: ModelConfig, dtype: torch.dtype, device: t
         elif triton_supports(device, kv_cache_dtype) is None:
             name = "triton"
         else:
-            name = "flashinfer" if flashinfer_supports(config, dtype) is None else "torch"
+            name = "flashinfer" if flashinfer_supports(config, dtype, kv_cache_dtype) is None else "torch"
     if name == "torch":
         return TorchBackend(kv_scales)
     if name == "triton":
@@ -93,7 +97,8 @@ def select_backend(name: str, config: ModelConfig, dtype: torch.dtype, device: t
         from graphllm.ops.backends.triton_backend import TritonBackend
         return TritonBackend(kv_scales)
     if name == "flashinfer":
-        why = "it needs a CUDA device" if device.type != "cuda" else flashinfer_supports(config, dtype)
+        why = ("it needs a CUDA device" if device.type != "cuda" and not is_fp8(kv_cache_dtype)
+               else flashinfer_supports(config, dtype, kv_cache_dtype))
         if why is not None:
             raise ValueError(f"attention backend 'flashinfer' is unavailable: {why}")
         from graphllm.ops.backends.flashinfer_backend import FlashInferBackend
