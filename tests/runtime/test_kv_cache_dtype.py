@@ -113,6 +113,8 @@ def test_unknown_kv_cache_dtype_is_an_error(bad):
     assert bad not in KV_CACHE_DTYPES
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU form (eager and compiled both float32 there); on a GPU "
+                    "test_gpu_compiled_graphs_with_fp8_cache_give_the_eager_tokens pins float32 and the backends")
 def test_one_compiled_artifact_serves_an_fp8_cache(tiny_model_dir, compiled_dir):
     """The artifact's key has no cache dtype: the step takes KV tensors of any element type, since only
     the attention op (an opaque call in the graph) reads or writes them. Compiled and eager fp8 agree."""
