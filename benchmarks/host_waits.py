@@ -41,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     engine = Engine.from_pretrained(args.model, compile=True, max_num_seqs=256, max_model_len=2064,
                                     max_num_batched_tokens=8192, attention_backend="triton")
-    assert engine._async
+    assert engine.async_scheduling
     rng = random.Random(0)
     vocab = engine.state.model_config.vocab_size
     for _ in range(600):

@@ -119,7 +119,7 @@ def engine_facts(engine) -> dict:
             "max_num_seqs": state.limits.max_num_seqs, "max_num_batched_tokens": state.limits.max_num_batched_tokens,
             "max_model_len": state.max_model_len, "num_kv_blocks": state.num_kv_blocks,
             "kv_cache_gib": state.kv_cache_bytes / 2**30, "kv_cache_dtype": str(state.kv_cache_dtype)[6:],
-            "async_scheduling": engine._async}
+            "async_scheduling": engine.async_scheduling}
 
 
 def device_name(device: torch.device) -> str:
@@ -196,7 +196,7 @@ class StepTimer:
         step, schedule, execute, sampler = self._originals
         engine.step = self._wrap_step(step)
         engine.scheduler.schedule = self._wrap_schedule(schedule)
-        overlapped = engine._async
+        overlapped = engine.async_scheduling
         engine.runner.execute = self._timed("model", execute, sync=not overlapped)
         engine.runner.execute_decode_steps = self._timed("model", engine.runner.execute_decode_steps, sync=True)
         engine.sampler = _TimedSampler(sampler, lambda fn: self._timed("sample", fn, sync=False))

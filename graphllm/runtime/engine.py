@@ -24,7 +24,7 @@ from graphllm.runtime.sampler import Sampler, SamplingRow, plain_greedy
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.runtime.sequence import Sequence
 from graphllm.runtime.setup import build_runtime
-from graphllm.runtime.stopping import check_stop
+from graphllm.runtime.stopping import check_stop, reached_length
 
 Prompt = str | list[int]
 
@@ -52,8 +52,8 @@ class Engine:
         self._driver: asyncio.Task | None = None
         # async scheduling needs a backend whose per-step planning cannot disturb the step in flight,
         # and gives way to queued decode steps (num_decode_steps > 1), which overlap the host their own way
-        self._async = (config.async_scheduling and config.num_decode_steps == 1
-                       and not self.runner.backend.plans_on_host)
+        self.async_scheduling: bool = (config.async_scheduling and config.num_decode_steps == 1
+                                       and not self.runner.backend.plans_on_host)
         self._in_flight: InFlight | None = None  # the step whose tokens are still on the device
 
     @classmethod
@@ -145,7 +145,7 @@ class Engine:
         before: each call launches one step and reads back the previous one.
         """
         with self._lock:
-            if self._async:
+            if self.async_scheduling:
                 return self._step_async()
             batch = self.scheduler.schedule()
             if not batch:
@@ -198,14 +198,11 @@ class Engine:
                 advanced += sampling
             else:
                 self._in_flight = InFlight(sampling, tokens, self._to_host(tokens))
-                limit = self.state.max_model_len
                 for row, seq in enumerate(sampling):
                     if seq.is_finished:
                         continue
                     seq.append_pending(row)
-                    max_tokens = seq.params.max_tokens
-                    seq.stopping = seq.num_tokens >= limit or (max_tokens is not None
-                                                               and seq.num_output_tokens >= max_tokens)
+                    seq.stopping = reached_length(seq, self.state.max_model_len)
         touched = (self.requests.get(rid) for rid in {seq.request_id for seq in advanced})
         return [self._output(r) for r in touched if r is not None and (r.report_progress or r.finished)]
 

@@ -15,8 +15,12 @@ def check_stop(seq: Sequence, token: int, eos_token_ids: frozenset[int],
             return "stop", None
         if params.stop_token_ids and token in params.stop_token_ids:
             return "stop", token
-    if params.max_tokens is not None and num_output >= params.max_tokens:
-        return "length", None
-    if seq.num_tokens >= max_model_len:
+    if reached_length(seq, max_model_len):
         return "length", None
     return None
+
+
+def reached_length(seq: Sequence, max_model_len: int) -> bool:
+    """seq holds as many tokens as it may: its max_tokens outputs, or max_model_len in all."""
+    max_tokens = seq.params.max_tokens
+    return (max_tokens is not None and seq.num_output_tokens >= max_tokens) or seq.num_tokens >= max_model_len

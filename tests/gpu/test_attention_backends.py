@@ -65,10 +65,10 @@ def teacher_forced_top1(engine: Engine, histories: list[list[int]]) -> list[list
     """Per sequence, the engine's greedy token at each position after the prompt, always fed the history.
 
     The engine's sampler is wrapped: it records what the engine picked and hands back the
-    history's token instead (so the engine must sample on the host: async_scheduling=False). All sequences have the same length, so every sampling call has
-    one row per sequence, in request order.
+    history's token instead, so the engine must sample on the host (async_scheduling=False). All
+    sequences have the same length, so every sampling call has one row per sequence, in request order.
     """
-    assert not engine._async, "teacher forcing swaps tokens on the host: build the engine with async_scheduling=False"
+    assert not engine.async_scheduling, "teacher forcing swaps tokens on the host: build it with async_scheduling=False"
     picked = [[] for _ in histories]
     inner = engine.sampler
 

@@ -57,7 +57,7 @@ def test_async_scheduling_replays_graphs_with_transformers_tokens(tiny_model_dir
     for overlap in (True, False):
         engine = Engine.load(compiled_dir("llama"), attention_backend="triton", async_scheduling=overlap,
                              num_kv_blocks=5, max_model_len=64)
-        assert engine._async is overlap
+        assert engine.async_scheduling is overlap
         ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
                for p, n in zip(PROMPTS[:2], lengths)]
         finished = {}

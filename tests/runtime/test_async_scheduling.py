@@ -33,9 +33,9 @@ def llama(tiny_model_dir):
 
 def test_the_async_engine_overlaps(llama):
     on, off = engines(llama)
-    assert on._async and not off._async
+    assert on.async_scheduling and not off.async_scheduling
     queued = Engine.from_pretrained(llama, async_scheduling=True, num_decode_steps=4)
-    assert not queued._async  # queued decode steps overlap the host their own way
+    assert not queued.async_scheduling  # queued decode steps overlap the host their own way
 
 
 def test_mixed_sampling_stops_and_lengths_match_the_synchronous_engine(llama):

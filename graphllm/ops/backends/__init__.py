@@ -102,5 +102,5 @@ def select_backend(name: str, config: ModelConfig, dtype: torch.dtype, device: t
         if why is not None:
             raise ValueError(f"attention backend 'flashinfer' is unavailable: {why}")
         from graphllm.ops.backends.flashinfer_backend import FlashInferBackend
-        return FlashInferBackend(config, dtype, device, block_size, kv_cache_dtype, kv_scales)
+        return FlashInferBackend(config, dtype, device, block_size)  # fp8 caches are refused above
     raise ValueError(f"unknown attention backend {name!r}")

@@ -8,8 +8,6 @@ One float workspace serves every wrapper (they never run concurrently):
 
 The KV write is graphllm's Triton store_kv (one launch for K and V). The cache is NHD:
 kv_cache[0] / kv_cache[1] are [num_blocks, block_size, Hkv, D] pages, which FlashInfer reads as is.
-A float8 cache is planned with kv_data_type float8_e4m3fn and run with FlashInfer's per-tensor
-k_scale / v_scale (as vLLM's FlashInfer backend does); queries and outputs keep the model's dtype.
 """
 
 import numpy as np
@@ -18,7 +16,6 @@ import torch
 from graphllm.kernels.store_kv import store_kv
 from graphllm.models.config import ModelConfig
 from graphllm.ops.backends.base import AttentionBackend, HostMeta
-from graphllm.ops.kv_quant import KVScales, is_fp8
 
 WORKSPACE_BYTES = 256 * 2**20
 
@@ -27,15 +24,11 @@ class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
     plans_on_host = True
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int,
-                 kv_cache_dtype: torch.dtype | None = None, kv_scales: KVScales = KVScales()):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int):
         import flashinfer
-        super().__init__(kv_scales)
         self.flashinfer = flashinfer
         self.heads = (config.num_attention_heads, config.num_key_value_heads, config.head_dim)
         self.block_size, self.dtype, self.device = block_size, dtype, device
-        self.kv_dtype = kv_cache_dtype or dtype
-        self.run_scales = run_scales(self.kv_dtype, kv_scales)
         self.scale = config.head_dim ** -0.5  # PagedAttention's scale: checked in forward
         self.window_left = config.sliding_window - 1 if config.sliding_window > 0 else -1
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
@@ -47,7 +40,7 @@ class FlashInferBackend(AttentionBackend):
     def plan(self, host: HostMeta, graph_bucket: int | None = None) -> None:
         indptr, indices, last_page_len = host.paged_kv(self.block_size)
         common = dict(window_left=self.window_left, sm_scale=self.scale, q_data_type=self.dtype,
-                      kv_data_type=self.kv_dtype)
+                      kv_data_type=self.dtype)
         if graph_bucket is not None or host.is_decode:
             wrapper = self.decode if graph_bucket is None else self.graph_decoder(graph_bucket, host)
             wrapper.plan(indptr, indices, last_page_len, *self.heads, self.block_size, **common)
@@ -76,14 +69,5 @@ class FlashInferBackend(AttentionBackend):
         if scale != self.scale or max(sliding_window, 0) != self.window_left + 1:
             raise ValueError(f"FlashInfer was planned for scale {self.scale} and window {self.window_left + 1}, "
                              f"the model asks scale {scale} and window {sliding_window}")
-        store_kv(k, v, kv_cache, slot_mapping, self.kv_scales)
-        return self.active.run(q.contiguous(), (kv_cache[0], kv_cache[1]), **self.run_scales)
-
-
-def run_scales(kv_dtype: torch.dtype, kv_scales: KVScales) -> dict[str, float]:
-    """The wrappers' run() k_scale / v_scale for a float8 cache. Left out where they are 1.0,
-    FlashInfer's default: it applies v_scale as a separate multiply of the output."""
-    if not is_fp8(kv_dtype):
-        return {}
-    scales = {"k_scale": kv_scales.k, "v_scale": kv_scales.v}
-    return {name: value for name, value in scales.items() if value != 1.0}
+        store_kv(k, v, kv_cache, slot_mapping)
+        return self.active.run(q.contiguous(), (kv_cache[0], kv_cache[1]))
