@@ -10,12 +10,15 @@
 #   latency1-B bench latency at batch 1 and 8 only, backend B
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager)
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
-#   profile-B  bench latency at batch 1 with --profile, backend B
+#   profile-B  bench latency at batch 1 with --profile, backend B;  profile8-B  the same at batch 8
+#   profile256-B / profile256fp8-B  --profile of 256 sequences decoding at ~800 tokens of context (bf16 / fp8 cache)
 #   throughput graphllm bench throughput, 8B shape, 1,024 requests, with --compare transformers
 #   throughput-B  the same without the comparison, backend B
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
 #   sync1-B / synctput-B  latency1-B / throughput-B with --no-async-scheduling (host and GPU take turns)
 #   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
+#   norope1-B  latency1-B compiled with GRAPHLLM_FUSED_ROPE=0 (rotary in Inductor, then store_kv: the fuse_rope_attention A/B)
+#   kernels    the attention-side kernel tests (rope_store_kv, store_kv, decode, prefill, triton backend) and the rope pass
 #   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
@@ -64,6 +67,11 @@ for stage in "$@"; do
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_rms_norm.py tests/kernels/test_silu_and_mul.py \
         tests/passes/test_skinny_linear.py tests/passes/test_linear_prologue.py 2>&1 | tail -8 ;;
+    norope1-*) GRAPHLLM_FUSED_ROPE=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
+        --output-len 256 --attention-backend "${stage#norope1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    kernels) timeout 300 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_rope_store_kv.py \
+        tests/kernels/test_store_kv.py tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py \
+        tests/kernels/test_triton_backend.py tests/passes/test_fuse_rope_attention.py 2>&1 | grep -v "^\.*$" | tail -30 ;;
     latency1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     tests) timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
@@ -75,6 +83,12 @@ for stage in "$@"; do
         --attention-backend "${stage#throughput-}" --json "$OUT/r/$stage.json" ;;
     latency-*) bench latency --preset llama-3-8b --batch-sizes 1,8,32,128 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --plot "$OUT/r/$stage.png" ;;
+    profile8-*) bench latency --preset llama-3-8b --batch-sizes 8 --input-len 128 --output-len 64 \
+        --attention-backend "${stage#profile8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+    profile256-*) bench latency --preset llama-3-8b --batch-sizes 256 --input-len 800 --output-len 32 \
+        --attention-backend "${stage#profile256-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+    profile256fp8-*) bench latency --preset llama-3-8b --batch-sizes 256 --input-len 800 --output-len 32 --kv-cache-dtype fp8 \
+        --attention-backend "${stage#profile256fp8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     profile-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 \
         --attention-backend "${stage#profile-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     throughput) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \

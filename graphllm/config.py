@@ -5,6 +5,7 @@ time (KV blocks, EOS ids, resolved lengths) live in the engine's RuntimeState, n
 """
 
 import argparse
+import os
 from dataclasses import dataclass
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -89,6 +90,8 @@ class CompileConfig:
     fuse_add_rmsnorm: bool = True
     skinny_linear: bool = True  # GPU graphs: linears of decode batches <= 16 on graphllm's skinny_matmul kernel
     linear_prologue: bool = True  # GPU graphs: norms and SwiGLU folded into the linear they feed (needs skinny_linear)
+    # GPU graphs: q/k rotary inside the attention op's KV write (GRAPHLLM_FUSED_ROPE=0: off, for A/B runs)
+    fuse_rope_attention: bool = os.environ.get("GRAPHLLM_FUSED_ROPE", "1") != "0"
     lowering: str = "auto"  # "aoti" | "inductor"; auto: AOTInductor on CPU, Inductor standalone on CUDA
 
     def __post_init__(self):

@@ -41,11 +41,6 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 class RotaryEmbedding(nn.Module):
     """cos/sin for the given positions, computed in float32 like transformers does."""
 
@@ -62,11 +57,6 @@ class RotaryEmbedding(nn.Module):
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
         return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, H, D]; cos, sin: [T, D]."""
-    return x * cos[:, None, :] + rotate_half(x) * sin[:, None, :]
 
 
 class PagedAttention(nn.Module):

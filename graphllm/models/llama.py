@@ -10,8 +10,9 @@ from torch import nn
 import torch.nn.functional as F
 
 from graphllm.models.config import ModelConfig
-from graphllm.models.layers import PagedAttention, RMSNorm, RotaryEmbedding, apply_rotary
+from graphllm.models.layers import PagedAttention, RMSNorm, RotaryEmbedding
 from graphllm.ops.attention import AttentionMetadata
+from graphllm.ops.rotary import apply_rotary
 
 
 class LlamaAttention(nn.Module):

@@ -96,3 +96,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch
 def _(q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
       scale, sliding_window):
     return torch.empty_like(q)
+
+
+@torch.library.custom_op("graphllm::rope_attention", mutates_args=("kv_cache",))
+def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   kv_cache: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
+                   block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                   scale: float, sliding_window: int) -> torch.Tensor:
+    """attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, ...), cos and sin [T, D].
+
+    What the fuse_rope_attention pass puts in place of a layer's rotary embedding and attention
+    op, so that a backend can rotate q and k inside its KV-cache write (one kernel instead of
+    three). Returns [T, Hq, D], contiguous, in q's dtype.
+    """
+    return active_backend().rope_forward(q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables,
+                                         seq_lens, query_start_loc, scale, sliding_window)
+
+
+@rope_attention.register_fake
+def _(q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
+      scale, sliding_window):
+    return q.new_empty(q.shape)

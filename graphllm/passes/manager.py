@@ -31,6 +31,7 @@ def build_pass_list(config: CompileConfig) -> list[GraphPass]:
     from graphllm.passes.fusion.fuse_add_rmsnorm import FuseAddRMSNorm
     from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
     from graphllm.passes.fusion.fuse_qkv import FuseQKV
+    from graphllm.passes.fusion.fuse_rope_attention import FuseRopeAttention
     from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
     from graphllm.passes.lowering.linear_prologue import LinearPrologue
     from graphllm.passes.lowering.skinny_linear import SkinnyLinear
@@ -40,7 +41,8 @@ def build_pass_list(config: CompileConfig) -> list[GraphPass]:
     cleanup = [EliminateNoops(), DeadCodeElimination()]
     chosen = [(config.fuse_qkv, FuseQKV), (config.fuse_gate_up, FuseGateUp),
               (config.fuse_silu_mul and config.fuse_gate_up, FuseSiluMul),
-              (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.skinny_linear, SkinnyLinear),
+              (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.fuse_rope_attention, FuseRopeAttention),
+              (config.skinny_linear, SkinnyLinear),
               (config.skinny_linear and config.linear_prologue, LinearPrologue)]
     return [EliminateNoops()] + [cls() for wanted, cls in chosen if wanted] + cleanup
 

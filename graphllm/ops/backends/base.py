@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from graphllm.ops.kv_quant import KVScales
+from graphllm.ops.rotary import apply_rotary
 
 
 class HostMeta(NamedTuple):
@@ -64,6 +65,15 @@ class AttentionBackend:
                 seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                 sliding_window: int) -> torch.Tensor:
         raise NotImplementedError
+
+    def rope_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
+                     sin: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
+                     slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                     query_start_loc: torch.Tensor, scale: float, sliding_window: int) -> torch.Tensor:
+        """forward() of q and k rotated by cos, sin ([T, D]); backends with a fused rotary + KV-write
+        kernel override it. The result is contiguous."""
+        return self.forward(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, kv_cache, positions,
+                            slot_mapping, block_tables, seq_lens, query_start_loc, scale, sliding_window)
 
 
 class TorchBackend(AttentionBackend):

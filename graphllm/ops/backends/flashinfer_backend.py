@@ -6,13 +6,15 @@ One float workspace serves every wrapper (they never run concurrently):
   graphs    one decode wrapper per CUDA-graph bucket, with fixed index buffers (FlashInfer's
             CUDA-graph mode): `plan` before capture and before every replay rewrites them
 
-The KV write is graphllm's Triton store_kv (one launch for K and V). The cache is NHD:
+The KV write is graphllm's Triton store_kv (one launch for K and V), or rope_store_kv for
+graphllm.rope_attention (the rotary of q and k in the same launch). The cache is NHD:
 kv_cache[0] / kv_cache[1] are [num_blocks, block_size, Hkv, D] pages, which FlashInfer reads as is.
 """
 
 import numpy as np
 import torch
 
+from graphllm.kernels.rope_store_kv import rope_store_kv
 from graphllm.kernels.store_kv import store_kv
 from graphllm.models.config import ModelConfig
 from graphllm.ops.backends.base import AttentionBackend, HostMeta
@@ -64,10 +66,19 @@ class FlashInferBackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                 scale, sliding_window):
+        self._check(scale, sliding_window)
+        store_kv(k, v, kv_cache, slot_mapping)
+        return self.active.run(q.contiguous(), (kv_cache[0], kv_cache[1]))
+
+    def rope_forward(self, q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens,
+                     query_start_loc, scale, sliding_window):
+        self._check(scale, sliding_window)
+        q = rope_store_kv(q, k, v, cos, sin, kv_cache, slot_mapping)
+        return self.active.run(q, (kv_cache[0], kv_cache[1]))
+
+    def _check(self, scale: float, sliding_window: int) -> None:
         if self.active is None:
             raise RuntimeError("FlashInfer attention ran without a plan: call plan() before the step")
         if scale != self.scale or max(sliding_window, 0) != self.window_left + 1:
             raise ValueError(f"FlashInfer was planned for scale {self.scale} and window {self.window_left + 1}, "
                              f"the model asks scale {scale} and window {sliding_window}")
-        store_kv(k, v, kv_cache, slot_mapping)
-        return self.active.run(q.contiguous(), (kv_cache[0], kv_cache[1]))

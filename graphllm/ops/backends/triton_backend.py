@@ -1,11 +1,13 @@
-"""Attention with graphllm's own Triton kernels (graphllm/kernels): one store_kv launch, then
-split-KV paged decode when every sequence has one new token, else paged prefill.
+"""Attention with graphllm's own Triton kernels (graphllm/kernels): one store_kv launch (or, for
+graphllm.rope_attention, one rope_store_kv launch that also rotates q and k), then split-KV paged
+decode when every sequence has one new token, else paged prefill.
 
 Nothing is planned on the host: launch grids depend on tensor shapes only, so a decode step
 captures into a CUDA graph as is. A float8 cache is written and read with `kv_scales`."""
 
 from graphllm.kernels.paged_decode_attention import paged_decode_attention
 from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
+from graphllm.kernels.rope_store_kv import rope_store_kv
 from graphllm.kernels.store_kv import store_kv
 from graphllm.ops.backends.base import AttentionBackend
 
@@ -16,6 +18,14 @@ class TritonBackend(AttentionBackend):
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                 scale, sliding_window):
         store_kv(k, v, kv_cache, slot_mapping, self.kv_scales)
+        return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window)
+
+    def rope_forward(self, q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens,
+                     query_start_loc, scale, sliding_window):
+        q = rope_store_kv(q, k, v, cos, sin, kv_cache, slot_mapping, self.kv_scales)
+        return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window)
+
+    def _attend(self, q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window):
         if q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
                                           sliding_window, kv_scales=self.kv_scales)

@@ -1,0 +1,76 @@
+"""FuseRopeAttention: q/k rotary + attention -> graphllm.rope_attention on GPU graphs; same logits and
+KV writes (torch reference backend); CPU graphs untouched. The triton kernel behind the op is
+checked in tests/kernels/test_rope_store_kv.py."""
+
+import pytest
+import torch
+
+from graphllm.passes.fusion.fuse_rope_attention import FuseRopeAttention, match_rotary
+from graphllm.passes.manager import build_pass_list
+from graphllm.config import CompileConfig
+from tests.passes.harness import assert_same_function, copy_graph, tiny_step_graph
+
+ops, aten = torch.ops.graphllm, torch.ops.aten
+
+
+def targets(graph) -> list:
+    return [n.target for n in graph.graph.nodes if n.op == "call_function"]
+
+
+@pytest.mark.parametrize("arch", ("llama", "mistral", "qwen2", "qwen3"))  # qwen3: q/k norms before the rotary
+def test_same_function_when_forced_on_cpu(arch):
+    before, config = tiny_step_graph(arch)
+    after = copy_graph(before)
+    counts = FuseRopeAttention(devices=("cpu", "cuda"))(after)
+    assert counts == {"fused": config.num_hidden_layers}
+    found = targets(after)
+    assert ops.attention.default not in found and found.count(ops.rope_attention.default) == config.num_hidden_layers
+    # every rotation's nodes are gone; one cat stays: cos/sin's table, cat(freqs, freqs)
+    assert aten.neg.default not in found and aten.chunk.default not in found and found.count(aten.cat.default) == 1
+    assert_same_function(before, after, config, seeds=(1, 2))
+
+
+def test_cpu_graph_is_left_alone():
+    graph, _ = tiny_step_graph("llama")
+    code = graph.gm.code
+    assert FuseRopeAttention()(graph) == {"fused": 0}
+    assert graph.gm.code == code
+
+
+def test_in_the_pass_list_before_the_linear_lowering():
+    names = [p.name for p in build_pass_list(CompileConfig())]
+    assert names.index("fuse_rope_attention") < names.index("skinny_linear")
+    assert "fuse_rope_attention" not in [p.name for p in build_pass_list(CompileConfig(fuse_rope_attention=False))]
+
+
+def test_rotations_with_different_cos_are_left_alone():
+    """q rotated by one table and k by another: there is no single (cos, sin) to hand the op."""
+    graph, config = tiny_step_graph("llama")
+    attn = next(n for n in graph.graph.nodes if n.target == ops.attention.default)
+    k_rot = match_rotary(attn.args[1])
+    times_cos = k_rot.nodes[1]  # xk * unsqueeze(cos, 1)
+    with graph.graph.inserting_before(times_cos):
+        other_cos = graph.graph.call_function(aten.mul.Tensor, (k_rot.cos, 1.0))
+        other_cos.meta["val"] = k_rot.cos.meta["val"]
+        times_cos.replace_input_with(k_rot.nodes[3], graph.graph.call_function(aten.unsqueeze.default, (other_cos, 1)))
+    graph.recompile()
+    assert FuseRopeAttention(devices=("cpu",))(graph) == {"fused": config.num_hidden_layers - 1}
+
+
+@pytest.mark.parametrize("lowering", ("aoti", "inductor"))
+def test_compiled_with_the_op_gives_the_eager_tokens(lowering, tiny_model_dir, tmp_path, monkeypatch):
+    """The op survives both lowerings (strided q/k/v views in, a fresh tensor out): forced on for a CPU artifact."""
+    from graphllm import Engine, SamplingParams
+    from graphllm.compiler.pipeline import compile_model
+    monkeypatch.setattr(FuseRopeAttention.__init__, "__defaults__", (("cpu", "cuda"),))
+    folder, _ = tiny_model_dir("llama")
+    manifest = compile_model(folder, tmp_path / "art", CompileConfig(
+        dtype="float32", lowering=lowering, max_num_seqs=4, max_num_batched_tokens=64), device="cpu",
+        show_progress=False)
+    assert {"name": "fuse_rope_attention", "counts": {"fused": 2}}.items() <= next(
+        r for r in manifest["passes"] if r["name"] == "fuse_rope_attention").items()
+    prompts, greedy = [[1, 5, 9, 17, 33], [1, 42], list(range(3, 24))], SamplingParams(temperature=0, max_tokens=8,
+                                                                                       ignore_eos=True)
+    got = Engine.load(str(tmp_path / "art"), device="cpu").generate(prompts, greedy)
+    expected = Engine.from_pretrained(str(folder), dtype="float32", device="cpu").generate(prompts, greedy)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
