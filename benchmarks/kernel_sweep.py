@@ -1,10 +1,13 @@
 """GPU microbenchmarks of graphllm's decode kernels at the Llama-3-8B shapes (H200 runs).
 
-    python benchmarks/kernel_sweep.py OUT.json [matmul] [attention]
+    python benchmarks/kernel_sweep.py OUT.json [matmul] [matmul8] [attention] [mixed] [prologue] [chain]
 
 matmul: skinny_matmul against cuBLAS (F.linear) for each projection at M = 1, 8, 16, over a grid
 of tile configs (the best and default_config's are reported), plus cuBLAS at M = 128, 256.
-attention: paged_decode_attention at batch x context sizes, default splits and forced ones.
+matmul8: skinny_matmul against cuBLAS for qkv, o_proj, down, gate_up at M = 8, over a grid with
+K splits (SPLIT_K 1, 2, 4, 8): default_config's, the best, and the best per SPLIT_K.
+attention: paged_decode_attention at batch x context sizes, default splits and forced ones, and
+the default splits over a float8_e4m3fn copy of the cache (half the bytes).
 mixed: one-token rows through paged_prefill_attention (as in a mixed step) against the decode kernel.
 prologue: each decode linear with the op before it (add_rms_norm, silu_mul or none) as the engine ran it
 before linear_prologue (row kernel, then graphllm.linear's routing) against one skinny_matmul launch
@@ -130,6 +133,43 @@ def prologue_configs():
         yield {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": 4}
 
 
+def matmul8_configs(k: int):
+    """The grid of matmul8, less K splits the kernel would shrink (no empty splits): duplicates."""
+    for bn, bk, warps, split in itertools.product((16, 32, 64), (128, 256), (4,), (1, 2, 4, 8)):
+        k_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
+        if triton.cdiv(k, k_split) == split:
+            yield {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": 4}
+
+
+def sweep_matmul8() -> list[dict]:
+    rows, m = [], 8
+    for name in ("qkv", "o_proj", "down", "gate_up"):
+        n, k = SHAPES[name]
+        copies = max(2, int(STREAM_BYTES // (n * k * 2)) + 1)
+        weights = [torch.randn(n, k, device="cuda", dtype=DTYPE) / k ** 0.5 for _ in range(copies)]
+        nbytes = n * k * 2
+        x = torch.randn(m, k, device="cuda", dtype=DTYPE)
+        cublas = graph_seconds([lambda w=w: F.linear(x, w) for w in weights])
+        ref = F.linear(x.float(), weights[0].float())
+        default = default_config(m, n, k, x.device)
+        timings = time_configs(lambda c: (lambda w: skinny_matmul(x, w, config=c)),
+                               [default, *matmul8_configs(k)], weights, ref, (name, m))
+        best_s, best = min(timings, key=lambda t: t[0])
+        by_split = {}
+        for t, c in timings[1:]:
+            split = c["SPLIT_K"]
+            by_split[split] = min(by_split.get(split, t * 1e6), t * 1e6)
+        row = {"shape": name, "m": m, "n": n, "k": k, "cublas_us": cublas * 1e6, "cublas_tb_s": nbytes / cublas / 1e12,
+               "default_us": timings[0][0] * 1e6, "default_config": default, "best_us": best_s * 1e6,
+               "best_tb_s": nbytes / best_s / 1e12, "best_config": best, "best_us_by_split_k": by_split,
+               "speedup_best": cublas / best_s}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del weights
+        torch.cuda.empty_cache()
+    return rows
+
+
 def sweep_prologue() -> list[dict]:
     rows = []
     for name, (n, k) in SHAPES.items():
@@ -220,7 +260,7 @@ def paged_decode_inputs(batch: int, ctx: int) -> tuple:
 
 def sweep_attention() -> list[dict]:
     rows, scale = [], HEAD_DIM ** -0.5
-    for batch, ctx in [(1, 256), (8, 512), (32, 1024), (128, 1024), (192, 850), (256, 1024)]:
+    for batch, ctx in [(1, 256), (1, 512), (8, 256), (8, 512), (32, 1024), (128, 1024), (192, 850), (256, 1024)]:
         caches, tables, lens, q, kv_bytes = paged_decode_inputs(batch, ctx)
         default = default_num_splits(batch, HKV, tables.shape[1] * BLOCK_SIZE, 64, q.device)
         row = {"batch": batch, "context": ctx, "kv_mb": kv_bytes / 1e6, "default_splits": default}
@@ -229,6 +269,13 @@ def sweep_attention() -> list[dict]:
                                for c in caches])
             row[f"splits{splits}_us"] = s * 1e6
             row[f"splits{splits}_tb_s"] = kv_bytes / s / 1e12
+        row["bf16_default_us"] = row[f"splits{default}_us"]
+        fp8_caches = [c.to(torch.float8_e4m3fn) for c in caches]  # randn lies well inside +-448: unit scales
+        s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0)
+                           for c in fp8_caches])
+        row["fp8_default_us"] = s * 1e6
+        row["fp8_tb_s"] = kv_bytes / 2 / s / 1e12
+        del fp8_caches
         rows.append(row)
         print(json.dumps(row), flush=True)
         del caches
@@ -257,10 +304,12 @@ def sweep_mixed() -> list[dict]:
 
 
 def main() -> None:
-    out, parts = sys.argv[1], set(sys.argv[2:]) or {"matmul", "attention", "mixed", "prologue", "chain"}
+    out, parts = sys.argv[1], set(sys.argv[2:]) or {"matmul", "matmul8", "attention", "mixed", "prologue", "chain"}
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
     if "matmul" in parts:
         report["matmul"] = sweep_matmul()
+    if "matmul8" in parts:
+        report["matmul8"] = sweep_matmul8()
     if "attention" in parts:
         report["attention"] = sweep_attention()
     if "mixed" in parts:
@@ -279,6 +328,11 @@ def main() -> None:
                   f"{r['best_tb_s']:15.2f}  {c['BLOCK_N']}x{c['BLOCK_K']} w{c['num_warps']} s{c['num_stages']}")
         else:
             print(f"{r['shape']:<8} {r['m']:>3}  cuBLAS {r['cublas_us']:.1f} us")
+    for r in report.get("matmul8", []):
+        c = r["best_config"]
+        print(f"{r['shape']:<8} M=8 cuBLAS {r['cublas_us']:6.1f} us  ours default {r['default_us']:6.1f} us  best "
+              f"{r['best_us']:6.1f} us ({r['best_tb_s']:.2f} TB/s) {c['BLOCK_N']}x{c['BLOCK_K']} w{c['num_warps']} "
+              f"split{c['SPLIT_K']}  by split: {r['best_us_by_split_k']}")
     for r in report.get("attention", []):
         cells = " ".join(f"{k.removesuffix('_tb_s')}={v:.2f}" for k, v in r.items() if k.endswith("_tb_s"))
         print(f"attention B={r['batch']} ctx={r['context']} default splits {r['default_splits']}: TB/s {cells}")

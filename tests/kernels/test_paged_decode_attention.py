@@ -1,5 +1,6 @@
 """Split-KV paged decode attention equals the float32 reference, for any number of splits, over a
-cache of q's dtype or a float8 one read with its scales."""
+cache of q's dtype or a float8 one read with its scales; the in-kernel merge leaves its counters
+at zero."""
 
 import math
 
@@ -8,8 +9,9 @@ import torch
 
 pytest.importorskip("triton")
 
+import graphllm.kernels.paged_decode_attention as decode_module  # noqa: E402
 from graphllm.kernels.paged_decode_attention import (  # noqa: E402
-    default_num_splits, paged_decode_attention, paged_decode_attention_reference)
+    _split_counters, default_num_splits, paged_decode_attention, paged_decode_attention_reference)
 from graphllm.ops.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
 from tests.kernels.conftest import (  # noqa: E402
     LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
@@ -43,6 +45,7 @@ def run_case(case, dtype, num_splits, seed=0, index_dtype=torch.int64, cache_dty
     args = (q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, 1 / math.sqrt(head_dim), window)
     got = paged_decode_attention(*args, num_splits=num_splits, kv_scales=kv_scales)
     assert_close(got, paged_decode_attention_reference(*args, kv_scales=kv_scales))
+    return args, got
 
 
 @pytest.mark.parametrize("num_splits", [1, 3, None])
@@ -67,12 +70,26 @@ def test_decode_fp8_cache_half_queries(case):
     run_case(case, LOW_DTYPE, num_splits=2, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_fp8_cache_bfloat16_queries_dot_in_float16(num_splits):
+    # float16 dots also let the interpreter run a bfloat16 q (numpy has no bfloat16 matmul)
+    run_case(SMALL[1], torch.bfloat16, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+
+
 def test_decode_fp8_cache_unit_scales():
     run_case(SMALL[4], torch.float32, num_splits=None, cache_dtype=FP8_KV_DTYPE)
 
 
 def test_decode_more_splits_than_tiles():
     run_case((8, 2, 64, 16, [70, 1], 0), torch.float32, num_splits=8)  # most splits are empty
+
+
+def test_decode_merge_leaves_counters_at_zero_and_repeats_bitwise():
+    args, first = run_case((8, 2, 64, 16, [300, 5, 130, 0], 0), torch.float32, num_splits=4)
+    assert not _split_counters(first.device).any()
+    again = paged_decode_attention(*args, num_splits=4)
+    assert torch.equal(first, again)
+    assert not _split_counters(first.device).any()
 
 
 def test_decode_accepts_int32_metadata():
@@ -94,9 +111,15 @@ def test_decode_fp8_cache_matches_reference_large(case, num_splits):
     run_case(case, torch.bfloat16, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
 
 
-def test_default_num_splits_fills_the_machine_but_keeps_tiles_per_split():
-    cpu = torch.device("cpu")
-    assert default_num_splits(256, 8, 8192, 64, cpu) == 1
-    assert default_num_splits(1, 8, 8192, 64, cpu) == 2  # 2 waves x 8 stand-in SMs / 8 heads
+def test_default_num_splits_fits_the_h200_measurements(monkeypatch):
+    monkeypatch.setattr(decode_module, "_sm_count", lambda device: 132)
+    device = torch.device("cpu")
+    splits = {batch: default_num_splits(batch, 8, 2048, 64, device) for batch in (1, 8, 32, 128, 256)}
+    assert splits == {1: 4, 8: 8, 32: 2, 128: 1, 256: 1}
+
+
+def test_default_num_splits_keeps_tiles_per_split():
+    cpu = torch.device("cpu")  # 8 stand-in SMs
+    assert default_num_splits(1, 8, 8192, 64, cpu) == 4  # 4 waves x 8 SMs / 8 heads
     assert default_num_splits(1, 1, 512, 64, cpu) == 2  # 8 tiles, 4 per split
     assert default_num_splits(1, 1, 16, 64, cpu) == 1
