@@ -18,7 +18,7 @@
 #   sync1-B / synctput-B  latency1-B / throughput-B with --no-async-scheduling (host and GPU take turns)
 #   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
 #   norope1-B  latency1-B compiled with GRAPHLLM_FUSED_ROPE=0 (rotary in Inductor, then store_kv: the fuse_rope_attention A/B)
-#   kernels    the attention-side kernel tests (rope_store_kv, store_kv, decode, prefill, triton backend) and the rope pass
+#   kernels    rope_store_kv, the triton backend, the rope pass and the sampler tests, one pytest per file
 #   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
@@ -69,9 +69,9 @@ for stage in "$@"; do
         tests/passes/test_skinny_linear.py tests/passes/test_linear_prologue.py 2>&1 | tail -8 ;;
     norope1-*) GRAPHLLM_FUSED_ROPE=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
         --output-len 256 --attention-backend "${stage#norope1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
-    kernels) timeout 300 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_rope_store_kv.py \
-        tests/kernels/test_store_kv.py tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py \
-        tests/kernels/test_triton_backend.py tests/passes/test_fuse_rope_attention.py 2>&1 | grep -v "^\.*$" | tail -30 ;;
+    kernels) for f in tests/kernels/test_rope_store_kv.py tests/kernels/test_triton_backend.py tests/passes/test_fuse_rope_attention.py \
+        tests/runtime/test_sampler.py; do timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest "$f" 2>&1 \
+        | grep -v "^\.*$" | tail -6; echo "-- $f: exit ${PIPESTATUS[0]}"; done ;;
     latency1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     tests) timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \

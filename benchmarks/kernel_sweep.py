@@ -4,6 +4,8 @@
 
 matmul: skinny_matmul against cuBLAS (F.linear) for each projection at M = 1, 8, 16, over a grid
 of tile configs (the best and default_config's are reported), plus cuBLAS at M = 128, 256.
+argmax: the greedy sampler's argmax over a 128,256-word vocabulary at batch 1, 8, 256, PyTorch's
+against the two-stage argmax_rows.
 matmul8: skinny_matmul against cuBLAS for qkv, o_proj, down, gate_up at M = 8, over a grid with
 K splits (SPLIT_K 1, 2, 4, 8): default_config's, the best, and the best per SPLIT_K.
 attention: paged_decode_attention at batch x context sizes, default splits and forced ones, and
@@ -303,6 +305,21 @@ def sweep_mixed() -> list[dict]:
     return rows
 
 
+def sweep_argmax() -> list[dict]:
+    """Greedy sampling's argmax over a vocabulary of logits: PyTorch's one-pass argmax against the
+    sampler's two-stage argmax_rows (same indices, checked on tie-heavy logits)."""
+    from graphllm.runtime.sampler import argmax_rows
+    rows = []
+    for batch in (1, 8, 256):
+        logits = torch.randint(-200, 200, (batch, SHAPES["lm_head"][0]), device="cuda").to(DTYPE)
+        assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+        row = {"batch": batch, "argmax_us": graph_seconds([lambda: logits.argmax(dim=-1)] * 8) * 1e6,
+               "argmax_rows_us": graph_seconds([lambda: argmax_rows(logits)] * 8) * 1e6}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     out, parts = sys.argv[1], set(sys.argv[2:]) or {"matmul", "matmul8", "attention", "mixed", "prologue", "chain"}
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}
@@ -312,6 +329,8 @@ def main() -> None:
         report["matmul8"] = sweep_matmul8()
     if "attention" in parts:
         report["attention"] = sweep_attention()
+    if "argmax" in parts:
+        report["argmax"] = sweep_argmax()
     if "mixed" in parts:
         report["mixed"] = sweep_mixed()
     if "prologue" in parts:

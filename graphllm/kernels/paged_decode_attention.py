@@ -4,19 +4,13 @@ Flash decoding: program (b, kv_head, split) takes all G = Hq // Hkv query heads 
 (a [BLOCK_G >= 16, D] tile for tl.dot, so each K/V tile is loaded once for the group) over its
 share of the sequence's visible keys, gathered from the pages in tiles of BLOCK_N tokens. Each
 sequence's own visible range is cut into num_splits tile-aligned chunks on device, so short
-sequences use few splits and the grid depends on shapes only (CUDA-graph safe); programs past
-a sequence's last non-empty chunk exit at once. A sequence with one non-empty chunk is written
-directly. Otherwise each split stores a normalised partial output and its log2-sum-exp2, then
-counts itself in on its (sequence, KV head) counter (atomic, acq_rel); the program that arrives
-last merges the partials in split order (deterministic), writes the output and resets the
-counter to 0. Counters live in one zeroed buffer per device and are always left at zero.
+sequences use few splits and the grid depends on shapes only (CUDA-graph safe). Splits write a
+normalised partial output and its log2-sum-exp2; a second kernel merges them. With one split
+the first kernel writes the output directly.
 
 A float8 cache (graphllm/ops/kv_quant.py) is read with its per-tensor scales folded out of the
-inner loop: k_scale multiplies the softmax scale on the host and v_scale the unnormalised output
-once per program. With a 16-bit q the dots then run in float16: K and V tiles convert exactly to
-float16 (one cvt per pair on sm_90; bfloat16 took a second cvt per element after it), q and P
-are rounded to float16, and the products accumulate in float32. A bfloat16 q above float16's
-65504 would overflow; a float32 q keeps float32 dots.
+inner loop: K and V tiles convert exactly to q's dtype for tl.dot, k_scale multiplies the
+softmax scale on the host and v_scale the unnormalised output once per program.
 """
 
 import functools
@@ -32,7 +26,6 @@ FULL_WAVES = 4  # split until about this many (sequence, KV head, split) program
 MAX_SPLITS = 8
 LATENCY_SPLITS = 4  # when even MAX_SPLITS leaves SMs idle
 MIN_TILES_PER_SPLIT = 4  # on the longest possible sequence (M pages)
-MAX_SPLIT_COUNTERS = 1 << 16  # batch * KV heads, per device
 CPU_SM_COUNT = 8  # stand-in for the interpreter
 
 
@@ -73,12 +66,11 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: 
 
     Enough splits for about FULL_WAVES programs per SM, at most MAX_SPLITS; LATENCY_SPLITS when
     even MAX_SPLITS would not give every SM a program; never fewer than MIN_TILES_PER_SPLIT
-    tiles of block_n per split on a sequence of max_tokens (M * block_size). Fitted to the
-    H200 (132 SMs), 8 KV heads, max_tokens 2048, with the split kernel plus a separate merge
-    kernel (kernel_sweep, us per call): batch 1 ctx 256 4 splits 5.98 against 8 splits 6.77 and
-    2 splits 7.8; batch 8 ctx 512 8 splits 11.9 against 5 splits 13.2, 4 splits 12.9 and
-    16 splits 14.6; batch 32 ctx 1024 2 splits best; batch >= 128 1 split (4.0-4.26 TB/s).
-    The merge now runs inside the split kernel: re-measure before trusting the constants.
+    tiles of block_n per split on a sequence of max_tokens (M * block_size). Fitted to the H200
+    (132 SMs), 8 KV heads, max_tokens 2048 (kernel_sweep attention, split kernel + merge kernel,
+    us per call): batch 1 ctx 256 4 splits 5.98 against 8 splits 6.77 and 2 splits 7.8; batch 8
+    ctx 512 8 splits 11.9 against 5 splits 13.2, 4 splits 12.9 and 16 splits 14.6; batch 32
+    ctx 1024 2 splits best; batch >= 128 1 split (4.0-4.26 TB/s).
     """
     programs = batch * num_kv_heads
     sms = _sm_count(device)
@@ -90,29 +82,6 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: 
     return max(1, min(splits, cap))
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device) -> torch.Tensor:
-    """The arrival counters of a device, one per (sequence, KV head): zeroed once, and every
-    kernel leaves them at zero. Allocated on first use, which must not be under CUDA-graph capture
-    (the engine runs each bucket eagerly before capturing it)."""
-    if device not in _COUNTERS:
-        assert device.type != "cuda" or not torch.cuda.is_current_stream_capturing(), \
-            "paged_decode_attention: first split call under graph capture; run it eagerly first"
-        _COUNTERS[device] = torch.zeros(MAX_SPLIT_COUNTERS, dtype=torch.int32, device=device)
-    return _COUNTERS[device]
-
-
-@triton.jit
-def _fp8_dot_dtype(q):
-    """q as the dots against a float8 cache take it: float16 from a 16-bit q (e4m3 -> float16 is
-    one conversion per pair on sm_90), a float32 q unchanged."""
-    if q.dtype != tl.float32:
-        q = q.to(tl.float16)
-    return q
-
-
 @triton.jit
 def _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                          stride_cb, stride_co, stride_ch, scale_log2, v_scale,
@@ -121,8 +90,7 @@ def _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_
     """Online softmax of q ([BLOCK_G, BLOCK_D]: one token's query heads of KV head kvh) over the
     keys at positions lo..hi-1 of the pages in `table`; returns (acc, l, m), acc unnormalised.
     Shared by the decode kernel and the prefill kernel's one-token sequences. KV_FP8: a float8
-    cache, whose k_scale the caller folded into scale_log2; K and V convert to q's dtype (see
-    _fp8_dot_dtype); acc comes back times v_scale."""
+    cache, whose k_scale the caller folded into scale_log2; acc comes back times v_scale."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     offs_n = tl.arange(0, BLOCK_N)
@@ -144,7 +112,7 @@ def _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if KV_FP8:  # exact: float8 e4m3 fits in float16 and float32
+        if KV_FP8:  # exact: float8 e4m3 fits in float16, bfloat16 and float32
             v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
@@ -153,31 +121,9 @@ def _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_
     return acc, l_i, m_i
 
 
-@triton.jit
-def _merge_splits(part_out_ptr, part_lse_ptr, rows, num_splits, o_mask, g_mask, offs_d,
-                  HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
-    """The output of num_splits partials (rows + s, s in split order) weighted by exp2 of their
-    lse: [BLOCK_G, BLOCK_D] float32. Loads bypass L1: other programs stored the partials."""
-    m = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    for s in range(num_splits):
-        lse = tl.load(part_lse_ptr + rows + s, mask=g_mask, other=float("-inf"), cache_modifier=".cg")
-        m = tl.maximum(m, lse)
-    m = tl.where(m > float("-inf"), m, 0.0)
-    total = tl.zeros([BLOCK_G], tl.float32)
-    out = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for s in range(num_splits):
-        lse = tl.load(part_lse_ptr + rows + s, mask=g_mask, other=float("-inf"), cache_modifier=".cg")
-        w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)  # [BLOCK_G]
-        part = tl.load(part_out_ptr + (rows + s)[:, None] * HEAD_DIM + offs_d[None, :], mask=o_mask,
-                       other=0.0, cache_modifier=".cg")  # [BLOCK_G, BLOCK_D]
-        out += part * w[:, None]
-        total += w
-    return out / tl.where(total > 0, total, 1.0)[:, None]
-
-
 @triton.jit(do_not_specialize=["stride_bt", "num_splits"])  # vary per step: one compile
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-                         out_ptr, part_out_ptr, part_lse_ptr, counter_ptr,
+                         out_ptr, part_out_ptr, part_lse_ptr,
                          stride_qb, stride_qh, stride_ob, stride_oh,
                          stride_cb, stride_co, stride_ch,  # k/v cache: block, offset, head
                          stride_bt, scale_log2, v_scale, sliding_window, num_splits, block_size,
@@ -190,9 +136,6 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     if sliding_window > 0:
         start = tl.maximum(seq_len - sliding_window, 0)
     chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
-    active = tl.maximum(tl.cdiv(seq_len - start, tl.maximum(chunk, 1)), 1)  # non-empty chunks, >= 1
-    if split >= active:
-        return
     lo = start + split * chunk
     hi = tl.minimum(lo + chunk, seq_len)
 
@@ -200,11 +143,9 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     offs_d = tl.arange(0, BLOCK_D)
     heads = kvh * GROUP + offs_g  # [BLOCK_G]
     g_mask = offs_g < GROUP
-    o_mask = g_mask[:, None] & (offs_d < HEAD_DIM)[None, :]
+    d_mask = offs_d < HEAD_DIM
     q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=o_mask, other=0.0)  # [BLOCK_G, BLOCK_D]
-    if KV_FP8:
-        q = _fp8_dot_dtype(q)
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, m_i = _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                                          stride_cb, stride_co, stride_ch, scale_log2, v_scale,
@@ -212,24 +153,36 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # l_i = 0: empty range, zeros and lse -inf
     out = acc / l_safe[:, None]
-    o_ptrs = out_ptr + b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+    o_mask = g_mask[:, None] & d_mask[None, :]
     if DIRECT:
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
-    elif active == 1:
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
+        o_off = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
         # part_out: [B, Hq, S, D], part_lse: [B, Hq, S]; row = (b * Hq + head) * S + split
-        rows = (b * (GROUP * tl.num_programs(1)) + heads).to(tl.int64) * num_splits  # split 0's
-        tl.store(part_out_ptr + (rows + split)[:, None] * HEAD_DIM + offs_d[None, :], out, mask=o_mask)
+        row = (b * (GROUP * tl.num_programs(1)) + heads).to(tl.int64) * num_splits + split
+        tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=o_mask)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
-        tl.store(part_lse_ptr + rows + split, lse, mask=g_mask)
-        tl.debug_barrier()  # every thread's partial is stored before the count is released
-        counter = counter_ptr + b * tl.num_programs(1) + kvh
-        if tl.atomic_add(counter, 1, sem="acq_rel") == active - 1:  # the last to arrive merges
-            out = _merge_splits(part_out_ptr, part_lse_ptr, rows, active, o_mask, g_mask, offs_d,
-                                HEAD_DIM, BLOCK_G, BLOCK_D)
-            tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=o_mask)
-            tl.atomic_xchg(counter, 0)
+        tl.store(part_lse_ptr + row, lse, mask=g_mask)
+
+
+@triton.jit(do_not_specialize=["num_splits"])
+def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ob, stride_oh, num_splits,
+                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    b, h = tl.program_id(0), tl.program_id(1)
+    row = (b * tl.num_programs(1) + h).to(tl.int64) * num_splits  # first split of (b, h)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < num_splits
+    d_mask = offs_d < HEAD_DIM
+    lse = tl.load(part_lse_ptr + row + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
+    m = tl.max(lse, 0)
+    w = tl.where(lse > float("-inf"), tl.exp2(lse - tl.where(m > float("-inf"), m, 0.0)), 0.0)
+    parts = tl.load(part_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
+    total = tl.sum(w, 0)
+    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
+    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d,
+             out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -243,10 +196,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     valid id); seq_lens: [B] tokens in cache including the new one, which sits at position
     seq_len - 1 and sees keys max(0, seq_len - sliding_window) .. seq_len - 1 (all keys when
     sliding_window <= 0). A sequence with seq_len 0 gets zeros. Output in q's dtype, softmax in
-    float32. num_splits None: default_num_splits from shapes (no host sync either way); more than
-    one uses this device's split counters (allocated on the first such call, which must not be
-    under CUDA-graph capture). A float8_e4m3fn cache is read as float(x) * kv_scales, with
-    float16 dots for a 16-bit q.
+    float32. num_splits None: default_num_splits from shapes (no host sync either way). A
+    float8_e4m3fn cache is read as float(x) * kv_scales.
     """
     batch, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
@@ -261,20 +212,24 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     group = num_heads // num_kv_heads
     direct = num_splits == 1
     if direct:
-        part_out = part_lse = counters = out  # unused
+        part_out = part_lse = out  # unused
     else:
-        assert batch * num_kv_heads <= MAX_SPLIT_COUNTERS, (batch, num_kv_heads, MAX_SPLIT_COUNTERS)
         part_out = q.new_empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32)
         part_lse = q.new_empty((batch, num_heads, num_splits), dtype=torch.float32)
-        counters = _split_counters(q.device)
+    block_d = triton.next_power_of_2(head_dim)
     kv_fp8 = is_fp8(k_cache.dtype)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse, counters,
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), scale_log2, kv_scales.v, sliding_window, num_splits, block_size,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=block_n, DIRECT=direct,
+        BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, num_warps=4, num_stages=3)
+    if not direct:
+        _decode_reduce_kernel[(batch, num_heads)](
+            part_out, part_lse, out, out.stride(0), out.stride(1), num_splits,
+            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            num_warps=4 if head_dim >= 128 else 2)
     return out

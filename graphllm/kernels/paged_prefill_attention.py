@@ -12,17 +12,15 @@ each K/V tile serves the whole group. Each sequence's tokens are tiled on their 
 the grid belongs to the last sequence b with query_start_loc[b] // BLOCK_Q + b <= i (found by
 binary search), so the grid cdiv(T, BLOCK_Q) + B bounds the tile count from shapes alone and
 programs past their sequence's tokens exit (vLLM's unified-attention trick; no host sync).
-A float8 cache is read as in the decode kernel: k_scale folded into the softmax scale on the
-host, v_scale applied once to the unnormalised output, and with a 16-bit q the dots in float16
-(K and V tiles convert exactly, q and P round to float16, float32 accumulation; a q above
-65504 would overflow).
+A float8 cache is read as in the decode kernel: tiles converted exactly to q's dtype, k_scale
+folded into the softmax scale on the host, v_scale applied once to the unnormalised output.
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.paged_decode_attention import _fp8_dot_dtype, _one_token_attention
+from graphllm.kernels.paged_decode_attention import _one_token_attention
 from graphllm.ops.kv_quant import KVScales, dequantize_kv, is_fp8
 
 LOG2E = 1.4426950408889634
@@ -88,8 +86,6 @@ def _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kv
     mask = (offs_g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
     q = tl.load(q_ptr + token.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=mask, other=0.0)  # [BLOCK_G, BLOCK_D]
-    if KV_FP8:
-        q = _fp8_dot_dtype(q)
     lo = 0
     if sliding_window > 0:
         lo = tl.maximum(seq_len - sliding_window, 0)
@@ -137,8 +133,6 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
         + offs_d[None, :]  # [BLOCK_M, BLOCK_D]
     q_mask = row_valid[:, None] & d_mask[None, :]
     q = tl.load(q_ptr + q_off, mask=q_mask, other=0.0)
-    if KV_FP8:
-        q = _fp8_dot_dtype(q)
 
     hi = tl.minimum(prefix + q_tile_start + BLOCK_Q, seq_len)  # past the tile's last position
     q_min_key = tl.zeros([BLOCK_M], tl.int32)  # first visible key position of each row
@@ -169,7 +163,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if KV_FP8:  # exact: float8 e4m3 fits in float16 and float32
+        if KV_FP8:  # exact: float8 e4m3 fits in float16, bfloat16 and float32
             v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
@@ -195,8 +189,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     seq_lens: [B] tokens in cache including the new ones. New token i of sequence b sits at
     position p = seq_len - q_len + i and sees keys 0..p, or p - sliding_window + 1..p when
     sliding_window > 0. Output in q's dtype (rows of no sequence are left unwritten), softmax in
-    float32; no host sync. A float8_e4m3fn cache is read as float(x) * kv_scales, with float16
-    dots for a 16-bit q.
+    float32; no host sync. A float8_e4m3fn cache is read as float(x) * kv_scales.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]

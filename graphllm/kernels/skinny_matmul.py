@@ -196,7 +196,8 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
     One row: 16-column tiles in 256-column K steps, except a K at least twice N (down_proj),
     which takes 32 columns and 4 K splits (31.0 us against 38.6 with 2 splits of 16 columns).
     More rows: 64-column tiles for "wide" outputs (at least four 64-column programs per SM, e.g.
-    a vocabulary), 32 otherwise, no split.
+    a vocabulary) in 128-column K steps, and for MLP up-projections (N >= 4K: gate_up at 8 rows,
+    60.5 us against 63.8 with 32 columns) in 256-column K steps; 32 columns otherwise; no split.
     """
     split_k = 1
     if m == 1:
@@ -205,7 +206,7 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
             block_n, split_k = 32, 4
     else:
         wide = triton.cdiv(n, 64) >= 4 * _sm_count(device)
-        block_n, block_k, warps = (64, 128, 4) if wide else (32, 256, 4)
+        block_n, block_k, warps = (64, 128, 4) if wide else (64, 256, 4) if n >= 4 * k else (32, 256, 4)
     block_k = min(block_k, max(16, triton.next_power_of_2(k)))
     split_k = max(1, min(split_k, k // (4 * block_k)))  # at least four K steps per split
     return {"BLOCK_N": block_n, "BLOCK_K": block_k, "SPLIT_K": split_k, "num_warps": warps, "num_stages": 4}
@@ -214,9 +215,18 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
 def beats_cublas(m: int, n: int, k: int) -> bool:
     """Where the kernel measured faster than cuBLAS (kernel_sweep, H200, bf16, CUDA-graph replay):
     one row against a small weight (qkv 3.42 vs 3.20 TB/s, o_proj 2.93 vs 2.69), and vocabulary-wide
-    outputs at any row count up to 16 (lm_head 4.34-4.44 vs 4.18-4.22). cuBLAS kept the big MLP
-    weights (gate_up, down) and small weights at 8-16 rows, where it was as fast or faster."""
-    return m <= MAX_ROWS and (n >= VOCAB_WIDE or (m == 1 and n * k <= SMALL_WEIGHT))
+    outputs at any row count up to 16 (lm_head 4.34-4.44 vs 4.18-4.22). At 2-8 rows (kernel_sweep
+    matmul8 at 8 rows, same run, us): square small weights (o_proj 11.8 vs 12.5) and MLP
+    up-projections, N >= 4K (gate_up 60.5 vs 62.7). cuBLAS kept qkv at 2-16 rows (15.4 vs 15.6: a
+    tie), down (32.3 vs 32.0), gate_up at one row (the fused prologue path takes it there) and
+    everything at 9-16 rows but the vocabulary (not measured)."""
+    if not 1 <= m <= MAX_ROWS:
+        return False
+    if n >= VOCAB_WIDE:
+        return True
+    if m == 1:
+        return n * k <= SMALL_WEIGHT
+    return m <= 8 and ((n == k and n * k <= SMALL_WEIGHT) or n >= 4 * k)
 
 
 def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

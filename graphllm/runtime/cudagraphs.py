@@ -18,6 +18,7 @@ import torch
 
 from graphllm.ops.backends import AttentionBackend, HostMeta, TorchBackend, use_backend
 from graphllm.runtime.inputs import HostStep, packed_offsets, unpack
+from graphllm.runtime.sampler import argmax_rows
 
 
 class CUDAGraphRunner:
@@ -129,5 +130,5 @@ class CUDAGraphRunner:
                 self.static.input_ids[:b].copy_(tokens[-1])
             self.graphs[bucket].replay()
             self.replays += 1
-            tokens.append(self.outputs[bucket][:b].argmax(dim=-1))
+            tokens.append(argmax_rows(self.outputs[bucket][:b]))
         return torch.stack(tokens)

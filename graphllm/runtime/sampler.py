@@ -57,7 +57,7 @@ class Sampler:
         assert logits.dim() == 2 and logits.shape[0] == len(rows), (logits.shape, len(rows))
         if all(_plain_greedy(r) for r in rows):
             # Upcasting is exact, so the argmax of the raw logits is the argmax of float32 ones.
-            return SamplerOutput(logits.argmax(dim=-1).tolist(), [None] * len(rows))
+            return SamplerOutput(argmax_rows(logits).tolist(), [None] * len(rows))
         # logits: [B, V] float32; a private copy where penalties or min_tokens mutate it in place
         mutates = any(_has_penalty(r.params) or _min_tokens_active(r) for r in rows)
         logits = logits.to(torch.float32, copy=mutates)
@@ -76,9 +76,34 @@ class Sampler:
         if any(r.params.logprobs is not None or _has_penalty(r.params) for r in rows):
             return None
         if all(_plain_greedy(r) for r in rows):
-            return logits.argmax(dim=-1)
+            return argmax_rows(logits)
         logits = logits.to(torch.float32, copy=any(_min_tokens_active(r) for r in rows))
         return sample(apply_min_tokens(logits, rows), rows)
+
+
+ARGMAX_CHUNKS = (256, 128, 64)  # column chunks of argmax_rows' first reduction, largest that divides V
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(dim=-1) of [B, V] logits, as two reductions on CUDA.
+
+    PyTorch's argmax reduces each row in one pass, which took 34-37 us per decode step for a
+    128,256-word vocabulary at batch 1 and 8 on the H200 (`--profile`): about 0.8% of the step.
+    Chunks of columns first, then the chunk maxima, gives the GPU B * V / chunk reductions to
+    spread. Same index, ties included: both reductions return the first maximal index."""
+    vocab = logits.shape[-1]
+    chunk = next((c for c in ARGMAX_CHUNKS if vocab % c == 0 and vocab > c), None)
+    if not logits.is_cuda or chunk is None:
+        return logits.argmax(dim=-1)
+    return two_stage_argmax(logits, chunk)
+
+
+def two_stage_argmax(logits: torch.Tensor, chunk: int) -> torch.Tensor:
+    """argmax(dim=-1) of [B, V] with V a multiple of chunk: the maxima and first indices of each chunk,
+    then the first chunk holding the row maximum."""
+    maxima, inner = logits.view(logits.shape[0], -1, chunk).max(dim=-1)  # [B, V / chunk] each
+    best = maxima.argmax(dim=-1, keepdim=True)  # [B, 1]
+    return (best * chunk + inner.gather(-1, best)).squeeze(-1)
 
 
 # ---------------------------------------------------------------- logprobs

@@ -67,11 +67,6 @@ def test_prefill_fp8_cache_half_queries():
     run_case(SMALL[2], LOW_DTYPE, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
 
 
-def test_prefill_fp8_cache_bfloat16_queries_dot_in_float16():
-    # chunks and one-token rows; float16 dots also let the interpreter run a bfloat16 q
-    run_case(SMALL[2], torch.bfloat16, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
-
-
 def test_prefill_accepts_int32_metadata():
     run_case(SMALL[2], torch.float32, index_dtype=torch.int32)
 

@@ -89,6 +89,7 @@ def test_default_config_and_routing():
     assert default_config(1, 1 << 20, 4096, DEVICE)["BLOCK_N"] == 16
     assert default_config(1, 4096, 4096, DEVICE)["BLOCK_N"] == 16
     assert default_config(8, 64, 4096, DEVICE)["BLOCK_N"] == 32
+    assert default_config(8, 28672, 4096, DEVICE)["BLOCK_N"] == 64  # gate_up at 8 rows
     assert default_config(1, 64, 48, DEVICE)["BLOCK_K"] == 64
     assert default_config(1, 64, 48, DEVICE)["SPLIT_K"] == 1  # too short to split
     down = default_config(1, 4096, 14336, DEVICE)  # K >= 2N at one row: wider tiles, 4 K splits
@@ -97,6 +98,8 @@ def test_default_config_and_routing():
     assert default_config(1, 64, 8 * 256, DEVICE)["SPLIT_K"] == 2  # never fewer than four K steps per split
     assert beats_cublas(1, 6144, 4096) and beats_cublas(16, 128256, 4096)
     assert not beats_cublas(8, 6144, 4096) and not beats_cublas(1, 28672, 4096)
+    assert beats_cublas(8, 4096, 4096) and beats_cublas(2, 28672, 4096)  # o_proj, gate_up at 2-8 rows
+    assert not beats_cublas(8, 4096, 14336) and not beats_cublas(9, 4096, 4096)  # down; o_proj past 8 rows
     assert not beats_cublas(17, 128256, 4096)
 
 

@@ -346,3 +346,19 @@ def test_logprobs_none_per_row_and_n_larger_than_vocab():
     assert sorted(lp.rank for lp in out.logprobs[1].values()) == [1, 2, 3, 4, 5, 6]
     total = sum(math.exp(lp.logprob) for lp in out.logprobs[1].values())
     assert total == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [64, 256])
+def test_two_stage_argmax_is_argmax_ties_included(chunk):
+    """The CUDA greedy path's two reductions pick the same index as argmax: the first maximum,
+    also when the maximum repeats within a chunk and across chunks."""
+    from graphllm.runtime.sampler import argmax_rows, two_stage_argmax
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randint(-50, 50, (7, 4 * chunk), generator=gen).to(torch.bfloat16)  # many ties
+    logits[1, 5] = logits[1, chunk + 9] = logits[1, 3 * chunk] = 100  # ties across chunks
+    logits[2, chunk + 3] = logits[2, chunk + 7] = 100  # ties within a chunk
+    logits[3] = -1e4  # a flat row
+    expected = logits.argmax(dim=-1)
+    assert torch.equal(two_stage_argmax(logits, chunk), expected)
+    assert expected[1] == 5 and expected[2] == chunk + 3 and expected[3] == 0
+    assert torch.equal(argmax_rows(logits), expected)  # CPU: plain argmax
