@@ -82,18 +82,20 @@ class Sampler:
 
 
 ARGMAX_CHUNKS = (256, 128, 64)  # column chunks of argmax_rows' first reduction, largest that divides V
+ARGMAX_TWO_STAGE_ROWS = 16  # up to this many rows (kernel_sweep argmax, H200: faster at 1 and 8, slower at 256)
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     """logits.argmax(dim=-1) of [B, V] logits, as two reductions on CUDA.
 
-    PyTorch's argmax reduces each row in one pass, which took 34-37 us per decode step for a
-    128,256-word vocabulary at batch 1 and 8 on the H200 (`--profile`): about 0.8% of the step.
-    Chunks of columns first, then the chunk maxima, gives the GPU B * V / chunk reductions to
-    spread. Same index, ties included: both reductions return the first maximal index."""
-    vocab = logits.shape[-1]
+    PyTorch's argmax reduces each row in one pass: few rows leave most of the GPU idle. Chunks of
+    columns first, then the chunk maxima, gives it B * V / chunk reductions to spread. Same index,
+    ties included: both reductions return the first maximal index. Measured on the H200 over a
+    128,256-word vocabulary (kernel_sweep argmax, us per call): 26.3 -> 10.0 at batch 1,
+    26.6 -> 12.6 at batch 8, but 45.8 -> 85.7 at batch 256, hence ARGMAX_TWO_STAGE_ROWS."""
+    rows, vocab = logits.shape
     chunk = next((c for c in ARGMAX_CHUNKS if vocab % c == 0 and vocab > c), None)
-    if not logits.is_cuda or chunk is None:
+    if not logits.is_cuda or chunk is None or rows > ARGMAX_TWO_STAGE_ROWS:
         return logits.argmax(dim=-1)
     return two_stage_argmax(logits, chunk)
 
