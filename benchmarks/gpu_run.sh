@@ -17,7 +17,7 @@
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
 #   sync1-B / synctput-B  latency1-B / throughput-B with --no-async-scheduling (host and GPU take turns)
 #   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
-#   norope1-B  latency1-B compiled with GRAPHLLM_FUSED_ROPE=0 (rotary in Inductor, then store_kv: the fuse_rope_attention A/B)
+#   rope1-B    latency1-B compiled with GRAPHLLM_FUSED_ROPE=1 (fuse_rope_attention on: the A/B against latency1-B)
 #   kernels    rope_store_kv, the triton backend, the rope pass and the sampler tests, one pytest per file
 #   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
@@ -67,8 +67,8 @@ for stage in "$@"; do
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_rms_norm.py tests/kernels/test_silu_and_mul.py \
         tests/passes/test_skinny_linear.py tests/passes/test_linear_prologue.py 2>&1 | tail -8 ;;
-    norope1-*) GRAPHLLM_FUSED_ROPE=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
-        --output-len 256 --attention-backend "${stage#norope1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    rope1-*) GRAPHLLM_FUSED_ROPE=1 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
+        --output-len 256 --attention-backend "${stage#rope1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     kernels) for f in tests/kernels/test_rope_store_kv.py tests/kernels/test_triton_backend.py tests/passes/test_fuse_rope_attention.py \
         tests/runtime/test_sampler.py; do timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest "$f" 2>&1 \
         | grep -v "^\.*$" | tail -6; echo "-- $f: exit ${PIPESTATUS[0]}"; done ;;

@@ -48,14 +48,10 @@ def test_rope_store_kv_matches_the_eager_expression(num_tokens, num_heads, num_k
     got = rope_store_kv(q, k, v, cos, sin, kv_cache, slots)
     expected = rope_store_kv_reference(q, k, v, cos, sin, expected_cache, slots)
     assert got.is_contiguous() and got.dtype == dtype
-    if dtype == torch.float32 or ON_GPU:
-        # float32: the GPU may contract a product and the sum into one fma. Half precision on the
-        # H200: about 1 element in 10^3 differed from eager by a rounding step (2026-11-21).
-        assert_close(got, expected)
-        assert_close(kv_cache, expected_cache)
-    else:  # the interpreter rounds each product and the sum to dtype, as eager does
-        assert torch.equal(got, expected)
-        assert torch.equal(kv_cache, expected_cache)
+    # each product and the sum rounded to dtype, as eager rounds (the kernel is launched without
+    # fma contraction, which skipped a product's rounding in 17% of bfloat16 outputs on the H200)
+    assert torch.equal(got, expected)
+    assert torch.equal(kv_cache, expected_cache)
 
 
 def test_rope_store_kv_skips_negative_slots_but_rotates_every_query():
@@ -82,10 +78,8 @@ def test_rope_store_kv_into_fp8_matches_the_reference(scales):
     q, k, v = fused_qkv(11, 32, 8, 128, torch.bfloat16, seed=3)
     got = rope_store_kv(q, k, v, cos, sin, kv_cache, slots, scales)
     expected = rope_store_kv_reference(q, k, v, cos, sin, expected_cache, slots, scales)
-    assert_close(got, expected)
-    # a rotated key one bfloat16 step off can land on the neighbouring float8 value (3 mantissa bits)
-    torch.testing.assert_close(kv_cache.float(), expected_cache.float(), rtol=0.13, atol=2 ** -9)
-    assert (kv_cache.view(torch.uint8) != expected_cache.view(torch.uint8)).float().mean() < 0.01
+    assert torch.equal(got, expected)
+    assert torch.equal(kv_cache.view(torch.uint8), expected_cache.view(torch.uint8))
 
 
 @pytest.mark.parametrize("new_tokens", [[1, 1, 1], [1, 5, 3]])  # decode, mixed
