@@ -8,7 +8,10 @@ slot_mapping[t] (skipped for a negative slot, a CUDA-graph padding token).
 
 The rotation is transformers' rotate-half form, x * cos + rotate_half(x) * sin with cos, sin
 [T, D] in x's dtype, and it rounds where eager PyTorch rounds: each product to x's dtype, then
-the sum. So for bfloat16 and float16 the result is bit-identical to the eager expression. A
+the sum, so it is meant to be bit-identical to the eager expression (it is under the
+interpreter). On the H200, Triton's fma contraction skipped a product's rounding (17% of
+bfloat16 outputs off by a rounding step), so the kernel launches with enable_fp_fusion=False;
+that launch has not been run on a GPU yet, which is why fuse_rope_attention is opt-in. A
 float8 cache stores the rotated key as saturate(k / k_scale), as store_kv does.
 """
 
