@@ -67,7 +67,8 @@ def test_compiled_with_the_op_gives_the_eager_tokens(lowering, tiny_model_dir, t
     monkeypatch.setattr(FuseRopeAttention.__init__, "__defaults__", (("cpu", "cuda"),))
     folder, _ = tiny_model_dir("llama")
     manifest = compile_model(folder, tmp_path / "art", CompileConfig(
-        dtype="float32", lowering=lowering, max_num_seqs=4, max_num_batched_tokens=64), device="cpu",
+        dtype="float32", lowering=lowering, max_num_seqs=4, max_num_batched_tokens=64, fuse_rope_attention=True),
+        device="cpu",
         show_progress=False)
     assert {"name": "fuse_rope_attention", "counts": {"fused": 2}}.items() <= next(
         r for r in manifest["passes"] if r["name"] == "fuse_rope_attention").items()
