@@ -11,7 +11,6 @@
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager)
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
 #   profile-B  bench latency at batch 1 with --profile, backend B;  profile8-B  the same at batch 8
-#   profile256-B / profile256fp8-B  --profile of 256 sequences decoding at ~800 tokens of context (bf16 / fp8 cache)
 #   throughput graphllm bench throughput, 8B shape, 1,024 requests, with --compare transformers
 #   throughput-B  the same without the comparison, backend B
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
@@ -85,10 +84,6 @@ for stage in "$@"; do
         --attention-backend "${stage#latency-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --plot "$OUT/r/$stage.png" ;;
     profile8-*) bench latency --preset llama-3-8b --batch-sizes 8 --input-len 128 --output-len 64 \
         --attention-backend "${stage#profile8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
-    profile256-*) bench latency --preset llama-3-8b --batch-sizes 256 --input-len 800 --output-len 32 \
-        --attention-backend "${stage#profile256-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
-    profile256fp8-*) bench latency --preset llama-3-8b --batch-sizes 256 --input-len 800 --output-len 32 --kv-cache-dtype fp8 \
-        --attention-backend "${stage#profile256fp8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     profile-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 \
         --attention-backend "${stage#profile-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     throughput) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \

@@ -83,6 +83,12 @@ def time_configs(call_for, configs, weights: list, ref: torch.Tensor, label) -> 
     return timings
 
 
+def streamed_weights(n: int, k: int) -> list[torch.Tensor]:
+    """Copies of a random [n, k] weight, together at least STREAM_BYTES (so each call streams from HBM)."""
+    copies = max(2, int(STREAM_BYTES // (n * k * 2)) + 1)
+    return [torch.randn(n, k, device="cuda", dtype=DTYPE) / k ** 0.5 for _ in range(copies)]
+
+
 def matmul_configs():
     for bn, bk, warps, stages in itertools.product((16, 32, 64), (128, 256, 512), (4, 8), (3, 4)):
         yield {"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": warps, "num_stages": stages}
@@ -91,8 +97,7 @@ def matmul_configs():
 def sweep_matmul() -> list[dict]:
     rows = []
     for name, (n, k) in SHAPES.items():
-        copies = max(2, int(STREAM_BYTES // (n * k * 2)) + 1)
-        weights = [torch.randn(n, k, device="cuda", dtype=DTYPE) / k ** 0.5 for _ in range(copies)]
+        weights = streamed_weights(n, k)
         nbytes = n * k * 2
         for m in (1, 8, 16, 128, 256):
             x = torch.randn(m, k, device="cuda", dtype=DTYPE)
@@ -147,8 +152,7 @@ def sweep_matmul8() -> list[dict]:
     rows, m = [], 8
     for name in ("qkv", "o_proj", "down", "gate_up"):
         n, k = SHAPES[name]
-        copies = max(2, int(STREAM_BYTES // (n * k * 2)) + 1)
-        weights = [torch.randn(n, k, device="cuda", dtype=DTYPE) / k ** 0.5 for _ in range(copies)]
+        weights = streamed_weights(n, k)
         nbytes = n * k * 2
         x = torch.randn(m, k, device="cuda", dtype=DTYPE)
         cublas = graph_seconds([lambda w=w: F.linear(x, w) for w in weights])
@@ -176,8 +180,7 @@ def sweep_prologue() -> list[dict]:
     rows = []
     for name, (n, k) in SHAPES.items():
         prologue = PROLOGUE_OF[name]
-        copies = max(2, int(STREAM_BYTES // (n * k * 2)) + 1)
-        weights = [torch.randn(n, k, device="cuda", dtype=DTYPE) / k ** 0.5 for _ in range(copies)]
+        weights = streamed_weights(n, k)
         nbytes = n * k * 2
         for m in (1, 8, 16):
             x = torch.randn(m, 2 * k if prologue == "silu_mul" else k, device="cuda", dtype=DTYPE)
