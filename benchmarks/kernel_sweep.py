@@ -289,8 +289,9 @@ def sweep_attention() -> list[dict]:
 
 
 def sweep_mixed() -> list[dict]:
-    """The decode rows of a mixed step (one new token each) through the prefill kernel, as a mixed
-    step runs them, against the decode kernel on the same rows."""
+    """The decode rows of a mixed step (one new token each) as paged_prefill_attention runs them (the
+    decode kernel in its mixed mode, then a prefill launch whose programs all exit), against the
+    decode kernel's own decode launch on the same rows."""
     rows, scale = [], HEAD_DIM ** -0.5
     for batch, ctx in [(64, 850), (256, 850)]:
         caches, tables, lens, q, kv_bytes = paged_decode_inputs(batch, ctx)

@@ -8,6 +8,11 @@ sequences use few splits and the grid depends on shapes only (CUDA-graph safe). 
 normalised partial output and its log2-sum-exp2; a second kernel merges them. With one split
 the first kernel writes the output directly.
 
+In a mixed step (query_start_loc given) q holds every new token of the step: program b reads
+sequence b's token at row query_start_loc[b] when b has exactly one new token and exits
+otherwise, so the one-token rows of a mixed step run this kernel's loop without the host
+slicing them out (the prefill kernel takes the other sequences).
+
 A float8 cache (graphllm/ops/kv_quant.py) is read with its per-tensor scales folded out of the
 inner loop: K and V tiles convert exactly to q's dtype for tl.dot, k_scale multiplies the
 softmax scale on the host and v_scale the unnormalised output once per program.
@@ -121,16 +126,30 @@ def _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_
     return acc, l_i, m_i
 
 
+@triton.jit
+def _query_row(query_start_loc_ptr, b, MIXED: tl.constexpr):
+    """Row of sequence b's new token in q and out: b, or in a mixed step query_start_loc[b], with
+    -1 when b has not exactly one new token there (its program exits)."""
+    row = b.to(tl.int64)
+    if MIXED:
+        row = tl.load(query_start_loc_ptr + b).to(tl.int64)
+        row = tl.where(tl.load(query_start_loc_ptr + b + 1) - row == 1, row, -1)
+    return row
+
+
 @triton.jit(do_not_specialize=["stride_bt", "num_splits"])  # vary per step: one compile
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-                         out_ptr, part_out_ptr, part_lse_ptr,
+                         query_start_loc_ptr, out_ptr, part_out_ptr, part_lse_ptr,
                          stride_qb, stride_qh, stride_ob, stride_oh,
                          stride_cb, stride_co, stride_ch,  # k/v cache: block, offset, head
                          stride_bt, scale_log2, v_scale, sliding_window, num_splits, block_size,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
-                         PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
+                         MIXED: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    q_row = _query_row(query_start_loc_ptr, b, MIXED)
+    if q_row < 0:
+        return
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     start = 0
     if sliding_window > 0:
@@ -144,7 +163,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     heads = kvh * GROUP + offs_g  # [BLOCK_G]
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + b.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+    q = tl.load(q_ptr + q_row * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, m_i = _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
@@ -155,7 +174,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     out = acc / l_safe[:, None]
     o_mask = g_mask[:, None] & d_mask[None, :]
     if DIRECT:
-        o_off = b.to(tl.int64) * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
+        o_off = q_row * stride_ob + heads[:, None] * stride_oh + offs_d[None, :]
         tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
         # part_out: [B, Hq, S, D], part_lse: [B, Hq, S]; row = (b * Hq + head) * S + split
@@ -166,9 +185,13 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
 
 
 @triton.jit(do_not_specialize=["num_splits"])
-def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ob, stride_oh, num_splits,
-                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, query_start_loc_ptr, out_ptr, stride_ob, stride_oh,
+                          num_splits, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                          MIXED: tl.constexpr):
     b, h = tl.program_id(0), tl.program_id(1)
+    q_row = _query_row(query_start_loc_ptr, b, MIXED)
+    if q_row < 0:  # its partials were never written
+        return
     row = (b * tl.num_programs(1) + h).to(tl.int64) * num_splits  # first split of (b, h)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
@@ -181,14 +204,15 @@ def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ob, stride
                     mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
     total = tl.sum(w, 0)
     out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
-    tl.store(out_ptr + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d,
+    tl.store(out_ptr + q_row * stride_ob + h * stride_oh + offs_d,
              out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            sliding_window: int, num_splits: int | None = None,
-                           kv_scales: KVScales = KVScales()) -> torch.Tensor:
+                           kv_scales: KVScales = KVScales(), query_start_loc: torch.Tensor | None = None,
+                           out: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -198,12 +222,19 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     sliding_window <= 0). A sequence with seq_len 0 gets zeros. Output in q's dtype, softmax in
     float32. num_splits None: default_num_splits from shapes (no host sync either way). A
     float8_e4m3fn cache is read as float(x) * kv_scales.
+
+    Mixed step: with query_start_loc ([B + 1]) q is [T, Hq, D], the step's new tokens; only the
+    rows of sequences with exactly one new token are computed, into `out` ([T, Hq, D], made
+    when None; other rows are left as they are), which is returned.
     """
-    batch, num_heads, head_dim = q.shape
+    num_heads, head_dim = q.shape[1:]
+    mixed = query_start_loc is not None
+    batch = seq_lens.shape[0] if mixed else q.shape[0]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride()
-    out = torch.empty_like(q)
-    if batch == 0:
+    out = torch.empty_like(q) if out is None else out
+    assert out.shape == q.shape and out.stride(-1) == 1
+    if batch == 0 or q.shape[0] == 0:
         return out
     block_n = 64 if head_dim <= 128 else 32
     if num_splits is None:
@@ -219,17 +250,18 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_d = triton.next_power_of_2(head_dim)
     kv_fp8 = is_fp8(k_cache.dtype)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
+    starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_out, part_lse,
+        q, k_cache, v_cache, block_tables, seq_lens, starts, out, part_out, part_lse,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), scale_log2, kv_scales.v, sliding_window, num_splits, block_size,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct,
+        BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, MIXED=mixed,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, num_warps=4, num_stages=3)
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
-            part_out, part_lse, out, out.stride(0), out.stride(1), num_splits,
-            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            part_out, part_lse, starts, out, out.stride(0), out.stride(1), num_splits,
+            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, MIXED=mixed,
             num_warps=4 if head_dim >= 128 else 2)
     return out

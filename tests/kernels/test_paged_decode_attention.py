@@ -107,3 +107,28 @@ def test_default_num_splits_keeps_tiles_per_split():
     assert default_num_splits(1, 8, 8192, 64, cpu) == 4  # 4 waves x 8 SMs / 8 heads
     assert default_num_splits(1, 1, 512, 64, cpu) == 2  # 8 tiles, 4 per split
     assert default_num_splits(1, 1, 16, 64, cpu) == 1
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_decode_mixed_mode_computes_only_one_token_rows(num_splits):
+    """Mixed step: q holds all new tokens; rows of sequences with one new token equal the reference,
+    every other row of `out` is left as it was (here NaN), with and without the split merge."""
+    num_heads, num_kv_heads, head_dim, block_size, window = 8, 2, 64, 16, 0
+    seq_lens, new = [70, 40, 5, 300, 33], [1, 12, 1, 0, 1]  # decodes, a prefill chunk, no tokens
+    kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, torch.float32, 0)
+    starts = torch.tensor([0] + new).cumsum(0).to(kv_cache.device)  # [B + 1]
+    q = randn((int(starts[-1]), num_heads, head_dim), torch.float32, 1)
+    out = torch.full_like(q, float("nan"))
+    lens = torch.tensor(seq_lens, device=q.device)
+    scale = 1 / math.sqrt(head_dim)
+    got = paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, lens, scale, window,
+                                 num_splits=num_splits, query_start_loc=starts, out=out)
+    assert got is out
+    rows = starts[:-1][torch.tensor(new) == 1]  # [3] rows of the decoding sequences
+    one = torch.tensor(new, device=q.device) == 1
+    expected = paged_decode_attention_reference(q[rows], kv_cache[0], kv_cache[1], block_tables[one], lens[one],
+                                                scale, window)
+    assert_close(got[rows], expected)
+    others = torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
+    others[rows] = False
+    assert got[others].isnan().all()
