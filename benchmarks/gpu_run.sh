@@ -19,6 +19,9 @@
 #   rope1-B    latency1-B compiled with GRAPHLLM_FUSED_ROPE=1 (fuse_rope_attention on: the A/B against latency1-B)
 #   kernels    rope_store_kv, the triton backend, the rope pass and the sampler tests, one pytest per file
 #   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
+#   attn-tests the paged decode / prefill attention kernel tests;  rope-teacher  teacher with GRAPHLLM_FUSED_ROPE=1
+#   ab-throughput-B / ab-latency1-B  throughput-B / latency1-B from the tree in .ab/ (a checkout of an earlier
+#              commit, carried beside this one: a same-run A/B; it shares the preset and the artifact cache)
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
 set -uo pipefail
@@ -71,6 +74,15 @@ for stage in "$@"; do
     kernels) for f in tests/kernels/test_rope_store_kv.py tests/kernels/test_triton_backend.py tests/passes/test_fuse_rope_attention.py \
         tests/runtime/test_sampler.py; do timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest "$f" 2>&1 \
         | grep -v "^\.*$" | tail -6; echo "-- $f: exit ${PIPESTATUS[0]}"; done ;;
+    attn-tests) timeout 300 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py 2>&1 | tail -8 ;;
+    rope-teacher) GRAPHLLM_FUSED_ROPE=1 timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
+        -p no:hypothesispytest tests/gpu -k teacher ;;
+    ab-throughput-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench throughput --preset llama-3-8b \
+        --num-requests 1024 $LIMITS --work $WORK --attention-backend "${stage#ab-throughput-}" --json "$OUT/r/$stage.json") ;;
+    ab-latency1-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency --preset llama-3-8b \
+        --batch-sizes 1,8 --input-len 128 --output-len 256 --attention-backend "${stage#ab-latency1-}" $LIMITS \
+        --work $WORK --json "$OUT/r/$stage.json") ;;
     latency1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     tests) timeout 330 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
