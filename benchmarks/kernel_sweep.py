@@ -289,19 +289,21 @@ def sweep_attention() -> list[dict]:
 
 
 def sweep_mixed() -> list[dict]:
-    """The decode rows of a mixed step (one new token each) as paged_prefill_attention runs them (the
-    decode kernel in its mixed mode, then a prefill launch whose programs all exit), against the
-    decode kernel's own decode launch on the same rows."""
+    """The decode rows of a mixed step (one new token each) as paged_prefill_attention runs them:
+    in the prefill kernel's one-token path, or in a decode-kernel launch in its mixed mode beside
+    a prefill launch whose programs all exit; against the decode kernel's own decode launch."""
     rows, scale = [], HEAD_DIM ** -0.5
     for batch, ctx in [(64, 850), (256, 850)]:
         caches, tables, lens, q, kv_bytes = paged_decode_inputs(batch, ctx)
         starts = torch.arange(batch + 1, device="cuda")
         decode = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0)
                                 for c in caches])
-        prefill = graph_seconds([lambda c=c: paged_prefill_attention(q, c[0], c[1], tables, lens, starts, scale, 0)
-                                 for c in caches])
-        row = {"batch": batch, "context": ctx, "decode_kernel_us": decode * 1e6, "prefill_kernel_us": prefill * 1e6,
-               "decode_tb_s": kv_bytes / decode / 1e12, "prefill_tb_s": kv_bytes / prefill / 1e12}
+        row = {"batch": batch, "context": ctx, "decode_kernel_us": decode * 1e6,
+               "decode_tb_s": kv_bytes / decode / 1e12}
+        for name, min_seqs in [("prefill_kernel", 1 << 30), ("mixed_decode_launch", 0)]:
+            s = graph_seconds([lambda c=c, m=min_seqs: paged_prefill_attention(
+                q, c[0], c[1], tables, lens, starts, scale, 0, decode_kernel_min_seqs=m) for c in caches])
+            row[f"{name}_us"], row[f"{name}_tb_s"] = s * 1e6, kv_bytes / s / 1e12
         rows.append(row)
         print(json.dumps(row), flush=True)
         del caches

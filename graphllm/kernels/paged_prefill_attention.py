@@ -1,13 +1,16 @@
 """Variable-length causal attention of a step's new tokens over their paged KV cache.
 
 Covers prefill, chunked prefill (prefix already cached) and mixed batches with 1-token
-sequences; every key, the new tokens' own included, is read from the cache. Sequences with one
-new token (the decodes of a mixed step) go to the decode kernel, launched first over the whole
-step in its mixed mode, where each program finds its row in query_start_loc and exits unless its
-sequence has exactly one new token; this kernel's programs of those sequences exit. (On the
-H200, 255 decoding sequences of ~800 tokens took 11.5 ms of a mixed step over 32 layers when
-this kernel also ran them, through the decode kernel's loop, against 6.9 ms for the decode
-kernel alone: the shared launch's resources and its per-program search cost them.) Program
+sequences; every key, the new tokens' own included, is read from the cache. A sequence with one
+new token (a decode in a mixed step) takes the decode kernel's loop: its G query heads as a
+[16, D] tile rather than the [BLOCK_M, D] tile of a chunk. In a step of at least
+DECODE_KERNEL_MIN_SEQS sequences those rows go to the decode kernel itself, launched first over
+the whole step in its mixed mode (each program finds its row in query_start_loc and exits unless
+its sequence has exactly one new token), and this kernel's programs of them exit. On the H200
+(kernel_sweep mixed, 2026-11-21) 256 decoding rows of 850 tokens took 279 us a layer here
+against 224 us in the decode kernel; 64 rows 73 against 60 us. A second launch costs host time
+in a step that is not graphed, which pays only where the GPU, not the host, sets the pace of a
+mixed step: with many sequences decoding. Program
 (tile, kv_head) takes BLOCK_Q = BLOCK_M // G consecutive new tokens of one sequence times the G
 query heads of its KV head, flattened into BLOCK_M rows (row r: token r // G, head r % G), so
 each K/V tile serves the whole group. Each sequence's tokens are tiled on their own; tile i of
@@ -22,10 +25,14 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.paged_decode_attention import paged_decode_attention
+from graphllm.kernels.paged_decode_attention import _one_token_attention, paged_decode_attention
 from graphllm.ops.kv_quant import KVScales, dequantize_kv, is_fp8
 
 LOG2E = 1.4426950408889634
+# From this many sequences a step's one-token rows run in the decode kernel's own launch. Not yet
+# measured end to end: a throughput mixed step (255 decodes) took 24-26 ms of host time to launch
+# and about as much GPU time, so there the launch is hidden and the GPU saves ~1.8 ms a step.
+DECODE_KERNEL_MIN_SEQS = 128
 
 
 def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
@@ -74,6 +81,31 @@ def _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
     return left - 1
 
 
+@triton.jit
+def _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kvh, token, seq_len,
+               stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt,
+               scale_log2, v_scale, sliding_window, block_size, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+               BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+               KV_FP8: tl.constexpr):
+    """Attention of sequence b's single new token (row `token`), all G heads of KV head kvh at once:
+    a [BLOCK_G, D] query tile instead of [BLOCK_M, D], a quarter of the work for GQA 4."""
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kvh * GROUP + offs_g
+    mask = (offs_g < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q = tl.load(q_ptr + token.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=mask, other=0.0)  # [BLOCK_G, BLOCK_D]
+    lo = 0
+    if sliding_window > 0:
+        lo = tl.maximum(seq_len - sliding_window, 0)
+    acc, l_i, _ = _one_token_attention(q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt,
+                                       kvh, lo, seq_len, block_size, stride_cb, stride_co, stride_ch, scale_log2,
+                                       v_scale, BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + token.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
 @triton.jit(do_not_specialize=["stride_bt", "num_seqs"])  # vary per step: one compile
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
                     query_start_loc_ptr, out_ptr,
@@ -81,8 +113,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
                     stride_cb, stride_co, stride_ch,  # k/v cache: block, offset, head
                     stride_bt, scale_log2, v_scale, sliding_window, num_seqs, block_size,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
-                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
+                    BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                    BLOCK_N: tl.constexpr, ONE_TOKEN_ROWS: tl.constexpr, PRECISION: tl.constexpr,
+                    KV_FP8: tl.constexpr):
     tile, kvh = tl.program_id(0), tl.program_id(1)
     b = _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
     q_first = tl.load(query_start_loc_ptr + b).to(tl.int32)
@@ -90,9 +123,14 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
     q_tile_start = (tile - (q_first // BLOCK_Q + b)) * BLOCK_Q  # first token of the tile, local
     if q_tile_start >= q_len:
         return
-    if q_len == 1:  # a decode of a mixed step: the decode kernel's launch computes its rows
-        return
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    if q_len == 1:  # a decode of a mixed step
+        if ONE_TOKEN_ROWS:  # here, through the decode kernel's [BLOCK_G, D] loop
+            _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kvh, q_first, seq_len,
+                       stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt,
+                       scale_log2, v_scale, sliding_window, block_size, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D,
+                       BLOCK_N, PRECISION, KV_FP8)
+        return  # else the decode kernel's launch computes its rows
     prefix = seq_len - q_len  # position of the sequence's first new token
 
     rows = tl.arange(0, BLOCK_M)
@@ -152,7 +190,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, seq_lens: torch.Tensor,
                             query_start_loc: torch.Tensor, scale: float,
-                            sliding_window: int, kv_scales: KVScales = KVScales()) -> torch.Tensor:
+                            sliding_window: int, kv_scales: KVScales = KVScales(),
+                            decode_kernel_min_seqs: int = DECODE_KERNEL_MIN_SEQS) -> torch.Tensor:
     """Causal attention of the step's new tokens over their sequences' pages; returns [T, Hq, D].
 
     q: [T, Hq, D] (last-dim stride 1), sequence b's new tokens at rows
@@ -162,7 +201,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     seq_lens: [B] tokens in cache including the new ones. New token i of sequence b sits at
     position p = seq_len - q_len + i and sees keys 0..p, or p - sliding_window + 1..p when
     sliding_window > 0. Output in q's dtype (rows of no sequence are left unwritten), softmax in
-    float32; no host sync. A float8_e4m3fn cache is read as float(x) * kv_scales.
+    float32; no host sync. A float8_e4m3fn cache is read as float(x) * kv_scales. With at least
+    decode_kernel_min_seqs sequences, one-token sequences run in a launch of the decode kernel.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
@@ -171,7 +211,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     out = torch.empty_like(q)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    if num_seqs > 1 or num_tokens == 1:  # else no sequence can have exactly one new token
+    decode_launch = num_seqs >= decode_kernel_min_seqs
+    if decode_launch:
         paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window,
                                kv_scales=kv_scales, query_start_loc=query_start_loc, out=out)
     group = num_heads // num_kv_heads
@@ -185,7 +226,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0), scale_log2, kv_scales.v, sliding_window, num_seqs, block_size,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q,
-        BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=64 if head_dim <= 128 else 32,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8,
+        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=triton.next_power_of_2(head_dim),
+        BLOCK_N=64 if head_dim <= 128 else 32, ONE_TOKEN_ROWS=not decode_launch, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8,
         num_warps=4 if head_dim <= 128 else 8, num_stages=3)
     return out

@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm.kernels.paged_prefill_attention import (  # noqa: E402
-    paged_prefill_attention, paged_prefill_attention_reference)
+    DECODE_KERNEL_MIN_SEQS, paged_prefill_attention, paged_prefill_attention_reference)
 from graphllm.ops.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
 from tests.kernels.conftest import (  # noqa: E402
     LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
@@ -31,8 +31,9 @@ LARGE = [
 ]
 
 
-def run_case(case, dtype, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_scales=KVScales()):
-    """cache_dtype None: q's dtype."""
+def run_case(case, dtype, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_scales=KVScales(),
+             decode_kernel_min_seqs=DECODE_KERNEL_MIN_SEQS):
+    """cache_dtype None: q's dtype; decode_kernel_min_seqs 0: one-token rows in the decode kernel's launch."""
     num_heads, num_kv_heads, head_dim, block_size, chunks, window = case
     seq_lens = [cached + new for cached, new in chunks]
     kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim,
@@ -44,13 +45,14 @@ def run_case(case, dtype, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_
     block_tables = block_tables.to(index_dtype)
     args = (q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, starts,
             1 / math.sqrt(head_dim), window)
-    assert_close(paged_prefill_attention(*args, kv_scales=kv_scales),
-                 paged_prefill_attention_reference(*args, kv_scales=kv_scales))
+    got = paged_prefill_attention(*args, kv_scales=kv_scales, decode_kernel_min_seqs=decode_kernel_min_seqs)
+    assert_close(got, paged_prefill_attention_reference(*args, kv_scales=kv_scales))
 
 
+@pytest.mark.parametrize("decode_launch", [False, True])
 @pytest.mark.parametrize("case", SMALL)
-def test_prefill_matches_reference_fp32(case):
-    run_case(case, torch.float32)
+def test_prefill_matches_reference_fp32(case, decode_launch):
+    run_case(case, torch.float32, decode_kernel_min_seqs=0 if decode_launch else 1 << 30)
 
 
 @pytest.mark.parametrize("case", SMALL[1:3])
@@ -58,17 +60,20 @@ def test_prefill_matches_reference_half(case):
     run_case(case, LOW_DTYPE)
 
 
+@pytest.mark.parametrize("decode_launch", [False, True])
 @pytest.mark.parametrize("case", SMALL)
-def test_prefill_fp8_cache_matches_reference(case):
-    run_case(case, torch.float32, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+def test_prefill_fp8_cache_matches_reference(case, decode_launch):
+    run_case(case, torch.float32, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES,
+             decode_kernel_min_seqs=0 if decode_launch else 1 << 30)
 
 
 def test_prefill_fp8_cache_half_queries():
     run_case(SMALL[2], LOW_DTYPE, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
 
 
-def test_prefill_accepts_int32_metadata():
-    run_case(SMALL[2], torch.float32, index_dtype=torch.int32)
+@pytest.mark.parametrize("decode_launch", [False, True])
+def test_prefill_accepts_int32_metadata(decode_launch):
+    run_case(SMALL[2], torch.float32, index_dtype=torch.int32, decode_kernel_min_seqs=0 if decode_launch else 1 << 30)
 
 
 @gpu_only
@@ -76,6 +81,7 @@ def test_prefill_accepts_int32_metadata():
 @pytest.mark.parametrize("case", LARGE)
 def test_prefill_matches_reference_large(case, dtype):
     run_case(case, dtype)
+    run_case(case, dtype, decode_kernel_min_seqs=0)
 
 
 @gpu_only
