@@ -1,0 +1,69 @@
+"""Compile graphllm's paged-attention Triton kernels for sm_90 (the H200) with no GPU present.
+
+    python -m tests.kernels.sm90_compile      # prints one line per kernel variant, exit 1 on a failure
+
+Triton's interpreter (how CI runs the kernels) executes the Python with NumPy, so it accepts code
+that the compiler rejects (a branch that changes a variable's type, an unsupported early exit).
+Triton's own front end and its bundled ptxas need no GPU: this builds every constexpr variant the
+launchers use down to a cubin for compute capability 9.0. Run in its own process: the kernel tests'
+conftest puts the whole pytest session under the interpreter (TRITON_INTERPRET=1).
+"""
+
+import itertools
+import os
+import sys
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from graphllm.kernels import paged_decode_attention as decode
+from graphllm.kernels import paged_prefill_attention as prefill
+
+SM90 = GPUTarget("cuda", 90, 32)
+SHAPE = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, PRECISION="tf32")  # the Llama-3-8B shape, bf16
+
+
+def pointer_types(kv_fp8: bool) -> dict[str, str]:
+    cache = "*fp8e4nv" if kv_fp8 else "*bf16"
+    return {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i64",
+            "seq_lens_ptr": "*i64", "query_start_loc_ptr": "*i64", "out_ptr": "*bf16", "part_out_ptr": "*fp32",
+            "part_lse_ptr": "*fp32", "scale_log2": "fp32", "v_scale": "fp32"}
+
+
+def variants():
+    """(kernel, argument types, constexprs) for each variant the launchers can ask for."""
+    for direct, mixed, kv_fp8 in itertools.product((True, False), repeat=3):
+        yield decode._decode_split_kernel, pointer_types(kv_fp8), dict(
+            SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=mixed, KV_FP8=kv_fp8)
+    for mixed in (True, False):
+        yield decode._decode_reduce_kernel, pointer_types(False), dict(
+            HEAD_DIM=128, BLOCK_S=8, BLOCK_D=128, MIXED=mixed)
+    for one_token_rows, kv_fp8 in itertools.product((True, False), repeat=2):
+        yield prefill._prefill_kernel, pointer_types(kv_fp8), dict(
+            SHAPE, BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16, ONE_TOKEN_ROWS=one_token_rows, KV_FP8=kv_fp8)
+
+
+def compile_sm90(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict) -> int:
+    """Size of the cubin; other arguments are int32 scalars."""
+    signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in kernel.arg_names}
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=SM90,
+                              options={"num_warps": 4, "num_stages": 3})
+    return len(compiled.asm["cubin"])
+
+
+def main() -> int:
+    assert os.environ.get("TRITON_INTERPRET") != "1", "run outside Triton's interpreter"
+    failed = 0
+    for kernel, types, constexprs in variants():
+        flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8")}
+        try:
+            print(f"{kernel.__name__} {flags}: cubin {compile_sm90(kernel, types, constexprs)} bytes", flush=True)
+        except Exception as error:  # noqa: BLE001 - report every variant, then fail
+            failed += 1
+            print(f"{kernel.__name__} {flags}: FAILED {type(error).__name__}: {error}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

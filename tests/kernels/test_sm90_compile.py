@@ -1,0 +1,29 @@
+"""The paged-attention kernels compile for the H200 (sm_90), checked on any machine with Triton's
+NVIDIA backend: the interpreter, which runs the other kernel tests on CPU, accepts code the
+compiler would reject (tests/kernels/sm90_compile.py)."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def nvidia_backend_present() -> bool:
+    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("triton.backends.nvidia") is None:
+        return False
+    import triton.backends.nvidia as nvidia
+    return (Path(nvidia.__file__).parent / "bin" / "ptxas").exists()
+
+
+@pytest.mark.skipif(not nvidia_backend_present(), reason="needs Triton's NVIDIA backend and its bundled ptxas")
+def test_attention_kernels_compile_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-m", "tests.kernels.sm90_compile"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.count("cubin") == 14, run.stdout  # 8 split-kernel, 2 reduce, 4 prefill variants
