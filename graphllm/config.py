@@ -92,7 +92,8 @@ class CompileConfig:
     linear_prologue: bool = True  # GPU graphs: norms and SwiGLU folded into the linear they feed (needs skinny_linear)
     # GPU graphs: q/k rotary inside the attention op's KV write. Off unless GRAPHLLM_FUSED_ROPE=1: on the
     # H200 it made decode 1.2% faster but cost 1-2 points of bf16 teacher-forced agreement (fma contraction
-    # skipped a rounding); the fix (no contraction) has not run on a GPU yet. See benchmarks/RESULTS.md.
+    # skipped a rounding); the fix (no contraction: no fma left in its sm_90 PTX, tests/kernels/sm90_compile.py)
+    # has not run on a GPU yet. See benchmarks/RESULTS.md.
     fuse_rope_attention: bool = os.environ.get("GRAPHLLM_FUSED_ROPE", "0") == "1"
     lowering: str = "auto"  # "aoti" | "inductor"; auto: AOTInductor on CPU, Inductor standalone on CUDA
 

@@ -10,8 +10,9 @@ The rotation is transformers' rotate-half form, x * cos + rotate_half(x) * sin w
 [T, D] in x's dtype, and it rounds where eager PyTorch rounds: each product to x's dtype, then
 the sum, so it is meant to be bit-identical to the eager expression (it is under the
 interpreter). On the H200, Triton's fma contraction skipped a product's rounding (17% of
-bfloat16 outputs off by a rounding step), so the kernel launches with enable_fp_fusion=False;
-that launch has not been run on a GPU yet, which is why fuse_rope_attention is opt-in. A
+bfloat16 outputs off by a rounding step), so the kernel launches with enable_fp_fusion=False
+(LAUNCH_OPTIONS); its sm_90 PTX then has no fma (checked offline, tests/kernels/sm90_compile.py),
+but the launch has not been run on a GPU yet, which is why fuse_rope_attention is opt-in. A
 float8 cache stores the rotated key as saturate(k / k_scale), as store_kv does.
 """
 
@@ -22,6 +23,11 @@ import triton.language as tl
 from graphllm.kernels.store_kv import _quantize, store_kv_reference
 from graphllm.ops.kv_quant import KVScales, is_fp8
 from graphllm.ops.rotary import apply_rotary
+
+# No fma contraction: with it Triton fused each rounded product into the sum (fma.rn.bf16 in the
+# sm_90 PTX), so 17% of bf16 outputs were off eager's by a rounding step on the H200. Without it
+# the PTX rounds every product (mul.rn.bf16) before the add (tests/kernels/sm90_compile.py).
+LAUNCH_OPTIONS = {"enable_fp_fusion": False}
 
 
 def rope_store_kv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
@@ -114,6 +120,5 @@ def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
         q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_cache.shape[1], num_heads, num_kv_heads, kv_scales.k, kv_scales.v,
         HALF=head_dim // 2, BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
-        KV_FP8=is_fp8(kv_cache.dtype), num_warps=4 if block_h * head_dim >= 1024 else 1,
-        enable_fp_fusion=False)  # no fma: it skipped a product's rounding (17% of bf16 outputs off eager on the H200)
+        KV_FP8=is_fp8(kv_cache.dtype), num_warps=4 if block_h * head_dim >= 1024 else 1, **LAUNCH_OPTIONS)
     return q_out

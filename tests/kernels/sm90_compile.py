@@ -1,16 +1,18 @@
-"""Compile graphllm's paged-attention Triton kernels for sm_90 (the H200) with no GPU present.
+"""Compile graphllm's attention Triton kernels for sm_90 (the H200) with no GPU present.
 
     python -m tests.kernels.sm90_compile      # prints one line per kernel variant, exit 1 on a failure
 
 Triton's interpreter (how CI runs the kernels) executes the Python with NumPy, so it accepts code
 that the compiler rejects (a branch that changes a variable's type, an unsupported early exit).
 Triton's own front end and its bundled ptxas need no GPU: this builds every constexpr variant the
-launchers use down to a cubin for compute capability 9.0. Run in its own process: the kernel tests'
-conftest puts the whole pytest session under the interpreter (TRITON_INTERPRET=1).
+launchers use down to a cubin for compute capability 9.0, with the launchers' options. rope_store_kv must also keep
+eager PyTorch's rounding: its PTX may hold no fused multiply-add. Run in its own process: the
+kernel tests' conftest puts the whole pytest session under the interpreter (TRITON_INTERPRET=1).
 """
 
 import itertools
 import os
+import re
 import sys
 
 import triton
@@ -19,6 +21,7 @@ from triton.compiler import ASTSource
 
 from graphllm.kernels import paged_decode_attention as decode
 from graphllm.kernels import paged_prefill_attention as prefill
+from graphllm.kernels import rope_store_kv as rope
 
 SM90 = GPUTarget("cuda", 90, 32)
 SHAPE = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, PRECISION="tf32")  # the Llama-3-8B shape, bf16
@@ -32,33 +35,47 @@ def pointer_types(kv_fp8: bool) -> dict[str, str]:
 
 
 def variants():
-    """(kernel, argument types, constexprs) for each variant the launchers can ask for."""
+    """(kernel, argument types, constexprs, launch options) for each variant the launchers can ask for."""
     for direct, mixed, kv_fp8 in itertools.product((True, False), repeat=3):
         yield decode._decode_split_kernel, pointer_types(kv_fp8), dict(
-            SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=mixed, KV_FP8=kv_fp8)
+            SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=mixed, KV_FP8=kv_fp8), {}
     for mixed in (True, False):
         yield decode._decode_reduce_kernel, pointer_types(False), dict(
-            HEAD_DIM=128, BLOCK_S=8, BLOCK_D=128, MIXED=mixed)
+            HEAD_DIM=128, BLOCK_S=8, BLOCK_D=128, MIXED=mixed), {}
     for one_token_rows, kv_fp8 in itertools.product((True, False), repeat=2):
         yield prefill._prefill_kernel, pointer_types(kv_fp8), dict(
-            SHAPE, BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16, ONE_TOKEN_ROWS=one_token_rows, KV_FP8=kv_fp8)
+            SHAPE, BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16, ONE_TOKEN_ROWS=one_token_rows, KV_FP8=kv_fp8), {}
+    for kv_fp8 in (False, True):
+        types = dict(pointer_types(kv_fp8), k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
+                     q_out_ptr="*bf16", slot_ptr="*i64", k_scale="fp32")
+        yield rope._rope_store_kv_kernel, types, dict(HALF=64, BLOCK_H=8, BLOCK_HALF=64, KV_FP8=kv_fp8), \
+            rope.LAUNCH_OPTIONS
 
 
-def compile_sm90(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict) -> int:
-    """Size of the cubin; other arguments are int32 scalars."""
+def compile_sm90(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, options: dict) -> dict:
+    """The compiled kernel's assembly (cubin, ptx, ...); arguments not typed are int32 scalars."""
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in kernel.arg_names}
     compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=SM90,
-                              options={"num_warps": 4, "num_stages": 3})
-    return len(compiled.asm["cubin"])
+                              options={"num_warps": 4, "num_stages": 3, **options})
+    return compiled.asm
+
+
+def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, options: dict) -> str:
+    """A line on the variant; raises where it does not compile, or where rope_store_kv fuses a product."""
+    asm = compile_sm90(kernel, types, constexprs, options)
+    fused = len(re.findall(r"^\s*fma\.", asm["ptx"], re.M))
+    if kernel is rope._rope_store_kv_kernel and fused:
+        raise AssertionError(f"{fused} fma instructions: a product's rounding is skipped")
+    return f"cubin {len(asm['cubin'])} bytes, {fused} fma"
 
 
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run outside Triton's interpreter"
     failed = 0
-    for kernel, types, constexprs in variants():
+    for kernel, types, constexprs, options in variants():
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8")}
         try:
-            print(f"{kernel.__name__} {flags}: cubin {compile_sm90(kernel, types, constexprs)} bytes", flush=True)
+            print(f"{kernel.__name__} {flags}: {check(kernel, types, constexprs, options)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every variant, then fail
             failed += 1
             print(f"{kernel.__name__} {flags}: FAILED {type(error).__name__}: {error}", flush=True)
