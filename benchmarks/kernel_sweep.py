@@ -275,6 +275,9 @@ def sweep_attention() -> list[dict]:
             row[f"splits{splits}_us"] = s * 1e6
             row[f"splits{splits}_tb_s"] = kv_bytes / s / 1e12
         row["bf16_default_us"] = row[f"splits{default}_us"]
+        s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, num_warps=8)
+                           for c in caches])
+        row["bf16_default_8warps_us"] = s * 1e6  # 4 warps spill registers in an offline sm_90 build
         fp8_caches = [c.to(torch.float8_e4m3fn) for c in caches]  # randn lies well inside +-448: unit scales
         s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0)
                            for c in fp8_caches])

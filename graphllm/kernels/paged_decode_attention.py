@@ -212,7 +212,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            sliding_window: int, num_splits: int | None = None,
                            kv_scales: KVScales = KVScales(), query_start_loc: torch.Tensor | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, num_warps: int = 4) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -226,6 +226,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     Mixed step: with query_start_loc ([B + 1]) q is [T, Hq, D], the step's new tokens; only the
     rows of sequences with exactly one new token are computed, into `out` ([T, Hq, D], made
     when None; other rows are left as they are), which is returned.
+
+    num_warps: of the split kernel (4, what was measured; kernel_sweep attention also times 8:
+    offline, ptxas gave the 4-warp build 255 registers and 232 bytes of spills, the 8-warp one
+    202 and none, tests/kernels/sm90_compile.py's build with triton 3.9).
     """
     num_heads, head_dim = q.shape[1:]
     mixed = query_start_loc is not None
@@ -258,7 +262,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         block_tables.stride(0), scale_log2, kv_scales.v, sliding_window, num_splits, block_size,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, MIXED=mixed,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, num_warps=4, num_stages=3)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, num_warps=num_warps, num_stages=3)
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, starts, out, out.stride(0), out.stride(1), num_splits,
