@@ -227,6 +227,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         block_tables.stride(0), scale_log2, kv_scales.v, sliding_window, num_seqs, block_size,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_N=64 if head_dim <= 128 else 32, ONE_TOKEN_ROWS=not decode_launch, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8,
-        num_warps=4 if head_dim <= 128 else 8, num_stages=3)
+        BLOCK_N=64 if head_dim <= 128 else 32, ONE_TOKEN_ROWS=not decode_launch,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, num_warps=4 if head_dim <= 128 else 8, num_stages=3)
     return out
