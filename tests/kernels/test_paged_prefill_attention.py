@@ -49,10 +49,15 @@ def run_case(case, dtype, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_
     assert_close(got, paged_prefill_attention_reference(*args, kv_scales=kv_scales))
 
 
+def min_seqs(decode_launch: bool) -> int:
+    """decode_kernel_min_seqs that sends a step's one-token rows to the decode kernel's launch, or never."""
+    return 0 if decode_launch else 1 << 30
+
+
 @pytest.mark.parametrize("decode_launch", [False, True])
 @pytest.mark.parametrize("case", SMALL)
 def test_prefill_matches_reference_fp32(case, decode_launch):
-    run_case(case, torch.float32, decode_kernel_min_seqs=0 if decode_launch else 1 << 30)
+    run_case(case, torch.float32, decode_kernel_min_seqs=min_seqs(decode_launch))
 
 
 @pytest.mark.parametrize("case", SMALL[1:3])
@@ -64,7 +69,7 @@ def test_prefill_matches_reference_half(case):
 @pytest.mark.parametrize("case", SMALL)
 def test_prefill_fp8_cache_matches_reference(case, decode_launch):
     run_case(case, torch.float32, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES,
-             decode_kernel_min_seqs=0 if decode_launch else 1 << 30)
+             decode_kernel_min_seqs=min_seqs(decode_launch))
 
 
 def test_prefill_fp8_cache_half_queries():
@@ -73,7 +78,7 @@ def test_prefill_fp8_cache_half_queries():
 
 @pytest.mark.parametrize("decode_launch", [False, True])
 def test_prefill_accepts_int32_metadata(decode_launch):
-    run_case(SMALL[2], torch.float32, index_dtype=torch.int32, decode_kernel_min_seqs=0 if decode_launch else 1 << 30)
+    run_case(SMALL[2], torch.float32, index_dtype=torch.int32, decode_kernel_min_seqs=min_seqs(decode_launch))
 
 
 @gpu_only
