@@ -148,8 +148,9 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          MIXED: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_row = _query_row(query_start_loc_ptr, b, MIXED)
-    if q_row < 0:
-        return
+    if MIXED:  # a constexpr branch: a plain decode launch keeps its instructions
+        if q_row < 0:
+            return
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     start = 0
     if sliding_window > 0:
@@ -190,8 +191,9 @@ def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, query_start_loc_ptr, out_p
                           MIXED: tl.constexpr):
     b, h = tl.program_id(0), tl.program_id(1)
     q_row = _query_row(query_start_loc_ptr, b, MIXED)
-    if q_row < 0:  # its partials were never written
-        return
+    if MIXED:
+        if q_row < 0:  # its partials were never written
+            return
     row = (b * tl.num_programs(1) + h).to(tl.int64) * num_splits  # first split of (b, h)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)

@@ -5,9 +5,10 @@
 Triton's interpreter (how CI runs the kernels) executes the Python with NumPy, so it accepts code
 that the compiler rejects (a branch that changes a variable's type, an unsupported early exit).
 Triton's own front end and its bundled ptxas need no GPU: this builds every constexpr variant the
-launchers use down to a cubin for compute capability 9.0, with the launchers' options. rope_store_kv must also keep
-eager PyTorch's rounding: its PTX may hold no fused multiply-add. Run in its own process: the
-kernel tests' conftest puts the whole pytest session under the interpreter (TRITON_INTERPRET=1).
+launchers use down to a cubin for compute capability 9.0, with the launchers' options.
+rope_store_kv must also keep eager PyTorch's rounding: its PTX may hold no fused multiply-add.
+Run in its own process: the kernel tests' conftest puts the whole pytest session under the
+interpreter (TRITON_INTERPRET=1).
 """
 
 import itertools
