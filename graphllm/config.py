@@ -1,18 +1,20 @@
-"""EngineConfig: the one frozen configuration object, built at the entry point and passed down.
+"""EngineConfig and CompileConfig: the frozen configuration objects, built at the entry point and
+passed down.
 
 Unknown options are an error (the dataclass constructor refuses them). Facts found at run
-time (KV blocks, EOS ids, resolved lengths) live in the engine's RuntimeState, not here.
+time (KV blocks, EOS ids, resolved lengths) live in the engine's RuntimeState, not here. Nothing
+here reads the environment: the CLI entry (graphllm/cli) does, once, and fills these fields.
 """
 
-import argparse
-import os
 from dataclasses import dataclass
+from pathlib import Path
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOWERINGS = ("auto", "aoti", "inductor")
 ATTENTION_BACKENDS = ("auto", "flashinfer", "triton", "torch")
 KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model's dtype; fp8: float8_e4m3fn with a per-tensor scale
 DEFAULT_LIMITS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "block_size": 16}
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "graphllm"  # compiled artifacts go under <cache_dir>/artifacts
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,11 @@ class EngineConfig:
     # (scheduling, inputs, stop checks, detokenizing) overlaps the GPU's (see Engine.step)
     async_scheduling: bool = True
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
+    cache_dir: str | None = None  # where compile=True keeps its artifacts; None: DEFAULT_CACHE_DIR
+    # compile=True: the CompileConfig switches of the same names (see there)
+    fuse_rope_attention: bool = False
+    skinny_linear: bool = True
+    linear_prologue: bool = True
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -58,14 +65,17 @@ class EngineConfig:
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
 
+    def compile_config(self) -> "CompileConfig":
+        """What compile=True compiles with: these limits (where given) and pass switches."""
+        limits = {name: getattr(self, name) for name in DEFAULT_LIMITS if getattr(self, name) is not None}
+        return CompileConfig(dtype=self.dtype, max_model_len=self.max_model_len,
+                             fuse_rope_attention=self.fuse_rope_attention, skinny_linear=self.skinny_linear,
+                             linear_prologue=self.linear_prologue, **limits)
 
-def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
-    """Engine options that the serving commands and the benchmarks share."""
-    parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
-                        help="read back each step's tokens before scheduling the next (no host/GPU overlap)")
-    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
-                        help="auto: the model's dtype; fp8: float8_e4m3fn (half the KV bytes)")
-
+    @property
+    def artifact_cache(self) -> Path:
+        """The directory of compile=True's artifacts, one per cache key."""
+        return Path(self.cache_dir or DEFAULT_CACHE_DIR).expanduser() / "artifacts"
 
 
 def default_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -88,13 +98,17 @@ class CompileConfig:
     fuse_gate_up: bool = True
     fuse_silu_mul: bool = True
     fuse_add_rmsnorm: bool = True
-    skinny_linear: bool = True  # GPU graphs: linears of decode batches <= 16 on graphllm's skinny_matmul kernel
-    linear_prologue: bool = True  # GPU graphs: norms and SwiGLU folded into the linear they feed (needs skinny_linear)
-    # GPU graphs: q/k rotary inside the attention op's KV write. Off unless GRAPHLLM_FUSED_ROPE=1: on the
-    # H200 it made decode 1.2% faster but cost 1-2 points of bf16 teacher-forced agreement (fma contraction
-    # skipped a rounding); the fix (no contraction: no fma left in its sm_90 PTX, tests/kernels/sm90_compile.py)
-    # has not run on a GPU yet. See benchmarks/RESULTS.md.
-    fuse_rope_attention: bool = os.environ.get("GRAPHLLM_FUSED_ROPE", "0") == "1"
+    # GPU graphs: linears of decode batches <= 16 on graphllm's skinny_matmul kernel (False: every
+    # linear stays aten.linear, which Inductor hands to cuBLAS; was GRAPHLLM_SKINNY_MATMUL=0)
+    skinny_linear: bool = True
+    # GPU graphs: norms and SwiGLU folded into the linear they feed, one launch at batch 1 (needs
+    # skinny_linear; False: they run as their own kernels; was GRAPHLLM_FUSED_PROLOGUE=0)
+    linear_prologue: bool = True
+    # GPU graphs: q/k rotary inside the attention op's KV write (was GRAPHLLM_FUSED_ROPE=1). Off by
+    # default: on the H200 it made decode 1.2% faster but cost 1-2 points of bf16 teacher-forced
+    # agreement (fma contraction skipped a rounding); the fix (no contraction: no fma left in its sm_90
+    # PTX, tests/kernels/sm90_compile.py) has not run on a GPU yet. See benchmarks/RESULTS.md.
+    fuse_rope_attention: bool = False
     lowering: str = "auto"  # "aoti" | "inductor"; auto: AOTInductor on CPU, Inductor standalone on CUDA
 
     def __post_init__(self):

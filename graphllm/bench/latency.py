@@ -28,7 +28,7 @@ from graphllm.bench.serve_bench import parse_levels
 from graphllm.bench.workload import (StepTimer, add_common_args, build_engine, engine_facts, fmt, format_rows,
                                      free_engine, model_folder, params_for, prepare_work, random_prompt,
                                      synchronizer, warm_up, write_report)
-from graphllm.config import EngineConfig
+from graphllm.device import resolve_device
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -180,13 +180,12 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from graphllm.runtime.setup import resolve_device
     check_args(args)
     if args.plot:
         plots.require_matplotlib()  # fail before a long run, not after it
     work = prepare_work(args)
     model_dir, max_b = model_folder(args, work), max(args.batch_sizes)
-    device = resolve_device(EngineConfig(device=args.device))
+    device = resolve_device(args.device)
     report = {"benchmark": "latency", "args": {k: v for k, v in vars(args).items() if k != "func"}}
     report["ceiling"] = bandwidth(args, device)  # before the KV cache takes the free memory
     engine = build_engine(args, model_dir, max_b, args.input_len + args.output_len, max_b * args.input_len)

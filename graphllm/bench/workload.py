@@ -9,7 +9,6 @@ schedule / prepare+model / sample / rest.
 import argparse
 import gc
 import json
-import os
 import platform
 import random
 import time
@@ -18,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-from graphllm.config import ATTENTION_BACKENDS, DEFAULT_LIMITS, DTYPES, EngineConfig, add_runtime_flags
+from graphllm.cli.args import add_pass_flags, add_runtime_flags, pass_switches
+from graphllm.config import ATTENTION_BACKENDS, DEFAULT_LIMITS, DTYPES, EngineConfig
 from graphllm.runtime.sampling_params import SamplingParams
 
 PARTS = ("schedule", "model", "sample", "rest")  # a step's time, in this order
@@ -44,6 +44,7 @@ def add_common_args(p: argparse.ArgumentParser, max_num_seqs: int | None) -> Non
     p.add_argument("--num-decode-steps", type=int, default=1,
                    help="greedy decode steps run back to back per schedule, one host sync for all")
     add_runtime_flags(p)
+    add_pass_flags(p)
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
     p.add_argument("--max-model-len", type=int, help="default: the longest request, rounded up to whole KV blocks")
     p.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
@@ -59,11 +60,15 @@ def add_common_args(p: argparse.ArgumentParser, max_num_seqs: int | None) -> Non
 
 
 def prepare_work(args: argparse.Namespace) -> Path:
-    """The scratch directory; the artifact cache goes under it unless GRAPHLLM_CACHE_DIR is set."""
+    """The scratch directory (made if missing)."""
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("GRAPHLLM_CACHE_DIR", str((work / "cache").resolve()))
     return work
+
+
+def cache_dir(args: argparse.Namespace, work: Path) -> str:
+    """Where the engine's artifacts go: GRAPHLLM_CACHE_DIR (read by the CLI entry), else <work>/cache."""
+    return getattr(args, "cache_dir", None) or str((work / "cache").resolve())
 
 
 def model_folder(args: argparse.Namespace, work: Path) -> Path:
@@ -92,7 +97,8 @@ def build_engine(args: argparse.Namespace, model_dir: Path, max_num_seqs: int, m
         max_num_batched_tokens=args.max_num_batched_tokens or tokens,
         kv_cache_memory_gib=args.kv_cache_memory_gib, cuda_graphs=not args.no_cuda_graphs,
         attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
-        async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype)
+        async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
+        cache_dir=cache_dir(args, Path(args.work)), **pass_switches(args))
     start = time.perf_counter()
     engine = Engine(config)
     print(f"engine ready in {time.perf_counter() - start:.1f} s ({'eager' if args.eager else 'compiled'}, "

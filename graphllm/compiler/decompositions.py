@@ -23,7 +23,7 @@ def fused_op_references() -> dict:
 
 def add_rms_norm_reference(x, residual, weight, eps):
     """add_rms_norm's body: (rms_norm(x + residual), x + residual)."""
-    from graphllm.ops.rms_norm import reference_rms_norm
+    from graphllm.kernels.reference import reference_rms_norm
     summed = x + residual
     return reference_rms_norm(summed, weight, eps), summed
 

@@ -35,6 +35,8 @@ def format_passes(manifest: dict) -> str:
     rows = [f"{'pass':<18} {'nodes before':>12} {'nodes after':>12} {'ms':>8}  rewrites"]
     for p in manifest["passes"]:
         counts = ", ".join(f"{k}={v}" for k, v in p["counts"].items() if v) or "-"
+        if p.get("skipped"):
+            counts = f"skipped: {p['skipped']}"
         rows.append(f"{p['name']:<18} {p['nodes_before']:>12} {p['nodes_after']:>12} "
                     f"{1000 * p['seconds']:>8.1f}  {counts}")
     return "\n".join(rows)

@@ -20,24 +20,19 @@ import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-import graphllm
 from graphllm.compiler import artifact as A
 from graphllm.compiler.inductor_lowering import STEP_INDUCTOR, lower_inductor
 from graphllm.compiler.lower import lower, save_node_table
 from graphllm.config import CompileConfig
+from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir import capture, diff_graphs, format_graph
 from graphllm.models.loader import load_model, read_hf_config, weight_files
 from graphllm.passes.manager import PassManager
+from graphllm.version import __version__
 
 PHASES = ("load", "capture", "passes", "lower", "write")
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "chat_template.jinja", "tokenizer.model")
-
-
-def resolve_compile_dtype(config: CompileConfig, hf: dict, device: torch.device) -> torch.dtype:
-    from graphllm.config import EngineConfig
-    from graphllm.runtime.setup import resolve_dtype
-    return resolve_dtype(EngineConfig(dtype=config.dtype), hf, device)
 
 
 # Modules whose code shapes the compiled step besides the passes (which hash themselves).
@@ -65,7 +60,7 @@ def resolve_lowering(config: CompileConfig, device: torch.device) -> str:
 def cache_key(model_dir: Path, config: CompileConfig, device: torch.device) -> str:
     """Hash of everything an artifact depends on (see module docstring)."""
     parts = {
-        "graphllm": graphllm.__version__,
+        "graphllm": __version__,
         "compile": dataclasses.asdict(config),
         "passes": PassManager(config).uuid(),
         "compiler": compiler_source_hash(),
@@ -134,10 +129,10 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
                   command: str | None = None) -> dict:
     """Compile a Hugging Face folder into an artifact directory; returns the manifest."""
     model_dir, out = Path(model_dir), Path(out)
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if str(device) == "auto" else device)
+    device = resolve_device(device)
     timer = PhaseTimer(show_progress)
     hf = read_hf_config(model_dir)
-    dtype = resolve_compile_dtype(config, hf, device)
+    dtype = resolve_dtype(config.dtype, hf, device)
     with timer.phase("load"):
         model, model_config = load_model(model_dir, dtype, device)
     with timer.phase("capture"):
@@ -167,7 +162,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
         dumps.write(staging, before, after)
         save_node_table(exported, staging / "graphs" / "nodes.json")
     manifest = {
-        "graphllm_version": graphllm.__version__,
+        "graphllm_version": __version__,
         "cache_key": cache_key(model_dir, config, device),
         "compile_command": command or f"graphllm compile --model {model_dir} --out {out}",
         "model": {"source": str(model_dir), "config": hf, "architecture": model_config.architecture,

@@ -6,10 +6,30 @@ that changes weights (concatenation, quantization, sharding) edits one object.
 
 import collections
 import difflib
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import fx
+from torch._guards import detect_fake_mode
+
+SOURCE_META = ("nn_module_stack", "stack_trace")  # what inspect reads to name a node's module and line
+
+
+def copy_source_meta(node: fx.Node, like: fx.Node) -> None:
+    """Give node like's module path and source line (so inspect and diffs name where it came from)."""
+    node.meta.update({k: like.meta[k] for k in SOURCE_META if k in like.meta})
+
+
+def new_node(graph: fx.Graph, target, args: tuple, like: fx.Node) -> fx.Node:
+    """A call_function node with like's module path and source line, and its fake value when known."""
+    node = graph.call_function(target, args)
+    copy_source_meta(node, like)
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in args]
+    if all(v is not None for v in vals):
+        with detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)]) or nullcontext():
+            node.meta["val"] = target(*vals)
+    return node
 
 
 @dataclass
@@ -21,6 +41,11 @@ class StepGraph:
     @property
     def graph(self) -> fx.Graph:
         return self.gm.graph
+
+    @property
+    def device(self) -> torch.device:
+        """The device the graph was captured for (its example inputs')."""
+        return next(t.device for t in self.example_inputs if isinstance(t, torch.Tensor))
 
     @property
     def weights(self) -> dict[str, torch.Tensor]:
@@ -36,7 +61,7 @@ class StepGraph:
         owner.register_parameter(attr, torch.nn.Parameter(tensor, requires_grad=False))
         with self.graph.inserting_before(like):
             node = self.graph.get_attr(name)
-        node.meta.update({k: like.meta[k] for k in ("nn_module_stack", "stack_trace") if k in like.meta})
+        copy_source_meta(node, like)
         return node
 
     def drop_unused_weights(self) -> int:

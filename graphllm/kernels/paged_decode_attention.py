@@ -13,7 +13,7 @@ sequence b's token at row query_start_loc[b] when b has exactly one new token an
 otherwise, so the one-token rows of a mixed step run this kernel's loop without the host
 slicing them out (the prefill kernel takes the other sequences).
 
-A float8 cache (graphllm/ops/kv_quant.py) is read with its per-tensor scales folded out of the
+A float8 cache (graphllm/kernels/kv_quant.py) is read with its per-tensor scales folded out of the
 inner loop: K and V tiles convert exactly to q's dtype for tl.dot, k_scale multiplies the
 softmax scale on the host and v_scale the unnormalised output once per program.
 """
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.ops.kv_quant import KVScales, dequantize_kv, is_fp8
+from graphllm.kernels.kv_quant import KVScales, dequantize_kv, is_fp8
 
 LOG2E = 1.4426950408889634
 FULL_WAVES = 4  # split until about this many (sequence, KV head, split) programs per SM
@@ -88,7 +88,7 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: 
 
 
 @triton.jit
-def _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
+def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                          stride_cb, stride_co, stride_ch, scale_log2, v_scale,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
@@ -167,7 +167,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     q = tl.load(q_ptr + q_row * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    acc, l_i, m_i = _one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
+    acc, l_i, m_i = one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                                          stride_cb, stride_co, stride_ch, scale_log2, v_scale,
                                          BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8)
 

@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.paged_decode_attention import _one_token_attention, paged_decode_attention
-from graphllm.ops.kv_quant import KVScales, dequantize_kv, is_fp8
+from graphllm.kernels.paged_decode_attention import one_token_attention, paged_decode_attention
+from graphllm.kernels.kv_quant import KVScales, dequantize_kv, is_fp8
 
 LOG2E = 1.4426950408889634
 # From this many sequences a step's one-token rows run in the decode kernel's own launch. Not yet
@@ -98,7 +98,7 @@ def _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kv
     lo = 0
     if sliding_window > 0:
         lo = tl.maximum(seq_len - sliding_window, 0)
-    acc, l_i, _ = _one_token_attention(q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt,
+    acc, l_i, _ = one_token_attention(q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt,
                                        kvh, lo, seq_len, block_size, stride_cb, stride_co, stride_ch, scale_log2,
                                        v_scale, BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]

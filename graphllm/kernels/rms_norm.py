@@ -4,7 +4,7 @@ x: [M, D] (last dim contiguous, any row stride), weight: [D], residual: None or 
 dtype. One program per row holds the whole row as a masked [BLOCK_D] tile (BLOCK_D = the next
 power of two of D), so the sum of squares is one tl.sum and each element is read once.
 
-Rounding follows graphllm.ops.rms_norm step by step, so half-precision results differ from the
+Rounding follows reference_rms_norm (graphllm/kernels/reference.py) step by step, so half-precision results differ from the
 reference only by float32 summation order and rsqrt:
 
     h      = (x.float() + residual.float()).to(x.dtype)    # torch's add; h = x without residual
@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.ops.rms_norm import reference_rms_norm
+from graphllm.kernels.reference import reference_rms_norm
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,

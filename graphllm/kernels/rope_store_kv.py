@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.store_kv import _quantize, store_kv_reference
-from graphllm.ops.kv_quant import KVScales, is_fp8
-from graphllm.ops.rotary import apply_rotary
+from graphllm.kernels.store_kv import quantize_fp8, store_kv_reference
+from graphllm.kernels.kv_quant import KVScales, is_fp8
+from graphllm.kernels.rotary import apply_rotary
 
 # No fma contraction: with it Triton fused each rounded product into the sum (fma.rn.bf16 in the
 # sm_90 PTX), so 17% of bf16 outputs were off eager's by a rounding step on the H200. Without it
@@ -85,8 +85,8 @@ def _rope_store_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_ca
             v1 = tl.load(v_ptrs, mask=mask)
             v2 = tl.load(v_ptrs + HALF, mask=mask)
             if KV_FP8:
-                r1, r2 = _quantize(r1, k_scale), _quantize(r2, k_scale)
-                v1, v2 = _quantize(v1, v_scale), _quantize(v2, v_scale)
+                r1, r2 = quantize_fp8(r1, k_scale), quantize_fp8(r2, k_scale)
+                v1, v2 = quantize_fp8(v1, v_scale), quantize_fp8(v2, v_scale)
             cache_off = ((slot // block_size) * stride_cb + (slot % block_size) * stride_co
                          + offs_h[:, None] * stride_ch + offs_d[None, :])
             cache_ty = k_cache_ptr.dtype.element_ty

@@ -4,7 +4,7 @@ x: [M, 2I] (last dim contiguous, any row stride) holds gate = x[:, :I] and up = 
 the output is a new contiguous [M, I] in x's dtype. Program (row, block) takes BLOCK columns of
 one row (masked at the edge), so the grid is [M, cdiv(I, BLOCK)].
 
-Rounding follows graphllm.ops.silu_and_mul (F.silu(gate) * up in x's dtype) step by step:
+Rounding follows reference_silu_and_mul (F.silu(gate) * up in x's dtype) step by step:
 
     a   = silu(gate.float()).to(x.dtype)
     out = (a.float() * up.float()).to(x.dtype)
@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.ops.silu_and_mul import reference_silu_and_mul
+from graphllm.kernels.reference import reference_silu_and_mul
 
 BLOCK = 1024  # columns per program
 

@@ -27,8 +27,8 @@ one sum at the end, no tensor cores. Accumulation is float32; the output has x's
   on a per-column-tile counter (atomic, acq_rel); the program that arrives last sums the
   partials in split order (deterministic), writes the output and resets the counter to 0.
   Counters live in one zeroed buffer per device and are always left at zero.
-- The prologues round where the eager ops round (graphllm/ops/rms_norm.py,
-  graphllm/ops/silu_and_mul.py): h to x's dtype, the normalised row to x's dtype before the
+- The prologues round where the eager ops round (graphllm/kernels/reference.py:
+  reference_rms_norm, reference_silu_and_mul): h to x's dtype, the normalised row to x's dtype before the
   weight, silu(gate) to x's dtype before the product with up.
 """
 
@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from graphllm.kernels.rms_norm import rms_norm_reference
-from graphllm.ops.silu_and_mul import reference_silu_and_mul
+from graphllm.kernels.reference import reference_silu_and_mul
 
 MAX_ROWS = 16  # the kernel's BLOCK_M: rows beyond this go to cuBLAS (compute-bound territory)
 SMALL_WEIGHT = 1 << 25  # elements: qkv and o_proj of an 8B model, not its MLP

@@ -3,7 +3,7 @@
 kv_cache of one layer is [2, num_blocks, block_size, Hkv, D] (0 = keys, 1 = values); token t
 goes to slot slot_mapping[t] = block * block_size + offset. One program per token writes its
 [Hkv, D] key and value tiles, cast to the cache dtype; into a float8 cache as saturate(x / scale)
-in float32 (graphllm/ops/kv_quant.py). A negative slot means "padding token, do not store"
+in float32 (graphllm/kernels/kv_quant.py). A negative slot means "padding token, do not store"
 (CUDA-graph batches padded to a bucket), which the reference does not accept.
 """
 
@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.ops.attention import write_kv_cache
-from graphllm.ops.kv_quant import FP8_MAX, KVScales, is_fp8
+from graphllm.kernels.reference import write_kv_cache
+from graphllm.kernels.kv_quant import FP8_MAX, KVScales, is_fp8
 
 _FP8_MAX = tl.constexpr(FP8_MAX)
 
@@ -24,7 +24,7 @@ def store_kv_reference(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
 
 
 @triton.jit
-def _quantize(x, scale):
+def quantize_fp8(x, scale):
     """saturate(x / scale) in float32, ready for the cast to float8 (NaN stays NaN)."""
     x = tl.div_rn(x.to(tl.float32), scale)
     x = tl.maximum(x, -_FP8_MAX, propagate_nan=tl.PropagateNan.ALL)
@@ -51,8 +51,8 @@ def _store_kv_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr,
         v = tl.load(v_ptr + t64 * stride_vt + offs_h[:, None] * stride_vh + offs_d[None, :],
                     mask=mask)
         if KV_FP8:  # compile-time: other caches keep the plain cast
-            k = _quantize(k, k_scale)
-            v = _quantize(v, v_scale)
+            k = quantize_fp8(k, k_scale)
+            v = quantize_fp8(v, v_scale)
         tl.store(k_cache_ptr + cache_off, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
         tl.store(v_cache_ptr + cache_off, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from graphllm.models.config import ModelConfig
 from graphllm.models.layers import PagedAttention, RMSNorm, RotaryEmbedding
 from graphllm.ops.attention import AttentionMetadata
-from graphllm.ops.rotary import apply_rotary
+from graphllm.kernels.rotary import apply_rotary
 
 
 class LlamaAttention(nn.Module):

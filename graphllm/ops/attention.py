@@ -2,9 +2,10 @@
 
 `torch.ops.graphllm.attention` is the only place where a model touches batching or the KV
 cache. Tracing (torch.compile, torch.export) sees it as one opaque node thanks to the fake
-implementation below; the runtime chooses the backend (graphllm/ops/backends: torch, triton,
-flashinfer). This file holds the PyTorch reference over the pages, used on CPU and as the
-oracle for GPU kernels.
+implementation below; the runtime chooses the backend (graphllm/backends: torch, triton,
+flashinfer) and scopes it around the step (`use_backend`): the op runs the active one, and fails
+outside such a scope. The PyTorch reference over the pages, what the CPU runs and the oracle of
+the GPU kernels, is graphllm/kernels/reference.py.
 
 Step metadata is flat tensors (see DESIGN.md, "Step inputs are flat tensors"):
   slot_mapping[T]       cache slot (block * block_size + offset) of each new token
@@ -17,7 +18,7 @@ tokens 0..positions[t] of its own sequence.
 
 The cache's element type is the model's dtype, or float8_e4m3fn (EngineConfig.kv_cache_dtype
 "fp8"): then K and V are stored as saturate(x / scale) and read as stored * scale, with the
-per-tensor KVScales the runtime hands the backend (graphllm/ops/kv_quant.py). Neither the scales
+per-tensor KVScales the runtime hands the backend (graphllm/kernels/kv_quant.py). Neither the scales
 nor the element type are in the op's signature, so one compiled graph serves every cache dtype.
 """
 
@@ -25,8 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from graphllm.ops.backends import active_backend
-from graphllm.ops.kv_quant import KVScales, dequantize_kv, is_fp8, quantize_kv
+from graphllm.backends import active_backend
 
 
 class AttentionMetadata(NamedTuple):
@@ -37,45 +37,6 @@ class AttentionMetadata(NamedTuple):
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
     kv_caches: list[torch.Tensor]
-
-
-def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
-                   slot_mapping: torch.Tensor, kv_scales: KVScales = KVScales()) -> None:
-    """Store the new keys and values at their slots. kv_cache: [2, num_blocks, block_size, Hkv, D]."""
-    flat = kv_cache.view(2, -1, kv_cache.shape[-2], kv_cache.shape[-1])  # [2, slots, Hkv, D]
-    k = quantize_kv(k, kv_cache.dtype, kv_scales.k)
-    v = quantize_kv(v, kv_cache.dtype, kv_scales.v)
-    if is_fp8(kv_cache.dtype):  # index_copy_ has no float8 kernel: copy the bytes
-        flat, k, v = flat.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
-    flat[0].index_copy_(0, slot_mapping, k)
-    flat[1].index_copy_(0, slot_mapping, v)
-
-
-def reference_attention(q: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
-                        block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                        scale: float, sliding_window: int, kv_scales: KVScales = KVScales()) -> torch.Tensor:
-    """Causal attention of every new token over its sequence's pages, in float32.
-
-    q: [T, Hq, D]; returns [T, Hq, D]. Materialises [T, L, Hkv, D] keys (L = M * block_size):
-    meant for small CPU batches and tests, not for speed. kv_scales: read a float8 cache with them.
-    """
-    num_tokens, num_heads, head_dim = q.shape
-    num_kv_heads = kv_cache.shape[3]
-    token_ids = torch.arange(num_tokens, device=q.device)
-    seq_of_token = torch.searchsorted(query_start_loc[1:], token_ids, right=True)  # [T]
-    blocks = block_tables[seq_of_token]  # [T, M]
-    keys = dequantize_kv(kv_cache[0][blocks].flatten(1, 2), kv_scales.k)  # [T, L, Hkv, D] float32
-    values = dequantize_kv(kv_cache[1][blocks].flatten(1, 2), kv_scales.v)
-    group = num_heads // num_kv_heads
-    qg = q.float().view(num_tokens, num_kv_heads, group, head_dim)
-    scores = torch.einsum("thgd,tlhd->thgl", qg, keys) * scale  # [T, Hkv, G, L]
-    key_pos = torch.arange(keys.shape[1], device=q.device)
-    visible = key_pos[None, :] <= positions[:, None]  # [T, L]
-    if sliding_window > 0:
-        visible &= key_pos[None, :] > positions[:, None] - sliding_window
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    out = torch.einsum("thgl,tlhd->thgd", scores.softmax(-1), values)
-    return out.reshape(num_tokens, num_heads, head_dim)
 
 
 @torch.library.custom_op("graphllm::attention", mutates_args=("kv_cache",))

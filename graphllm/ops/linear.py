@@ -10,8 +10,9 @@ hands to cuBLAS anyway, and decides per call, from shapes, which kernel runs:
   no split-K reduce kernel;
 - anything else (prefill, large batches, down_proj, float32, CPU): F.linear, what aten.linear does.
 
-Inside a CUDA graph the choice is made once, at capture. GRAPHLLM_SKINNY_MATMUL=0 in the
-environment turns the kernel off (every call takes F.linear), for side-by-side benchmarks.
+Inside a CUDA graph the choice is made once, at capture. To run every linear on cuBLAS instead,
+compile with `CompileConfig.skinny_linear=False` (`--no-skinny-linear`): the graph then keeps
+aten.linear and never calls this op.
 
 The `linear_prologue` pass then folds the op before a linear into it, so a decode layer runs
 no norm or activation kernel of its own (graphllm/kernels/skinny_matmul.py's prologues):
@@ -23,21 +24,18 @@ no norm or activation kernel of its own (graphllm/kernels/skinny_matmul.py's pro
 
 One row on CUDA in float16/bfloat16 is one skinny_matmul launch (`takes_fused_kernel`); anything
 else runs the two ops (graphllm's row kernels on CUDA, the references elsewhere) and then
-`linear` above. GRAPHLLM_FUSED_PROLOGUE=0 turns the one-launch path off.
+`linear` above. `CompileConfig.linear_prologue=False` (`--no-linear-prologue`) leaves the norms
+and SwiGLU as ops of their own.
 """
-
-import os
 
 import torch
 import torch.nn.functional as F
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-KERNEL_ENABLED = os.environ.get("GRAPHLLM_SKINNY_MATMUL", "1") != "0"
-PROLOGUE_ENABLED = os.environ.get("GRAPHLLM_FUSED_PROLOGUE", "1") != "0"
 
 
 def takes_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    if not (KERNEL_ENABLED and x.is_cuda and x.dtype in HALF_DTYPES and weight.dtype == x.dtype
+    if not (x.is_cuda and x.dtype in HALF_DTYPES and weight.dtype == x.dtype
             and weight.is_contiguous() and x.shape[-1] % 8 == 0 and (bias is None or bias.dtype == x.dtype)):
         return False
     from graphllm.kernels.skinny_matmul import beats_cublas
@@ -65,7 +63,7 @@ def takes_fused_kernel(x: torch.Tensor, weight: torch.Tensor, *others: torch.Ten
     (kernel_sweep prologue, H200: gate_up at 8 rows 95 us against 59), so those stay apart."""
     same = all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in (weight, *others))
     rows = x.numel() // x.shape[-1]
-    return (PROLOGUE_ENABLED and x.is_cuda and x.dtype in HALF_DTYPES and same and weight.is_contiguous()
+    return (x.is_cuda and x.dtype in HALF_DTYPES and same and weight.is_contiguous()
             and rows == 1 and x.shape[-1] % 8 == 0)
 
 
@@ -82,7 +80,7 @@ def _rms_norm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
         from graphllm.kernels.rms_norm import rms_norm as rms_norm_kernel
         out, h = rms_norm_kernel(_rows(x), norm_weight, eps, None if residual is None else _rows(residual))
         return out.view(x.shape), None if h is None else h.view(x.shape)
-    from graphllm.ops.rms_norm import reference_rms_norm
+    from graphllm.kernels.reference import reference_rms_norm
     h = x if residual is None else x + residual
     return reference_rms_norm(h, norm_weight, eps), None if residual is None else h
 
@@ -130,7 +128,7 @@ def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         from graphllm.kernels.silu_and_mul import silu_and_mul as silu_and_mul_kernel
         act = silu_and_mul_kernel(_rows(x)).view(*x.shape[:-1], x.shape[-1] // 2)
     else:
-        from graphllm.ops.silu_and_mul import reference_silu_and_mul
+        from graphllm.kernels.reference import reference_silu_and_mul
         act = reference_silu_and_mul(x)
     return linear(act, weight, bias)
 

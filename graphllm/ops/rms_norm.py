@@ -3,20 +3,14 @@
 `torch.ops.graphllm.rms_norm(x, weight, eps)` and
 `torch.ops.graphllm.add_rms_norm(x, residual, weight, eps) -> (out, new_residual)` are what
 `fuse_add_rmsnorm` puts in place of each RMSNorm module of the captured graph. Both are
-functional (no input is written). The references below repeat RMSNorm.forward op by op
-(normalise in float32, cast back to the input dtype, then scale), so on CPU the fused graph is
-bit-identical to the unfused one; they are also the oracle for the GPU kernels to come.
+functional (no input is written). Their reference (graphllm/kernels/reference.py) repeats
+RMSNorm.forward op by op (normalise in float32, cast back to the input dtype, then scale), so on
+CPU the fused graph is bit-identical to the unfused one; it is also the oracle of the row kernel.
 """
 
 import torch
 
-
-def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [..., D], weight: [D] -> [..., D]. Keep in step with graphllm.models.layers.RMSNorm."""
-    dtype = x.dtype
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # [..., D] float32
-    return weight * xf.to(dtype)  # dtype: promote(weight, x), like the module
+from graphllm.kernels.reference import reference_rms_norm
 
 
 @torch.library.custom_op("graphllm::rms_norm", mutates_args=())

@@ -2,19 +2,13 @@
 
 `torch.ops.graphllm.silu_and_mul(x)` is what `fuse_silu_mul` puts in place of
 `silu(gate) * up` once `fuse_gate_up` has made gate and up two halves of one linear's output.
-This file holds the PyTorch reference (used on CPU and as the oracle for the Triton kernel
-that will live in `graphllm/kernels/`); the fake implementation lets tracing see one node.
+The PyTorch reference (graphllm/kernels/reference.py) runs on CPU and is the oracle of the Triton
+kernel (graphllm/kernels/silu_and_mul.py); the fake implementation lets tracing see one node.
 """
 
 import torch
-import torch.nn.functional as F
 
-
-def reference_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x: [..., 2I] -> [..., I]; the same ops as LlamaMLP, in x's dtype (bit-identical on CPU)."""
-    size = x.shape[-1] // 2
-    gate, up = x[..., :size], x[..., size:]  # [..., I] views, like split_with_sizes gives
-    return F.silu(gate) * up
+from graphllm.kernels.reference import reference_silu_and_mul
 
 
 @torch.library.custom_op("graphllm::silu_and_mul", mutates_args=())

@@ -2,8 +2,9 @@
 
 Order matters: gate/up must be fused before silu·mul can match its split, and skinny_linear
 comes after every pass that matches aten.linear, linear_prologue after it (it folds norms
-into graphllm.linear); clean-up (no-op
-elimination, then dead code) always runs last. `uuid()` hashes the list and every pass's uuid,
+into graphllm.linear); clean-up (no-op elimination, then dead code) always runs last. A pass
+meant for some devices only (`GraphPass.devices`) is skipped on other graphs, and its report
+says why. `uuid()` hashes the list and every pass's uuid,
 so an artifact's cache key changes whenever any pass changes.
 """
 
@@ -25,6 +26,7 @@ class PassReport:
     nodes_after: int
     counts: dict[str, int]
     seconds: float
+    skipped: str | None = None  # why the pass did not run on this graph (its devices)
 
 
 def build_pass_list(config: CompileConfig) -> list[GraphPass]:
@@ -61,11 +63,19 @@ class PassManager:
         reports = []
         for p in self.passes:
             text = format_graph(graph.gm) if on_pass else ""
-            before, start = len(graph.graph.nodes), time.perf_counter()
-            counts = p(graph)
-            report = PassReport(p.name, p.uuid(), before, len(graph.graph.nodes), counts,
-                                time.perf_counter() - start)
+            report = self.run_one(p, graph)
             reports.append(report)
             if on_pass:
-                on_pass(report, text, format_graph(graph.gm))
+                on_pass(report, text, format_graph(graph.gm) if report.skipped is None else text)
         return reports
+
+    @staticmethod
+    def run_one(p: GraphPass, graph: StepGraph) -> PassReport:
+        """Apply p unless the graph's device is not one of its devices (then say why in the report)."""
+        before = len(graph.graph.nodes)
+        if not p.runs_on(graph.device):
+            why = f"for {'/'.join(p.devices)} graphs, this one is {graph.device.type}"
+            return PassReport(p.name, p.uuid(), before, before, {}, 0.0, why)
+        start = time.perf_counter()
+        counts = p(graph)
+        return PassReport(p.name, p.uuid(), before, len(graph.graph.nodes), counts, time.perf_counter() - start)

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from graphllm.ops.backends import AttentionBackend, HostMeta, TorchBackend, use_backend
+from graphllm.backends import AttentionBackend, HostMeta, TorchBackend, use_backend
 from graphllm.runtime.inputs import HostStep, packed_offsets, unpack
 from graphllm.runtime.sampler import argmax_rows
 

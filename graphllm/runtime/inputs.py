@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from graphllm.ops.attention import AttentionMetadata
-from graphllm.ops.backends import HostMeta
+from graphllm.backends import HostMeta
 from graphllm.runtime.scheduler import ScheduledSeq
 from graphllm.runtime.sequence import PENDING
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from graphllm.ops.backends import AttentionBackend, TorchBackend, use_backend
+from graphllm.backends import AttentionBackend, TorchBackend, use_backend
 from graphllm.runtime.cudagraphs import CUDAGraphRunner
 from graphllm.runtime.inputs import advance, fill_pending, pending_inputs, prepare_step
 from graphllm.runtime.scheduler import ScheduledSeq

@@ -13,12 +13,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
+from graphllm.backends import AttentionShape, select_backend
 from graphllm.config import DEFAULT_LIMITS, EngineConfig, default_buckets
+from graphllm.device import resolve_device, resolve_dtype
+from graphllm.ir.capture import StepModule
+from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales
 from graphllm.models.config import ModelConfig
 from graphllm.models.loader import load_model, read_hf_config
-from graphllm.ir.capture import StepModule
-from graphllm.ops.backends import select_backend
-from graphllm.ops.kv_quant import FP8_KV_DTYPE, KVScales
 from graphllm.runtime.kv_cache import BlockPool, allocate_kv_caches, kv_bytes_per_block
 from graphllm.runtime.model_runner import ModelRunner
 from graphllm.runtime.scheduler import Scheduler
@@ -59,26 +60,12 @@ class Runtime(NamedTuple):
     runner: ModelRunner
 
 
-def resolve_model_path(config: EngineConfig) -> Path:
-    if config.model is not None:
-        return Path(config.model).expanduser()
+def resolve_model_path(model: str | None) -> Path:
+    """A model folder, or None: the built-in demo model."""
+    if model is not None:
+        return Path(model).expanduser()
     from graphllm.demo import DEMO_MODEL_DIR
     return Path(DEMO_MODEL_DIR)
-
-
-def resolve_device(config: EngineConfig) -> torch.device:
-    if config.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(config.device)
-
-
-def resolve_dtype(config: EngineConfig, hf: dict[str, Any], device: torch.device) -> torch.dtype:
-    if config.dtype != "auto":
-        return getattr(torch, config.dtype)
-    if device.type == "cpu":
-        return torch.float32
-    saved = hf.get("dtype") or hf.get("torch_dtype")
-    return torch.float16 if saved == "float16" else torch.bfloat16
 
 
 def resolve_kv_cache_dtype(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
@@ -144,12 +131,13 @@ def build_runtime(config: EngineConfig) -> Runtime:
     """Eager from a model folder, or compiled from an artifact (config.artifact or config.compile)."""
     if config.artifact is not None:
         return build_compiled_runtime(config, Path(config.artifact))
+    path = resolve_model_path(config.model)
+    device = resolve_device(config.device)
     if config.compile:
         from graphllm.compiler.cache import compiled_artifact
-        return build_compiled_runtime(config, compiled_artifact(config, resolve_model_path(config)))
-    path = resolve_model_path(config)
-    device = resolve_device(config)
-    dtype = resolve_dtype(config, read_hf_config(path), device)
+        art = compiled_artifact(path, config.compile_config(), device, config.artifact_cache)
+        return build_compiled_runtime(config, art)
+    dtype = resolve_dtype(config.dtype, read_hf_config(path), device)
     model, model_config = load_model(path, dtype, device)
     return assemble(config, resolve_limits(config), path, model, model_config, StepModule(model), dtype, device)
 
@@ -158,7 +146,7 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
     """Load a compiled artifact: its weights, its step package; no code generation."""
     from graphllm.compiler.artifact import verify_artifact
     from graphllm.compiler.loading import load_compiled_step
-    device = resolve_device(config)
+    device = resolve_device(config.device)
     manifest = verify_artifact(art, device)
     model_config, weights, step = load_compiled_step(art, manifest, device)
     dtype = next(iter(weights.values())).dtype
@@ -203,8 +191,9 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     pool = BlockPool(num_blocks, limits.block_size)
     scheduler = Scheduler(pool, limits.max_num_seqs, limits.max_num_batched_tokens)
     kv_scales = KVScales()  # uncalibrated, 1.0 for K and V (vLLM's default); ignored unless fp8
-    backend = select_backend(config.attention_backend, model_config, dtype, device, limits.block_size,
-                             kv_dtype, kv_scales)
+    shape = AttentionShape(model_config.num_attention_heads, model_config.num_key_value_heads,
+                           model_config.head_dim, model_config.sliding_window)
+    backend = select_backend(config.attention_backend, shape, dtype, device, limits.block_size, kv_dtype, kv_scales)
     logger.info("attention backend: %s", backend.name)
     graphs = None
     if device.type == "cuda" and config.cuda_graphs:

@@ -11,6 +11,7 @@ import pytest
 
 from graphllm import Engine, SamplingParams
 from graphllm.compiler.artifact import ArtifactError
+from tests.conftest import TEST_CACHE_DIR
 
 PROMPTS = [[1, 5, 9, 17], [1, 42, 43, 44, 45, 46, 47]]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -105,7 +106,7 @@ def test_compile_cache_is_reused(compiled_dir, tiny_model_dir, monkeypatch):
     import graphllm.compiler.pipeline as pipeline
     compiled_dir("llama")
     monkeypatch.setattr(pipeline, "compile_model", lambda *a, **k: pytest.fail("recompiled a cached artifact"))
-    engine = Engine.from_pretrained(tiny_model_dir("llama")[0], compile=True, dtype="float32")
+    engine = Engine.from_pretrained(tiny_model_dir("llama")[0], compile=True, dtype="float32", cache_dir=TEST_CACHE_DIR)
     assert engine.state.model_path == compiled_dir("llama")
 
 

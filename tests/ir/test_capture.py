@@ -3,7 +3,7 @@
 import torch
 
 from graphllm.ir import diff_graphs, format_graph, op_counts
-from tests.passes.harness import assert_same_function, random_step_inputs, tiny_step_graph
+from tests.passes.harness import assert_same_function, on_reference, random_step_inputs, tiny_step_graph
 
 
 def test_captured_graph_equals_eager_model(tiny_model_dir):
@@ -13,7 +13,7 @@ def test_captured_graph_equals_eager_model(tiny_model_dir):
     model, _ = load_model(tiny_model_dir("qwen3")[0])
     inputs = random_step_inputs(config, seed=5)
     eager_caches = [c.clone() for c in inputs[-1]]
-    with torch.no_grad():
+    with on_reference():
         expected = StepModule(model)(*inputs[:-1], eager_caches)
         got = graph(*inputs)
     torch.testing.assert_close(got, expected)
@@ -33,7 +33,8 @@ def test_one_attention_node_per_layer_and_module_paths():
 def test_graph_serves_every_batch_shape():
     graph, config = tiny_step_graph("llama")
     for seed, num_seqs in ((1, 1), (2, 2), (3, 5)):
-        graph(*random_step_inputs(config, seed, num_seqs=num_seqs))
+        with on_reference():
+            graph(*random_step_inputs(config, seed, num_seqs=num_seqs))
 
 
 def test_weights_follow_the_graph():

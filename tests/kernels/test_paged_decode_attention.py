@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 import graphllm.kernels.paged_decode_attention as decode_module  # noqa: E402
 from graphllm.kernels.paged_decode_attention import (  # noqa: E402
     default_num_splits, paged_decode_attention, paged_decode_attention_reference)
-from graphllm.ops.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
+from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
 from tests.kernels.conftest import (  # noqa: E402
     LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
 

@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 
 from graphllm.kernels.paged_prefill_attention import (  # noqa: E402
     DECODE_KERNEL_MIN_SEQS, paged_prefill_attention, paged_prefill_attention_reference)
-from graphllm.ops.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
+from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
 from tests.kernels.conftest import (  # noqa: E402
     LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
 

@@ -7,7 +7,7 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm.kernels.store_kv import store_kv, store_kv_reference  # noqa: E402
-from graphllm.ops.kv_quant import KVScales  # noqa: E402
+from graphllm.kernels.kv_quant import KVScales  # noqa: E402
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, ON_GPU, randn  # noqa: E402
 
 CACHE_DTYPES = (torch.float32, LOW_DTYPE) + ((torch.float16,) if ON_GPU else ())

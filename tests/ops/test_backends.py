@@ -4,15 +4,18 @@ backend names the reason, and the active backend is scoped to the step."""
 import pytest
 import torch
 
-from graphllm.models.config import ModelConfig
-from graphllm.ops.backends import TorchBackend, active_backend, flashinfer_supports, select_backend, use_backend
+import graphllm.ops.attention  # noqa: F401  (registers torch.ops.graphllm.attention)
+from graphllm.backends import (AttentionShape, TorchBackend, active_backend, flashinfer_supports, select_backend,
+                               use_backend)
 
 
 @pytest.fixture
-def config(tiny_model_dir) -> ModelConfig:
+def config(tiny_model_dir) -> AttentionShape:
+    """The tiny llama's attention, as the runtime hands it to select_backend."""
     from graphllm.models.loader import read_hf_config
     from graphllm.models.registry import resolve_architecture
-    return resolve_architecture(read_hf_config(tiny_model_dir("llama")[0]))[1]
+    c = resolve_architecture(read_hf_config(tiny_model_dir("llama")[0]))[1]
+    return AttentionShape(c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.sliding_window)
 
 
 CPU = torch.device("cpu")
@@ -62,8 +65,25 @@ def test_scope_routes_the_op_and_restores_on_error(tiny_model_dir):
     engine.runner.backend = marker
     engine.generate([[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0))
     assert marker.calls == 3 * engine.state.model_config.num_hidden_layers  # every layer, every step
-    assert active_backend().name == "torch"  # the scope ended with the step
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="outside an attention backend's scope"):
+        active_backend()  # the scope ended with the step, and nothing falls back to a default
+    with pytest.raises(ZeroDivisionError):
         with use_backend(marker):
-            raise RuntimeError
-    assert active_backend().name == "torch"
+            assert active_backend() is marker
+            raise ZeroDivisionError
+    with pytest.raises(RuntimeError, match="outside an attention backend's scope"):
+        active_backend()  # restored on error too
+
+
+def test_the_op_outside_a_scope_is_an_error():
+    """Running the attention op with no backend scoped fails loudly instead of running a default."""
+    q = torch.zeros(1, 2, 8)
+    cache = torch.zeros(2, 2, 16, 2, 8)
+    i64 = dict(dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="outside an attention backend's scope"):
+        torch.ops.graphllm.attention(q, q, q, cache, torch.zeros(1, **i64), torch.zeros(1, **i64),
+                                     torch.zeros(1, 1, **i64), torch.ones(1, **i64), torch.tensor([0, 1]), 1.0, 0)
+    with use_backend(TorchBackend()):
+        assert torch.ops.graphllm.attention(q, q, q, cache, torch.zeros(1, **i64), torch.zeros(1, **i64),
+                                            torch.zeros(1, 1, **i64), torch.ones(1, **i64), torch.tensor([0, 1]),
+                                            1.0, 0).shape == q.shape

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from graphllm.models.config import ModelConfig
-from graphllm.ops.attention import reference_attention, write_kv_cache
-from graphllm.ops.backends import HostMeta, TorchBackend, select_backend
-from graphllm.ops.kv_quant import FP8_KV_DTYPE, FP8_MAX, KVScales, dequantize_kv, quantize_kv
+from graphllm.kernels.reference import reference_attention, write_kv_cache
+from graphllm.backends import AttentionShape, HostMeta, TorchBackend, select_backend
+from graphllm.kernels.kv_quant import FP8_KV_DTYPE, FP8_MAX, KVScales, dequantize_kv, quantize_kv
 
 SCALES = [KVScales(), KVScales(k=0.25, v=3.0)]
 
@@ -87,14 +86,12 @@ def test_attention_over_fp8_reads_the_dequantized_cache(scales, sliding_window):
 
 # (cached, new) tokens per sequence: a prefill step with a chunked prefix and a decoding row, and a decode step
 PREFILL_STEP, DECODE_STEP = [(0, 37), (20, 5), (50, 1)], [(40, 1), (130, 1), (7, 1)]
-GPU_CONFIG = ModelConfig("LlamaForCausalLM", vocab_size=128, hidden_size=512, intermediate_size=128,
-                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
-                         rms_norm_eps=1e-5, max_position_embeddings=4096)
+GPU_CONFIG = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=128)
 
 
 def gpu_step(chunks, scales: KVScales, block_size=16, seed=0, device="cuda"):
     """Attention op inputs for one step on the GPU over an fp8 cache already holding the cached tokens."""
-    heads, kv_heads, head_dim = GPU_CONFIG.num_attention_heads, GPU_CONFIG.num_key_value_heads, GPU_CONFIG.head_dim
+    heads, kv_heads, head_dim = GPU_CONFIG.num_heads, GPU_CONFIG.num_kv_heads, GPU_CONFIG.head_dim
     gen = torch.Generator().manual_seed(seed)
     seq_lens = [cached + new for cached, new in chunks]
     counts = [-(-n // block_size) for n in seq_lens]

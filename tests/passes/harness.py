@@ -1,6 +1,7 @@
 """The shared test backend for passes: tiny captured graphs, fresh random step inputs, and a
 check that a pass leaves the computed function unchanged (logits and KV-cache writes)."""
 
+import contextlib
 import copy
 import functools
 import random
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from graphllm.backends import TorchBackend, use_backend
 from graphllm.ir import StepGraph, capture, op_counts
 from graphllm.models import load_model
 from tests.tiny_models import make_hf_model, save_model_folder
@@ -59,6 +61,14 @@ def random_step_inputs(config, seed: int, dtype: torch.dtype = torch.float32, nu
     return t(ids), t(pos), t(slots), t(tables), t(lens), t(starts), t(sample), caches
 
 
+@contextlib.contextmanager
+def on_reference():
+    """Run graphs and models as the tests here do: no autograd, the reference backend running the
+    attention op (outside a backend's scope the op refuses to run)."""
+    with torch.no_grad(), use_backend(TorchBackend()):
+        yield
+
+
 def clone_inputs(inputs: tuple) -> tuple:
     return (*inputs[:-1], [c.clone() for c in inputs[-1]])
 
@@ -69,7 +79,7 @@ def assert_same_function(before: StepGraph, after: StepGraph, config, seeds=(1, 
     for seed in seeds:
         inputs = random_step_inputs(config, seed, dtype)
         a_in, b_in = clone_inputs(inputs), clone_inputs(inputs)
-        with torch.no_grad():
+        with on_reference():
             a, b = before(*a_in), after(*b_in)
         torch.testing.assert_close(b, a, atol=atol, rtol=1e-4)
         for ca, cb in zip(a_in[-1], b_in[-1]):

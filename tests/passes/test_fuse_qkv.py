@@ -11,7 +11,7 @@ from graphllm.ir import StepGraph, format_graph, module_path, op_counts
 from graphllm.passes.base import source_uuid
 from graphllm.passes.fusion import linear_siblings
 from graphllm.passes.fusion.fuse_qkv import FuseQKV
-from tests.passes.harness import assert_same_function, copy_graph, run_pass, split_nodes, total_elements
+from tests.passes.harness import assert_same_function, copy_graph, on_reference, run_pass, split_nodes, total_elements
 
 ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 ATTN = "model.model.layers.{}.self_attn"
@@ -96,7 +96,7 @@ def test_function_check_sees_a_k_v_swap():
     before, after, _, _, _, config = run_pass(FuseQKV(), "llama")
     q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
     weight = after.gm.get_parameter(f"{ATTN.format(0)}.qkv_proj.weight")
-    with torch.no_grad():
+    with on_reference():
         weight[q:] = torch.cat([weight[q + kv:], weight[q:q + kv]])
     with pytest.raises(AssertionError):
         assert_same_function(before, after, config, seeds=(1,))

@@ -14,7 +14,7 @@ import torch
 
 from graphllm import Engine, SamplingParams
 from graphllm.config import KV_CACHE_DTYPES, EngineConfig
-from graphllm.ops.backends import TorchBackend
+from graphllm.backends import TorchBackend
 from graphllm.runtime.kv_cache import kv_bytes_per_block
 
 FP8 = torch.float8_e4m3fn

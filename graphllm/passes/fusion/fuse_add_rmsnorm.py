@@ -33,23 +33,20 @@ op, so float32 results are bit-identical on CPU.
 """
 
 import operator
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import fx
-from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import graphllm.ops.rms_norm  # noqa: F401  (registers torch.ops.graphllm.rms_norm / add_rms_norm)
-from graphllm.ir.graph import StepGraph
+from graphllm.ir.graph import StepGraph, new_node
 from graphllm.models.layers import RMSNorm
 from graphllm.passes.base import GraphPass
 
 aten = torch.ops.aten
 ASSERT = aten._assert_tensor_metadata.default
 RMSNORM_TYPE = f"{RMSNorm.__module__}.{RMSNorm.__qualname__}"
-META_KEYS = ("nn_module_stack", "stack_trace")
 
 
 @dataclass
@@ -166,17 +163,6 @@ def match_rmsnorm(group: list[fx.Node]) -> NormMatch | None:
 
 # ---- rewriting ------------------------------------------------------------------------------
 
-def _new_node(graph: fx.Graph, target, args: tuple, like: fx.Node) -> fx.Node:
-    """call_function node with like's module path and source line, and its fake value when known."""
-    node = graph.call_function(target, args)
-    node.meta.update({k: like.meta[k] for k in META_KEYS if k in like.meta})
-    vals = [a.meta.get("val") if isinstance(a, fx.Node) else a for a in args]
-    if all(v is not None for v in vals):
-        with detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)]) or nullcontext():
-            node.meta["val"] = target(*vals)
-    return node
-
-
 def _residual_operands(x: fx.Node) -> tuple | None:
     """(a, b) when x = a + b of two tensors of one dtype and shape (no broadcast, no promotion)."""
     a, b = _args(x, aten.add.Tensor, 2)
@@ -205,7 +191,7 @@ def rewrite_rms_norm(graph: fx.Graph, match: NormMatch) -> None:
     """y = rms_norm(x, w, eps) in place of the group."""
     _release_cast(match)
     with graph.inserting_before(match.output):
-        fused = _new_node(graph, torch.ops.graphllm.rms_norm.default,
+        fused = new_node(graph, torch.ops.graphllm.rms_norm.default,
                           (match.input, match.weight, match.eps), match.output)
     match.output.replace_all_uses_with(fused)
     _erase(graph, match.nodes)
@@ -216,14 +202,14 @@ def rewrite_add_rms_norm(graph: fx.Graph, match: NormMatch, a: fx.Node, b: fx.No
     x, group = match.input, set(match.nodes)
     _release_cast(match)
     with graph.inserting_after(x):
-        fused = _new_node(graph, torch.ops.graphllm.add_rms_norm.default, (a, b, match.weight, match.eps),
+        fused = new_node(graph, torch.ops.graphllm.add_rms_norm.default, (a, b, match.weight, match.eps),
                           match.output)
     with graph.inserting_after(fused):
-        y = _new_node(graph, operator.getitem, (fused, 0), match.output)
+        y = new_node(graph, operator.getitem, (fused, 0), match.output)
     match.output.replace_all_uses_with(y)
     if any(user not in group for user in x.users):
         with graph.inserting_after(y):
-            new_residual = _new_node(graph, operator.getitem, (fused, 1), x)
+            new_residual = new_node(graph, operator.getitem, (fused, 1), x)
         x.replace_all_uses_with(new_residual, delete_user_cb=lambda user: user not in group)
     _erase(graph, match.nodes)
     graph.erase_node(x)

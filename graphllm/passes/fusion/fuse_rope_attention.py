@@ -17,7 +17,7 @@ and after, for one layer (apply_rotary of graphllm/ops/rotary.py, as captured):
 
 Both rotations must use the same cos and sin nodes, of x's dtype and shape [T, D]. Rotary nodes
 that nothing else reads are erased. Like skinny_linear, only graphs whose example inputs are on
-the listed devices are rewritten: on CPU the op would run the rotary eagerly, no faster than
+the listed devices are rewritten (`devices`, which the pass manager reads): on CPU the op would run the rotary eagerly, no faster than
 what Inductor generates.
 """
 
@@ -28,10 +28,8 @@ import torch
 from torch import fx
 
 import graphllm.ops.attention  # noqa: F401  (registers torch.ops.graphllm.rope_attention)
-from graphllm.ir.graph import StepGraph
+from graphllm.ir.graph import StepGraph, new_node
 from graphllm.passes.base import GraphPass
-from graphllm.passes.fusion.fuse_add_rmsnorm import _new_node
-from graphllm.passes.lowering.skinny_linear import graph_device
 
 aten = torch.ops.aten
 
@@ -112,12 +110,9 @@ class FuseRopeAttention(GraphPass):
     name = "fuse_rope_attention"
     version = 1
 
-    def __init__(self, devices: tuple[str, ...] = ("cuda",)):
-        self.devices = devices
+    devices = ("cuda",)
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
-        if graph_device(graph).type not in self.devices:
-            return {"fused": 0}
         fused = 0
         for node in list(graph.graph.nodes):
             if not _call(node, torch.ops.graphllm.attention.default, 11):
@@ -127,7 +122,7 @@ class FuseRopeAttention(GraphPass):
             if rq is None or rk is None or (rq.cos, rq.sin) != (rk.cos, rk.sin):
                 continue
             with graph.graph.inserting_before(node):
-                new = _new_node(graph.graph, torch.ops.graphllm.rope_attention.default,
+                new = new_node(graph.graph, torch.ops.graphllm.rope_attention.default,
                                 (rq.x, rk.x, v, rq.cos, rq.sin, *rest), node)
             node.replace_all_uses_with(new)
             graph.graph.erase_node(node)

@@ -20,19 +20,16 @@ tensor to hand the op. The split, getitems and silu are erased once nothing else
 """
 
 import operator
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import fx
-from torch._guards import detect_fake_mode
 
 import graphllm.ops.silu_and_mul  # noqa: F401  (registers torch.ops.graphllm.silu_and_mul)
-from graphllm.ir.graph import StepGraph
+from graphllm.ir.graph import StepGraph, new_node
 from graphllm.passes.base import GraphPass
 
 aten = torch.ops.aten
-META_KEYS = ("nn_module_stack", "stack_trace")
 
 
 @dataclass
@@ -87,21 +84,10 @@ def match_silu_mul(mul: fx.Node) -> SiluMulMatch | None:
     return _match_operands(mul, a, b) or _match_operands(mul, b, a)
 
 
-def _new_node(graph: fx.Graph, target, args: tuple, like: fx.Node) -> fx.Node:
-    """call_function node with like's module path and source line, and its fake value when known."""
-    node = graph.call_function(target, args)
-    node.meta.update({k: like.meta[k] for k in META_KEYS if k in like.meta})
-    val = args[0].meta.get("val")
-    if isinstance(val, torch.Tensor):
-        with detect_fake_mode([val]) or nullcontext():
-            node.meta["val"] = target(val)
-    return node
-
-
 def rewrite_silu_mul(graph: fx.Graph, match: SiluMulMatch) -> None:
     """y = silu_and_mul(gate_up); erase the silu, getitems and split when nothing else reads them."""
     with graph.inserting_before(match.mul):
-        fused = _new_node(graph, torch.ops.graphllm.silu_and_mul.default, (match.gate_up,), match.mul)
+        fused = new_node(graph, torch.ops.graphllm.silu_and_mul.default, (match.gate_up,), match.mul)
     match.mul.replace_all_uses_with(fused)
     graph.erase_node(match.mul)
     for node in (match.act, match.gate, match.up, match.halves):

@@ -32,12 +32,11 @@ import torch
 from torch import fx, nn
 from torch._guards import detect_fake_mode
 
+from graphllm.ir.graph import StepGraph, copy_source_meta
 from graphllm.passes.base import source_uuid
-from graphllm.ir.graph import StepGraph
 
 LINEAR = torch.ops.aten.linear.default
 SPLIT = torch.ops.aten.split_with_sizes.default
-META_KEYS = ("nn_module_stack", "stack_trace")  # what inspect reads to name a node's module and line
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def merge_sibling_linears(graph: StepGraph, group: LinearGroup, fused: str) -> f
     _copy_meta(first, f"{group.prefix}.{fused}", [*params, out, split])
     _set_vals(graph.gm, group, params, out, split, parts)
     for old, part in zip(group.linears, parts):
-        part.meta.update({k: old.meta[k] for k in META_KEYS if k in old.meta})
+        copy_source_meta(part, old)
         old.replace_all_uses_with(part)
         graph.graph.erase_node(old)
     return split

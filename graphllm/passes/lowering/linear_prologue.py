@@ -23,7 +23,7 @@ Before and after, for the three shapes a decoder layer has:
 
 Only a norm or activation whose output nothing else reads is folded (the final norm reaches
 lm_head through a row gather, so it stays). Like skinny_linear, only graphs whose example
-inputs are on the listed devices are rewritten.
+inputs are on the listed devices are rewritten (`devices`, which the pass manager reads).
 """
 
 import operator
@@ -32,10 +32,8 @@ import torch
 from torch import fx
 
 import graphllm.ops.linear  # noqa: F401  (registers the fused ops)
-from graphllm.ir.graph import StepGraph
+from graphllm.ir.graph import StepGraph, new_node
 from graphllm.passes.base import GraphPass
-from graphllm.passes.fusion.fuse_add_rmsnorm import _new_node
-from graphllm.passes.lowering.skinny_linear import graph_device
 
 ops = torch.ops.graphllm
 
@@ -60,9 +58,9 @@ def _fold_add_rms_norm(graph: fx.Graph, lin: fx.Node) -> bool:
             _call(u, operator.getitem) and u.args[1] in (0, 1) for u in norm.users):
         return False
     with graph.inserting_before(lin):
-        fused = _new_node(graph, ops.add_rms_norm_linear.default, (*norm.args, *params), lin)
-        out = _new_node(graph, operator.getitem, (fused, 0), lin)
-        new_residual = _new_node(graph, operator.getitem, (fused, 1), norm)
+        fused = new_node(graph, ops.add_rms_norm_linear.default, (*norm.args, *params), lin)
+        out = new_node(graph, operator.getitem, (fused, 0), lin)
+        new_residual = new_node(graph, operator.getitem, (fused, 1), norm)
     lin.replace_all_uses_with(out)
     for old in [u for u in norm.users if u.args[1] == 1]:
         old.replace_all_uses_with(new_residual)
@@ -78,7 +76,7 @@ def _fold_single(graph: fx.Graph, lin: fx.Node, source, fused_op) -> bool:
     if not _call(y, source) or len(y.users) != 1:
         return False
     with graph.inserting_before(lin):
-        fused = _new_node(graph, fused_op, (*y.args, *params), lin)
+        fused = new_node(graph, fused_op, (*y.args, *params), lin)
     lin.replace_all_uses_with(fused)
     graph.erase_node(lin)
     graph.erase_node(y)
@@ -91,13 +89,10 @@ class LinearPrologue(GraphPass):
     name = "linear_prologue"
     version = 1
 
-    def __init__(self, devices: tuple[str, ...] = ("cuda",)):
-        self.devices = devices
+    devices = ("cuda",)
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
         counts = {"add_rms_norm": 0, "rms_norm": 0, "silu_and_mul": 0}
-        if graph_device(graph).type not in self.devices:
-            return counts
         g = graph.graph
         for lin in [n for n in g.nodes if n.op == "call_function" and n.target == ops.linear.default]:
             if _fold_add_rms_norm(g, lin):

@@ -1,13 +1,22 @@
-"""The attention backend interface, the host-side step metadata it may plan from, and the
-PyTorch reference backend."""
+"""The attention backend interface, the shape of the attention it runs, and the host-side step
+metadata it may plan from."""
 
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from graphllm.ops.kv_quant import KVScales
-from graphllm.ops.rotary import apply_rotary
+from graphllm.kernels.kv_quant import KVScales
+from graphllm.kernels.rotary import apply_rotary
+
+
+class AttentionShape(NamedTuple):
+    """What a backend needs to know of the model's attention (the runtime reads it off the model config)."""
+
+    num_heads: int  # query heads
+    num_kv_heads: int
+    head_dim: int
+    sliding_window: int = 0  # <= 0: full attention
 
 
 class HostMeta(NamedTuple):
@@ -47,7 +56,7 @@ class AttentionBackend:
 
     `plan` runs on the host before every step (and before every CUDA-graph replay, with the
     metadata padded to the bucket); `forward` runs inside the op, possibly under capture.
-    A float8 cache is written and read with `kv_scales` (graphllm.ops.kv_quant.KVScales).
+    A float8 cache is written and read with `kv_scales` (graphllm.kernels.kv_quant.KVScales).
     """
 
     name = "base"
@@ -74,17 +83,3 @@ class AttentionBackend:
         kernel override it. The result is contiguous."""
         return self.forward(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, kv_cache, positions,
                             slot_mapping, block_tables, seq_lens, query_start_loc, scale, sliding_window)
-
-
-class TorchBackend(AttentionBackend):
-    """The PyTorch reference (float32 over gathered pages): CPU, and the oracle of the others."""
-
-    name = "torch"
-
-    def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
-                scale, sliding_window):
-        from graphllm.ops.attention import reference_attention, write_kv_cache
-        write_kv_cache(k, v, kv_cache, slot_mapping, self.kv_scales)
-        out = reference_attention(q, kv_cache, positions, block_tables, query_start_loc, scale, sliding_window,
-                                  self.kv_scales)
-        return out.to(q.dtype)

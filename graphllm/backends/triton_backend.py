@@ -9,7 +9,7 @@ from graphllm.kernels.paged_decode_attention import paged_decode_attention
 from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
 from graphllm.kernels.rope_store_kv import rope_store_kv
 from graphllm.kernels.store_kv import store_kv
-from graphllm.ops.backends.base import AttentionBackend
+from graphllm.backends.base import AttentionBackend
 
 
 class TritonBackend(AttentionBackend):

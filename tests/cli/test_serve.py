@@ -9,9 +9,9 @@ import time
 import httpx2 as httpx
 import pytest
 
-from graphllm.cli import engine_config
-from graphllm.server.cli import DEMO_MODEL_NAME, add_serve_parser, server_config
-from tests.server.conftest import free_port
+from graphllm.cli.args import engine_config
+from graphllm.cli.serve import DEMO_MODEL_NAME, add_serve_parser, server_config
+from tests.server.conftest import free_port, model_dir  # noqa: F401  (model_dir: a fixture)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -49,7 +49,7 @@ def test_unknown_parser_names_are_refused():
 
 def test_serve_command_answers_then_stops(model_dir):
     port = free_port()
-    argv = [sys.executable, "-m", "graphllm.server.cli", "--eager", "--port", str(port), "--log-level", "warning"]
+    argv = [sys.executable, "-m", "graphllm.cli", "serve", "--eager", "--port", str(port), "--log-level", "warning"]
     argv += ["--model", model_dir] if model_dir else []
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "GRAPHLLM_API_KEY": "k"})

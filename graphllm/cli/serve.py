@@ -2,28 +2,27 @@
 
     graphllm serve                                   # the built-in demo model on 127.0.0.1:8000
     graphllm serve --model DIR --api-key KEY --tool-call-parser hermes
-    python -m graphllm.server.cli [serve flags]      # the same command on its own
+    python -m graphllm.cli serve [serve flags]       # the same, from a checkout
 """
 
 import argparse
-import os
-import sys
 
+from graphllm.cli.args import add_engine_args, engine_config
+from graphllm.cli.environment import Environment
 from graphllm.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
 
 DEMO_MODEL_NAME = "graphllm-demo"
 DEMO_TOOL_CALL_PARSER = "hermes"  # the format the demo model's chat template teaches
 
 
-def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+def add_serve_parser(subparsers, env: Environment = Environment()) -> argparse.ArgumentParser:
     """Register `serve` (engine flags shared with `generate`, plus the server's own)."""
-    from graphllm.cli import add_engine_args
     parser = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--api-key", default=os.environ.get("GRAPHLLM_API_KEY"),
+    parser.add_argument("--api-key", default=env.api_key,
                         help="require `Authorization: Bearer KEY` on /v1 routes (default: $GRAPHLLM_API_KEY)")
     parser.add_argument("--served-model-name", nargs="+",
                         help="names clients use in `model` (default: the --model/--artifact path, or "
@@ -53,7 +52,6 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from graphllm.cli import engine_config
     from graphllm.runtime.engine import Engine
     from graphllm.server.app import build_app
     config = server_config(args)  # before loading the model: flag mistakes fail fast
@@ -63,18 +61,3 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # on shutdown, streams still running get 5 s, then are cancelled (which aborts their requests)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="graphllm")
-    add_serve_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["serve", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except (ValueError, KeyError) as e:
-        print(f"graphllm: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

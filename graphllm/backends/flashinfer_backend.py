@@ -16,8 +16,7 @@ import torch
 
 from graphllm.kernels.rope_store_kv import rope_store_kv
 from graphllm.kernels.store_kv import store_kv
-from graphllm.models.config import ModelConfig
-from graphllm.ops.backends.base import AttentionBackend, HostMeta
+from graphllm.backends.base import AttentionBackend, AttentionShape, HostMeta
 
 WORKSPACE_BYTES = 256 * 2**20
 
@@ -26,13 +25,13 @@ class FlashInferBackend(AttentionBackend):
     name = "flashinfer"
     plans_on_host = True
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, block_size: int):
+    def __init__(self, shape: AttentionShape, dtype: torch.dtype, device: torch.device, block_size: int):
         import flashinfer
         self.flashinfer = flashinfer
-        self.heads = (config.num_attention_heads, config.num_key_value_heads, config.head_dim)
+        self.heads = (shape.num_heads, shape.num_kv_heads, shape.head_dim)
         self.block_size, self.dtype, self.device = block_size, dtype, device
-        self.scale = config.head_dim ** -0.5  # PagedAttention's scale: checked in forward
-        self.window_left = config.sliding_window - 1 if config.sliding_window > 0 else -1
+        self.scale = shape.head_dim ** -0.5  # PagedAttention's scale: checked in forward
+        self.window_left = shape.sliding_window - 1 if shape.sliding_window > 0 else -1
         self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         self.prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
         self.decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(self.workspace, "NHD")

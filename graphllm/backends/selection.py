@@ -1,0 +1,79 @@
+"""Which attention backend runs a model: `select_backend` from EngineConfig.attention_backend's name.
+
+auto picks triton on CUDA (measured faster than FlashInfer 0.6's decode wrapper on the H200 at
+every batch size tried, benchmarks/RESULTS.md, 2026-11-21), else flashinfer, else the torch
+reference; on CPU always the reference. Asking for a backend that cannot run names the reason.
+"""
+
+import importlib.util
+
+import torch
+
+from graphllm.backends.base import AttentionBackend, AttentionShape
+from graphllm.backends.torch_backend import TorchBackend
+from graphllm.kernels.kv_quant import KVScales, is_fp8
+
+
+def flashinfer_supports(shape: AttentionShape, dtype: torch.dtype,
+                        kv_cache_dtype: torch.dtype | None = None) -> str | None:
+    """None when FlashInfer can run this attention, else why not."""
+    if is_fp8(kv_cache_dtype):
+        return ("FlashInfer 0.6's prefill kernel for a float8_e4m3fn KV cache failed to build on the H200 "
+                "(sm_90, 2026-11-21); use the triton backend or kv_cache_dtype 'auto'")
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"FlashInfer kernels take float16/bfloat16, not {dtype}"
+    if shape.head_dim not in (64, 128, 256):
+        return f"FlashInfer has no kernels for head_dim {shape.head_dim}"
+    if importlib.util.find_spec("flashinfer") is None:
+        return "flashinfer is not installed (pip install flashinfer-python)"
+    return None
+
+
+def _triton_interprets() -> bool:
+    """Triton's own interpreter switch (its TRITON_INTERPRET knob), which runs kernels on CPU tensors."""
+    import triton
+    knobs = getattr(triton, "knobs", None)
+    return bool(knobs is not None and knobs.runtime.interpret)
+
+
+def triton_supports(device: torch.device, kv_cache_dtype: torch.dtype | None = None) -> str | None:
+    """None when graphllm's Triton kernels can run on `device`, else why not."""
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if device.type != "cuda" and not _triton_interprets():
+        return f"the Triton kernels need a CUDA device (or Triton's interpreter, TRITON_INTERPRET=1), not {device.type}"
+    if is_fp8(kv_cache_dtype) and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        return "Triton's float8_e4m3fn (an fp8 KV cache) needs compute capability 8.9 or newer"
+    return None
+
+
+def select_backend(name: str, shape: AttentionShape, dtype: torch.dtype, device: torch.device,
+                   block_size: int, kv_cache_dtype: torch.dtype | None = None,
+                   kv_scales: KVScales = KVScales()) -> AttentionBackend:
+    """The backend `name` (auto: see the module docstring) for attention of `shape` in `dtype`.
+
+    kv_cache_dtype: the cache's element type (None: the model's dtype); kv_scales: a float8
+    cache's per-tensor scales.
+    """
+    if name == "auto":
+        if device.type != "cuda":
+            name = "torch"
+        elif triton_supports(device, kv_cache_dtype) is None:
+            name = "triton"
+        else:
+            name = "flashinfer" if flashinfer_supports(shape, dtype, kv_cache_dtype) is None else "torch"
+    if name == "torch":
+        return TorchBackend(kv_scales)
+    if name == "triton":
+        if (why := triton_supports(device, kv_cache_dtype)) is not None:
+            raise ValueError(f"attention backend 'triton' is unavailable: {why}")
+        from graphllm.backends.triton_backend import TritonBackend
+        return TritonBackend(kv_scales)
+    if name == "flashinfer":
+        why = ("it needs a CUDA device" if device.type != "cuda" and not is_fp8(kv_cache_dtype)
+               else flashinfer_supports(shape, dtype, kv_cache_dtype))
+        if why is not None:
+            raise ValueError(f"attention backend 'flashinfer' is unavailable: {why}")
+        from graphllm.backends.flashinfer_backend import FlashInferBackend
+        return FlashInferBackend(shape, dtype, device, block_size)  # fp8 caches are refused above
+    raise ValueError(f"unknown attention backend {name!r}")

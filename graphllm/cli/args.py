@@ -1,0 +1,89 @@
+"""Command-line flags shared by the commands (generate, serve, compile, bench), and the configs they build."""
+
+import argparse
+
+from graphllm.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, CompileConfig, EngineConfig
+from graphllm.runtime.sampling_params import SamplingParams
+
+SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
+    "--max-tokens": (int, "max_tokens"), "--min-tokens": (int, "min_tokens"),
+    "--temperature": (float, "temperature"), "--top-p": (float, "top_p"), "--top-k": (int, "top_k"),
+    "--min-p": (float, "min_p"), "--repetition-penalty": (float, "repetition_penalty"),
+    "--presence-penalty": (float, "presence_penalty"), "--frequency-penalty": (float, "frequency_penalty"),
+    "--seed": (int, "seed"), "--n": (int, "n"), "--logprobs": (int, "logprobs"),
+}
+PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue")  # CompileConfig / EngineConfig fields
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="Hugging Face model folder (default: the built-in demo model)")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--max-model-len", type=int)
+    parser.add_argument("--max-num-seqs", type=int)
+    parser.add_argument("--max-num-batched-tokens", type=int)
+    add_pass_flags(parser)
+
+
+def add_pass_flags(parser: argparse.ArgumentParser) -> None:
+    """The compile passes' switches (CompileConfig's fields; they change the generated code)."""
+    parser.add_argument("--fuse-rope-attention", action="store_true",
+                        help="GPU graphs: rotate q/k inside the attention op's KV-cache write (opt-in)")
+    parser.add_argument("--no-skinny-linear", dest="skinny_linear", action="store_false",
+                        help="GPU graphs: every linear on cuBLAS (no skinny_matmul kernel, no prologues)")
+    parser.add_argument("--no-linear-prologue", dest="linear_prologue", action="store_false",
+                        help="GPU graphs: norms and SwiGLU as their own kernels, not folded into the next matmul")
+
+
+def pass_switches(args: argparse.Namespace) -> dict[str, bool]:
+    return {name: getattr(args, name) for name in PASS_SWITCHES}
+
+
+def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
+    """Engine options that the serving commands and the benchmarks share."""
+    parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
+                        help="read back each step's tokens before scheduling the next (no host/GPU overlap)")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                        help="auto: the model's dtype; fp8: float8_e4m3fn (half the KV bytes)")
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    add_model_args(parser)
+    parser.add_argument("--artifact", help="run a `graphllm compile` artifact instead of --model")
+    parser.add_argument("--eager", action="store_true", help="run the model uncompiled (no artifact cache)")
+    parser.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+                        help="auto: triton on a GPU (measured fastest), else flashinfer; torch on CPU")
+    parser.add_argument("--num-decode-steps", type=int, default=1,
+                        help="greedy decode steps run back to back per schedule, one host sync for all "
+                             "(tokens then stream in bursts of this many)")
+    add_runtime_flags(parser)
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(model=args.model, artifact=args.artifact, compile=not args.eager and not args.artifact,
+                        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
+                        async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
+                        cache_dir=getattr(args, "cache_dir", None), **pass_switches(args))
+
+
+def compile_config(args: argparse.Namespace) -> CompileConfig:
+    given = {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
+    return CompileConfig(dtype=args.dtype, buckets=tuple(args.buckets) if args.buckets else None,
+                         **{k: v for k, v in given.items() if v is not None}, **pass_switches(args))
+
+
+def add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    for flag, (kind, _) in SAMPLING_FLAGS.items():
+        parser.add_argument(flag, type=kind)
+    parser.add_argument("--stop", action="append", help="stop string (repeatable)")
+    parser.add_argument("--ignore-eos", action="store_true")
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    given = {field: getattr(args, flag[2:].replace("-", "_")) for flag, (_, field) in SAMPLING_FLAGS.items()}
+    given = {k: v for k, v in given.items() if v is not None}
+    given.setdefault("max_tokens", 64)
+    given.setdefault("temperature", 0.0)
+    return SamplingParams(stop=args.stop, ignore_eos=args.ignore_eos, **given)

@@ -1,0 +1,69 @@
+"""`graphllm generate`, `compile` and `inspect` (serve: serve.py; bench: graphllm/bench)."""
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from graphllm.cli.args import compile_config, engine_config, sampling_params
+from graphllm.runtime.sampling_params import SamplingParams
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from graphllm.runtime.engine import Engine
+    params = sampling_params(args)
+    engine = Engine(engine_config(args))
+    use_chat = not args.raw and getattr(engine.tokenizer, "chat_template", None)
+    prompt = engine.apply_chat_template([{"role": "user", "content": args.prompt}]) if use_chat else args.prompt
+    if args.stream:
+        return asyncio.run(stream_to_stdout(engine, prompt, params))
+    for completion in engine.generate(prompt, params)[0].outputs:
+        if args.json:
+            print(json.dumps({"index": completion.index, "text": completion.text,
+                              "token_ids": completion.token_ids, "finish_reason": completion.finish_reason}))
+        else:
+            print(completion.text)
+    return 0
+
+
+async def stream_to_stdout(engine, prompt, params: SamplingParams) -> int:
+    async for out in engine.stream(prompt, params):
+        sys.stdout.write(out.outputs[0].delta_text)
+        sys.stdout.flush()
+    print()
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from graphllm.compiler.pipeline import compile_model
+    from graphllm.runtime.setup import resolve_model_path
+    command = " ".join(["graphllm", *sys.argv[1:]])
+    manifest = compile_model(resolve_model_path(args.model), args.out, compile_config(args), args.device,
+                             command=command)
+    print(f"artifact written to {args.out} (cache key {manifest['cache_key']})")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from graphllm.compiler import inspection
+    from graphllm.compiler.artifact import read_manifest
+    art = Path(args.artifact)
+    manifest = read_manifest(art)
+    if args.kernel:
+        print(inspection.kernel_source(art, args.kernel))
+        return 0
+    if args.dump:
+        written = inspection.dump(art, Path(args.dump), manifest)
+        print(f"wrote {len(written)} files under {args.dump}")
+        return 0
+    print(f"{art}: {manifest['model']['architecture']}, dtype {manifest['compile']['dtype']}, "
+          f"buckets {manifest['compile']['buckets']}, compiled for {manifest['environment']['device_name']}\n")
+    print(inspection.format_passes(manifest) + "\n")
+    print(inspection.format_kernels(inspection.kernels_with_sources(art)))
+    return 0
+
+
+def cmd_bench_compile(args: argparse.Namespace) -> int:
+    from graphllm.bench.compile_bench import main as bench_main
+    return bench_main(args)
