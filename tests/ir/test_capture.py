@@ -31,10 +31,21 @@ def test_one_attention_node_per_layer_and_module_paths():
 
 
 def test_graph_serves_every_batch_shape():
+    """One graph for every batch: logits of each sampled row, and each new token's K/V in its slot."""
     graph, config = tiny_step_graph("llama")
     for seed, num_seqs in ((1, 1), (2, 2), (3, 5)):
+        inputs = random_step_inputs(config, seed, num_seqs=num_seqs)
+        before = [c.clone() for c in inputs[-1]]
         with on_reference():
-            graph(*random_step_inputs(config, seed, num_seqs=num_seqs))
+            logits = graph(*inputs)
+        assert logits.shape == (num_seqs, config.vocab_size) and torch.isfinite(logits).all()
+        slots = inputs[2]  # slot_mapping: every new token's K and V were written there
+        for old, new in zip(before, inputs[-1]):
+            flat_old, flat_new = old.flatten(1, 2), new.flatten(1, 2)  # [2, slots, Hkv, D]
+            assert not torch.equal(flat_new[:, slots], flat_old[:, slots])
+            untouched = torch.ones(flat_new.shape[1], dtype=torch.bool)
+            untouched[slots] = False
+            assert torch.equal(flat_new[:, untouched], flat_old[:, untouched])
 
 
 def test_weights_follow_the_graph():

@@ -111,5 +111,11 @@ def test_missing_folder(tmp_path):
 
 
 def test_old_rope_buffer_in_checkpoint_is_ignored(folder):
+    """Old checkpoints ship rotary_emb.inv_freq: it is skipped, not loaded over the model's own table."""
+    clean, _ = load_model(folder)
     rewrite_weights(folder, lambda t: t.update({"model.layers.0.self_attn.rotary_emb.inv_freq": torch.zeros(8)}))
-    load_model(folder)
+    model, _ = load_model(folder)
+    tensors = lambda m: {**dict(m.named_parameters()), **dict(m.named_buffers())}  # noqa: E731  (inv_freq: a buffer)
+    state, expected = tensors(model), tensors(clean)
+    assert any(name.endswith("inv_freq") for name in state) and state.keys() == expected.keys()
+    assert all(torch.equal(state[k], expected[k]) for k in state)

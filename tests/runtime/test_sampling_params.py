@@ -66,7 +66,8 @@ def test_defaults_are_valid():
     ],
 )
 def test_boundary_values_are_accepted(kwargs):
-    SamplingParams(**kwargs)
+    params = SamplingParams(**kwargs)
+    assert {k: getattr(params, k) for k in kwargs} == kwargs  # kept as given, not clamped
 
 
 def test_stop_string_is_normalized_to_list():
