@@ -3,10 +3,10 @@
 #   sweep      benchmarks/kernel_sweep.py (skinny_matmul vs cuBLAS, decode attention bandwidth); sweep-PART: one part
 #   waits      benchmarks/host_waits.py (where the host waits for the GPU under async scheduling; after a bench stage)
 #   mixed      benchmarks/mixed_step_profile.py on the 8B preset (needs a latency/throughput stage before it)
-#   noskinny1-B  latency1-B with GRAPHLLM_SKINNY_MATMUL=0 (cuBLAS for every linear)
+#   noskinny1-B  latency1-B compiled with --no-skinny-linear (cuBLAS for every linear)
 #   steps8-B / tput8-B  latency1-B / throughput-B with --num-decode-steps 8;  gpu-steps  its GPU tests
 #   skinny     the skinny_matmul / row-kernel tests and the skinny_linear / linear_prologue pass tests alone
-#   nofused8-B steps8-B with GRAPHLLM_FUSED_PROLOGUE=0 (norms and SwiGLU as their own kernels again)
+#   nofused8-B steps8-B compiled with --no-linear-prologue (norms and SwiGLU as their own kernels again)
 #   latency1-B bench latency at batch 1 and 8 only, backend B
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager)
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
@@ -16,10 +16,10 @@
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
 #   sync1-B / synctput-B  latency1-B / throughput-B with --no-async-scheduling (host and GPU take turns)
 #   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
-#   rope1-B    latency1-B compiled with GRAPHLLM_FUSED_ROPE=1 (fuse_rope_attention on: the A/B against latency1-B)
+#   rope1-B    latency1-B compiled with --fuse-rope-attention (the A/B against latency1-B)
 #   kernels    rope_store_kv, the triton backend, the rope pass and the sampler tests, one pytest per file
 #   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
-#   attn-tests the paged decode / prefill attention kernel tests;  rope-teacher  teacher with GRAPHLLM_FUSED_ROPE=1
+#   attn-tests the paged decode / prefill attention kernel tests;  rope-teacher  teacher with pytest --fuse-rope-attention
 #   ab-throughput-B / ab-latency1-B  throughput-B / latency1-B from the tree in .ab/ (a checkout of an earlier
 #              commit, carried beside this one: a same-run A/B; it shares the preset and the artifact cache)
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
@@ -47,7 +47,7 @@ for stage in "$@"; do
     mixed) timeout 200 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/mixed.json" ;;
     steps8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --num-decode-steps 8 \
         --attention-backend "${stage#steps8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
-    nofused8-*) GRAPHLLM_FUSED_PROLOGUE=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
+    nofused8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --no-linear-prologue \
         --output-len 256 --num-decode-steps 8 --attention-backend "${stage#nofused8-}" $LIMITS --work $WORK \
         --json "$OUT/r/$stage.json" ;;
     tput8-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --num-decode-steps 8 \
@@ -64,20 +64,20 @@ for stage in "$@"; do
         --attention-backend "${stage#fp8tput-}" --json "$OUT/r/$stage.json" ;;
     gpu-async) timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/gpu/test_cuda_graphs.py tests/gpu/test_attention_backends.py -k "not bf16" 2>&1 | grep -v "DEBUG" | tail -15 ;;
-    noskinny1-*) GRAPHLLM_SKINNY_MATMUL=0 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
+    noskinny1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --no-skinny-linear \
         --output-len 256 --attention-backend "${stage#noskinny1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_rms_norm.py tests/kernels/test_silu_and_mul.py \
         tests/passes/test_skinny_linear.py tests/passes/test_linear_prologue.py 2>&1 | tail -8 ;;
-    rope1-*) GRAPHLLM_FUSED_ROPE=1 bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 \
+    rope1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --fuse-rope-attention \
         --output-len 256 --attention-backend "${stage#rope1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     kernels) for f in tests/kernels/test_rope_store_kv.py tests/kernels/test_triton_backend.py tests/passes/test_fuse_rope_attention.py \
         tests/runtime/test_sampler.py; do timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest "$f" 2>&1 \
         | grep -v "^\.*$" | tail -6; echo "-- $f: exit ${PIPESTATUS[0]}"; done ;;
     attn-tests) timeout 300 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py 2>&1 | tail -8 ;;
-    rope-teacher) GRAPHLLM_FUSED_ROPE=1 timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
-        -p no:hypothesispytest tests/gpu -k teacher ;;
+    rope-teacher) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
+        -p no:hypothesispytest tests/gpu -k teacher --fuse-rope-attention ;;
     ab-throughput-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench throughput --preset llama-3-8b \
         --num-requests 1024 $LIMITS --work $WORK --attention-backend "${stage#ab-throughput-}" --json "$OUT/r/$stage.json") ;;
     ab-latency1-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency --preset llama-3-8b \
