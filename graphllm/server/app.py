@@ -4,7 +4,7 @@
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Every request of every client goes through the same `engine.stream`, so concurrent requests
-share one continuous batch.
+share one continuous batch. The app sees the engine only through EngineClient.
 """
 
 import time
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-import graphllm
+from graphllm.runtime.client import EngineClient
 from graphllm.server.chat_inputs import render_prompt, tool_dict
 from graphllm.server.config import ServerConfig
 from graphllm.server.errors import OpenAIError, bad_request, install_error_handlers
@@ -22,13 +22,14 @@ from graphllm.server.middleware import APIKeyMiddleware, BodyLimitMiddleware, HT
 from graphllm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from graphllm.server.serving_chat import ServingChat
 from graphllm.server.serving_completions import ServingCompletions
+from graphllm.version import __version__
 
 router = APIRouter()
 
 
 @dataclass
 class AppState:
-    engine: object
+    engine: EngineClient
     config: ServerConfig
     metrics: ServerMetrics
     chat: ServingChat
@@ -40,8 +41,8 @@ def state(request: Request) -> AppState:
     return request.app.state.graphllm
 
 
-def build_app(engine, config: ServerConfig) -> FastAPI:
-    app = FastAPI(title="graphllm", version=graphllm.__version__, docs_url=None, redoc_url=None)
+def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
+    app = FastAPI(title="graphllm", version=__version__, docs_url=None, redoc_url=None)
     metrics = ServerMetrics(engine)
     app.state.graphllm = AppState(engine, config, metrics, ServingChat(engine, config, metrics),
                                   ServingCompletions(engine, config, metrics), int(time.time()))
@@ -82,7 +83,7 @@ async def retrieve_model(name: str, raw: Request):
 
 def model_card(s: AppState, name: str) -> dict:
     return {"id": name, "object": "model", "created": s.created, "owned_by": "graphllm",
-            "root": str(s.engine.state.model_path), "max_model_len": s.engine.state.max_model_len}
+            "root": str(s.engine.model_path), "max_model_len": s.engine.limits.max_model_len}
 
 
 # -- vLLM's extras -----------------------------------------------------------------------------
@@ -96,10 +97,10 @@ async def tokenize(body: TokenizeRequest, raw: Request):
     if s.engine.tokenizer is None:
         raise bad_request("this model has no tokenizer")
     if body.messages is not None:
-        ids = render_prompt(s.engine, body.messages, [tool_dict(t) for t in body.tools or []])
+        ids = render_prompt(s.engine.tokenizer, body.messages, [tool_dict(t) for t in body.tools or []])
     else:
         ids = list(s.engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
-    return {"count": len(ids), "max_model_len": s.engine.state.max_model_len, "tokens": ids}
+    return {"count": len(ids), "max_model_len": s.engine.limits.max_model_len, "tokens": ids}
 
 
 @router.post("/detokenize")
@@ -108,7 +109,7 @@ async def detokenize(body: DetokenizeRequest, raw: Request):
     s.chat.check_model(body.model)
     if s.engine.tokenizer is None:
         raise bad_request("this model has no tokenizer")
-    vocab = s.engine.state.model_config.vocab_size
+    vocab = s.engine.limits.vocab_size
     if not all(0 <= t < vocab for t in body.tokens):
         raise bad_request(f"tokens must lie in [0, {vocab})", "tokens")
     return {"prompt": s.engine.tokenizer.decode(body.tokens)}
@@ -121,7 +122,7 @@ async def health():
 
 @router.get("/version")
 async def version():
-    return JSONResponse({"version": graphllm.__version__})
+    return JSONResponse({"version": __version__})
 
 
 @router.get("/metrics")

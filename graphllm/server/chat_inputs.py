@@ -102,14 +102,17 @@ def arguments(value: str | dict) -> str | dict:
     return parsed if isinstance(parsed, dict) else value
 
 
-def render_prompt(engine, messages: list[ChatMessage], tools: list[dict] | None = None,
+def render_prompt(tokenizer, messages: list[ChatMessage], tools: list[dict] | None = None,
                   template_kwargs: dict | None = None) -> list[int]:
-    """Prompt token ids from the model's chat template; a template failure is the request's fault."""
+    """Prompt token ids from the tokenizer's chat template; a template failure is the request's fault."""
     kwargs = dict(template_kwargs or {})
     if tools:
         kwargs["tools"] = tools
     dicts = message_dicts(messages)
     try:
-        return engine.apply_chat_template(dicts, **kwargs)
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError("this model has no chat template")
+        return list(tokenizer.apply_chat_template(dicts, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False, **kwargs))
     except (jinja2.TemplateError, ValueError, TypeError, KeyError) as e:
         raise bad_request(f"the chat template failed on these messages: {e}", "messages") from e

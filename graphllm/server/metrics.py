@@ -1,7 +1,7 @@
 """Prometheus metrics for `GET /metrics`, in vLLM's naming style (`graphllm:<name>`).
 
 Counters and histograms are updated as requests run; the engine's gauges (running and waiting
-requests, KV-cache blocks) are read from the scheduler and block pool when scraped. Each app has
+requests, KV-cache blocks) are read from `EngineClient.stats()` when scraped. Each app has
 its own registry, so several servers can live in one process (tests do).
 """
 
@@ -10,6 +10,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from graphllm.runtime.client import EngineClient
 from graphllm.runtime.outputs import RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -22,16 +23,15 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
 class EngineCollector:
     """Gauges read at scrape time: no bookkeeping that could drift from the engine's own."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: EngineClient):
         self.engine = engine
 
     def collect(self):
-        scheduler, pool = self.engine.scheduler, self.engine.pool
-        running = len({seq.request_id for seq in list(scheduler.running)})
-        waiting = len({seq.request_id for seq in list(scheduler.waiting)})
-        free, total = pool.num_free_blocks, pool.num_blocks
-        yield _gauge("num_requests_running", "Requests with sequences in the running batch.", running)
-        yield _gauge("num_requests_waiting", "Requests waiting to be scheduled.", waiting)
+        stats = self.engine.stats()
+        free, total = stats.num_free_blocks, stats.num_blocks
+        yield _gauge("num_requests_running", "Requests with sequences in the running batch.",
+                     stats.num_requests_running)
+        yield _gauge("num_requests_waiting", "Requests waiting to be scheduled.", stats.num_requests_waiting)
         yield _gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).", 1 - free / total)
         yield _gauge("kv_cache_free_blocks", "KV-cache blocks free in the pool.", free)
         yield _gauge("kv_cache_total_blocks", "KV-cache blocks the pool holds.", total)
@@ -42,7 +42,7 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
 
 
 class ServerMetrics:
-    def __init__(self, engine):
+    def __init__(self, engine: EngineClient):
         self.registry = CollectorRegistry()
         r = self.registry
         self.http_requests = Counter("graphllm:http_requests", "HTTP requests by endpoint and status.",

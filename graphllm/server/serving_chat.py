@@ -45,7 +45,7 @@ class ServingChat(OpenAIServing):
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
         self.check_logprobs(req.top_logprobs, "top_logprobs")
         mode = tool_mode(req, self.config.tool_call_parser)
-        prompt_ids = render_prompt(self.engine, req.messages, mode.tools, req.chat_template_kwargs)
+        prompt_ids = render_prompt(self.engine.tokenizer, req.messages, mode.tools, req.chat_template_kwargs)
         asked, param = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens
                         is not None else (req.max_tokens, "max_tokens"))
         max_tokens = self.resolve_max_tokens(len(prompt_ids), asked, "messages", param)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 
+from graphllm.runtime.client import EngineClient
 from graphllm.runtime.outputs import CompletionOutput, RequestOutput
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.server.config import ServerConfig
@@ -45,13 +46,13 @@ def logprob_value(value: float) -> float:
 
 
 class OpenAIServing:
-    def __init__(self, engine, config: ServerConfig, metrics: ServerMetrics):
+    def __init__(self, engine: EngineClient, config: ServerConfig, metrics: ServerMetrics):
         self.engine, self.config, self.metrics = engine, config, metrics
-        self.defaults = generation_defaults(engine.state.model_path)
+        self.defaults = generation_defaults(engine.model_path)
 
     @property
     def max_model_len(self) -> int:
-        return self.engine.state.max_model_len
+        return self.engine.limits.max_model_len
 
     def check_model(self, name: str | None) -> None:
         if name and name not in self.config.served_model_names:
@@ -111,7 +112,7 @@ class OpenAIServing:
             raise bad_request(str(e), str(e).split(" ", 1)[0]) from e
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
-        vocab = self.engine.state.model_config.vocab_size
+        vocab = self.engine.limits.vocab_size
         if not ids:
             raise bad_request(f"{param} must not be empty", param)
         if not all(0 <= t < vocab for t in ids):

@@ -1,8 +1,8 @@
 """Server-sent events, client disconnects, and merging the streams of a multi-prompt request.
 
 A client that goes away must stop its generation at once: every engine stream here is closed
-explicitly (never left to the garbage collector), and closing `Engine.stream` aborts the request
-and frees its KV blocks.
+explicitly (never left to the garbage collector), and closing `EngineClient.stream` aborts the
+request and frees its KV blocks.
 """
 
 import asyncio

@@ -1,9 +1,9 @@
 """An engine whose answers follow a script, for the server's tool-call and reasoning paths.
 
-It lends a real Engine's tokenizer, state, KV pool and scheduler to the server and renders
-prompts with its chat template (remembering what the template was given), but `stream` answers
-from `reply(messages, tools)` in three-character pieces, so the incremental parsers see tags
-split across chunks.
+An EngineClient that lends a real Engine's limits, model path and stats to the server, and its
+tokenizer behind a RecordingTokenizer (which remembers what the chat template was given), but
+`stream` answers from `reply(messages, tools)` in three-character pieces, so the incremental
+parsers see tags split across chunks.
 """
 
 import asyncio
@@ -31,24 +31,40 @@ def reply(messages: list[dict], tools: list[dict] | None) -> str:
     return "I can only multiply."
 
 
+class RecordingTokenizer:
+    """The real tokenizer, but apply_chat_template records the messages and tools of each prompt."""
+
+    def __init__(self, tokenizer, scripted: "ScriptedEngine"):
+        self.tokenizer, self.scripted = tokenizer, scripted
+
+    def __getattr__(self, name: str):
+        return getattr(self.tokenizer, name)
+
+    def apply_chat_template(self, messages: list[dict], **kwargs):
+        ids = list(self.tokenizer.apply_chat_template(messages, **kwargs))
+        self.scripted.rendered[tuple(ids)] = (json.loads(json.dumps(messages)), kwargs.get("tools"))
+        self.scripted.last_tools = kwargs.get("tools")
+        return ids
+
+
 class ScriptedEngine:
     def __init__(self, engine):
         self.engine = engine
-        self.tokenizer, self.state = engine.tokenizer, engine.state
-        self.pool, self.scheduler = engine.pool, engine.scheduler
+        self.tokenizer = RecordingTokenizer(engine.tokenizer, self)
+        self.limits, self.model_path = engine.limits, engine.model_path
         self.rendered: dict[tuple[int, ...], tuple[list[dict], list[dict] | None]] = {}
         self.last_tools: list[dict] | None = None
 
-    def apply_chat_template(self, messages: list[dict], **kwargs) -> list[int]:
-        ids = self.engine.apply_chat_template(messages, **kwargs)
-        self.rendered[tuple(ids)] = (json.loads(json.dumps(messages)), kwargs.get("tools"))
-        self.last_tools = kwargs.get("tools")
-        return ids
+    def stats(self):
+        return self.engine.stats()
+
+    def abort(self, request_id: str) -> None:
+        self.engine.abort(request_id)
 
     async def stream(self, prompt: list[int], params, request_id: str | None = None):
         text = reply(*self.rendered[tuple(prompt)])
         pieces = [text[i:i + PIECE] for i in range(0, len(text), PIECE)]
-        eos = min(self.state.eos_token_ids)
+        eos = min(self.engine.state.eos_token_ids)
         for step in range(1, len(pieces) + 2):  # the last step samples EOS
             finished = step > len(pieces)
             token_ids = list(range(10, 10 + min(step, len(pieces)))) + ([eos] if finished else [])
