@@ -58,7 +58,7 @@ def main() -> None:
         syncs[f"{str(message)[:60]} @ {graphllm_frames(traceback.extract_stack()[:-1])}"] += 1
 
     parts = collections.defaultdict(list)  # (phase, part) -> host seconds
-    execute, wait = engine.runner.execute, engine._wait_for_tokens
+    execute, wait = engine.runner.execute, engine.step_loop._wait_for_tokens
 
     def timed(name, fn):
         def call(*a, **kw):
@@ -77,7 +77,7 @@ def main() -> None:
 
     engine.scheduler.schedule = scheduled
     engine.runner.execute = timed("execute", execute)
-    engine._wait_for_tokens = timed("wait", wait)
+    engine.step_loop._wait_for_tokens = timed("wait", wait)
     calls = []
     warnings.showwarning = record
     torch.cuda.set_sync_debug_mode(1)

@@ -36,10 +36,10 @@ class EngineConfig:
     # auto: triton on CUDA (measured faster than flashinfer), else flashinfer; torch (the reference) on CPU
     attention_backend: str = "auto"
     # decode steps run back to back per schedule when every row is plain greedy, each feeding its
-    # argmax to the next on the device, with one host sync for all (see Engine._decode_steps)
+    # argmax to the next on the device, with one host sync for all (see StepLoop._decode_steps)
     num_decode_steps: int = 1
     # schedule and launch step N + 1 before reading back step N's tokens, so the host's work
-    # (scheduling, inputs, stop checks, detokenizing) overlaps the GPU's (see Engine.step)
+    # (scheduling, inputs, stop checks, detokenizing) overlaps the GPU's (see StepLoop)
     async_scheduling: bool = True
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     cache_dir: str | None = None  # where compile=True keeps its artifacts; None: DEFAULT_CACHE_DIR

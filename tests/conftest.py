@@ -16,6 +16,17 @@ from tests.tiny_models import CONFIGS, make_hf_model, save_model_folder  # noqa:
 ARCHS = list(CONFIGS)
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fuse-rope-attention", action="store_true",
+                     help="compile the GPU tests' artifacts with the opt-in fuse_rope_attention pass")
+
+
+@pytest.fixture(scope="session")
+def fuse_rope_attention(request) -> bool:
+    """--fuse-rope-attention: the GPU teacher tests compile with the rotary + KV-write fusion."""
+    return request.config.getoption("--fuse-rope-attention")
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """arch -> (folder, the transformers model it was saved from)."""

@@ -206,12 +206,12 @@ class StepTimer:
         engine.runner.execute = self._timed("model", execute, sync=not overlapped)
         engine.runner.execute_decode_steps = self._timed("model", engine.runner.execute_decode_steps, sync=True)
         engine.sampler = _TimedSampler(sampler, lambda fn: self._timed("sample", fn, sync=False))
-        engine._wait_for_tokens = self._timed("sample", engine._wait_for_tokens, sync=False)
+        engine.step_loop._wait_for_tokens = self._timed("sample", engine.step_loop._wait_for_tokens, sync=False)
 
     def remove(self) -> None:
         """Put the engine back as it was."""
         del self.engine.step, self.engine.scheduler.schedule, self.engine.runner.execute
-        del self.engine.runner.execute_decode_steps, self.engine._wait_for_tokens
+        del self.engine.runner.execute_decode_steps, self.engine.step_loop._wait_for_tokens
         self.engine.sampler = self._originals[3]
 
     def _timed(self, part: str, fn, sync: bool):

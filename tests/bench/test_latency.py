@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from graphllm.bench.latency import decode_weight_bytes
-from graphllm.cli import main
+from graphllm.cli.main import main
 from tests.tiny_models import VOCAB
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from graphllm.bench.profiling import matmul_bytes
-from graphllm.cli import main
+from graphllm.cli.main import main
 
 
 def test_latency_profile_writes_a_trace_and_an_op_table(tiny_model_dir, tmp_path, capsys):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from graphllm.bench.workload import make_requests
-from graphllm.cli import main
+from graphllm.cli.main import main
 from tests.bench.test_latency import PNG_MAGIC, every_token_eos
 from tests.tiny_models import VOCAB
 
