@@ -2,10 +2,8 @@
 
 The op is one opaque node in every graph (eager, AOTInductor, Inductor), so the same compiled
 artifact runs with any backend. The runtime picks one (`select_backend`), plans it on the host
-before each step or CUDA-graph replay (`plan`), and makes it active for the step with the scoped
-`use_backend`. Outside such a scope the op has no backend and says so (`active_backend` raises):
-whoever runs a model directly (a test, a pass check) scopes the one it wants, usually
-`use_backend(TorchBackend())`.
+before each step or CUDA-graph replay (`plan`), and makes it active for the step with the op's
+scope (graphllm.ops.attention.use_backend).
 
   torch       the reference of graphllm/kernels/reference.py: float32 over gathered pages (CPU, oracle)
   triton      graphllm/kernels: store_kv + split-KV paged decode / paged prefill (no host planning)
@@ -16,13 +14,12 @@ The torch and triton backends write and read a cache of the model's dtype or a f
 the latter with the per-tensor KVScales given to select_backend (graphllm/kernels/kv_quant.py).
 FlashInfer is refused with an fp8 cache: its fp8 prefill kernel failed to build on the H200.
 
-This layer sits between the kernels (below) and the ops (above): it imports kernels/ only.
+This room sits between the kernels (below) and the ops (above): it imports kernels/ only.
 """
 
 from graphllm.backends.base import AttentionBackend, AttentionShape, HostMeta
-from graphllm.backends.scope import active_backend, use_backend
 from graphllm.backends.selection import flashinfer_supports, select_backend, triton_supports
 from graphllm.backends.torch_backend import TorchBackend
 
-__all__ = ["AttentionBackend", "AttentionShape", "HostMeta", "TorchBackend", "active_backend",
-           "flashinfer_supports", "select_backend", "triton_supports", "use_backend"]
+__all__ = ["AttentionBackend", "AttentionShape", "HostMeta", "TorchBackend", "flashinfer_supports",
+           "select_backend", "triton_supports"]

@@ -3,8 +3,11 @@
 `torch.ops.graphllm.attention` is the only place where a model touches batching or the KV
 cache. Tracing (torch.compile, torch.export) sees it as one opaque node thanks to the fake
 implementation below; the runtime chooses the backend (graphllm/backends: torch, triton,
-flashinfer) and scopes it around the step (`use_backend`): the op runs the active one, and fails
-outside such a scope. The PyTorch reference over the pages, what the CPU runs and the oracle of
+flashinfer) and scopes it around the step with `use_backend` below: the op runs the backend of
+the innermost scope of its thread or task (a ContextVar, restored on exit, also on error), and
+outside every scope it raises instead of falling back to a default, so a step that forgot its
+scope fails loudly. Whoever runs a model directly (a test, a pass check) scopes the backend it
+wants, usually `use_backend(TorchBackend())`. The PyTorch reference over the pages, what the CPU runs and the oracle of
 the GPU kernels, is graphllm/kernels/reference.py.
 
 Step metadata is flat tensors (see DESIGN.md, "Step inputs are flat tensors"):
@@ -22,11 +25,34 @@ per-tensor KVScales the runtime hands the backend (graphllm/kernels/kv_quant.py)
 nor the element type are in the op's signature, so one compiled graph serves every cache dtype.
 """
 
-from typing import NamedTuple
+import contextlib
+from contextvars import ContextVar
+from typing import Iterator, NamedTuple
 
 import torch
 
-from graphllm.backends import active_backend
+from graphllm.backends import AttentionBackend
+
+
+_active: ContextVar[AttentionBackend | None] = ContextVar("graphllm_attention_backend", default=None)
+
+
+def active_backend() -> AttentionBackend:
+    backend = _active.get()
+    if backend is None:
+        raise RuntimeError("the attention op ran outside an attention backend's scope: run the model inside "
+                           "`with graphllm.ops.attention.use_backend(backend):` (TorchBackend() is the reference)")
+    return backend
+
+
+@contextlib.contextmanager
+def use_backend(backend: AttentionBackend) -> Iterator[AttentionBackend]:
+    """Make `backend` run the attention op for the steps inside the block; restores on exit."""
+    token = _active.set(backend)
+    try:
+        yield backend
+    finally:
+        _active.reset(token)
 
 
 class AttentionMetadata(NamedTuple):

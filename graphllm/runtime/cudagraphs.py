@@ -16,7 +16,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from graphllm.backends import AttentionBackend, HostMeta, TorchBackend, use_backend
+from graphllm.backends import AttentionBackend, HostMeta, TorchBackend
+from graphllm.ops.attention import use_backend
 from graphllm.runtime.inputs import HostStep, packed_offsets, unpack
 from graphllm.runtime.sampler import argmax_rows
 

@@ -5,26 +5,29 @@
     async for out in engine.stream("Hello", params): ...
 
 `generate` drives the loop itself; `stream` shares one background driver task among all
-concurrent streams of an event loop (continuous batching across callers). The Engine only
-wires its rooms together: request intake (intake.py), the step loop (step_loop.py),
+concurrent streams of an event loop (continuous batching across callers). The Engine takes
+requests in (a prompt and its SamplingParams become a Request with n Sequences: text is
+tokenized, token ids checked against the vocabulary, every prompt against max_model_len, before
+anything reaches the scheduler) and wires its rooms together: the step loop (step_loop.py),
 post-processing (postprocess.py) and the stream driver (stream_driver.py). The server sees it
 through EngineClient (client.py).
 """
 
-import threading
+import itertools
 from collections.abc import AsyncIterator, Sequence as Seq
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from graphllm.config import EngineConfig
 from graphllm.runtime.client import EngineLimits, EngineStats, Prompt
-from graphllm.runtime.intake import RequestIntake
 from graphllm.runtime.outputs import RequestOutput
 from graphllm.runtime.postprocess import PostProcessor
 from graphllm.runtime.requests import Request
 from graphllm.runtime.sampler import Sampler
 from graphllm.runtime.sampling_params import SamplingParams
+from graphllm.runtime.sequence import Sequence
 from graphllm.runtime.setup import build_runtime
 from graphllm.runtime.step_loop import StepLoop
 from graphllm.runtime.stream_driver import StreamDriver
@@ -41,12 +44,12 @@ class Engine:
         self.requests: dict[str, Request] = {}
         self.limits = EngineLimits(self.state.max_model_len, self.state.model_config.vocab_size,
                                    self.state.limits.max_num_seqs)
-        self._lock = threading.Lock()  # step() may run in a worker thread while requests arrive
-        self._intake = RequestIntake(self.tokenizer, self.state)
+        self._ids = itertools.count()  # request and sequence ids
         self._post = PostProcessor(Sampler(), self.scheduler, self.state, self.tokenizer, self.requests)
         # public, unlike the other rooms: benchmarks time its parts
         self.step_loop = StepLoop(config, self.scheduler, self.pool, self.runner, self.state, self._post)
-        self._streams = StreamDriver(self.step, self.has_unfinished_requests)
+        self._lock = self.step_loop.lock  # step() may run in a worker thread while requests arrive
+        self._streams = StreamDriver(self.step_loop.step, self.scheduler.has_unfinished)
 
     @classmethod
     def from_pretrained(cls, path: str | None = None, **options) -> "Engine":
@@ -81,11 +84,12 @@ class Engine:
                     request_id: str | None = None) -> str:
         """Queue a prompt (text or token ids) with its n sequences; returns the request id."""
         params = params or SamplingParams()
-        prompt_text, prompt_ids = self._intake.prompt_ids(prompt)
-        request_id = request_id or self._intake.new_request_id()
+        prompt_text, prompt_ids = self._prompt_ids(prompt)
+        request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        request = self._intake.new_request(request_id, prompt_text, prompt_ids, params)
+        request = Request(request_id, prompt_text, prompt_ids, params)
+        request.seqs = [self._new_sequence(request, i) for i in range(params.n)]
         with self._lock:
             self.requests[request_id] = request
             for seq in request.seqs:
@@ -104,6 +108,46 @@ class Engine:
         """Whether any sequence still waits or runs."""
         return self.scheduler.has_unfinished()
 
+    def _prompt_ids(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        """(the prompt's text if given as text, its token ids), checked to leave room for output."""
+        prompt_text, ids = self._tokenize(prompt)
+        if len(ids) >= self.state.max_model_len:
+            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is "
+                             f"{self.state.max_model_len} (prompt + at least one output token)")
+        return prompt_text, ids
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model folder has no tokenizer: pass prompts as token id lists")
+            return prompt, self.tokenizer.encode(prompt)
+        if not prompt or not all(isinstance(t, int) for t in prompt):
+            raise ValueError("a prompt must be a non-empty string or a non-empty list of token ids")
+        vocab = self.state.model_config.vocab_size
+        if not all(0 <= t < vocab for t in prompt):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        return None, list(prompt)
+
+    def _new_sequence(self, request: Request, index: int) -> Sequence:
+        params, generator = request.params, None
+        if params.seed is not None:
+            generator = torch.Generator(self.state.device)
+            generator.manual_seed((params.seed * 0x9E3779B1 + index) % 2**63)
+        seq = Sequence(next(self._ids), request.request_id, index, list(request.prompt_token_ids),
+                       len(request.prompt_token_ids), params, generator)
+        seq.detokenizer = self._detokenizer(request)
+        seq.logprobs = [] if params.logprobs is not None else None
+        return seq
+
+    def _detokenizer(self, request: Request):
+        from graphllm.runtime.detokenizer import IncrementalDetokenizer
+        if self.tokenizer is None:
+            return None
+        p = request.params
+        return IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids,
+                                      skip_special_tokens=p.skip_special_tokens, stop=p.stop or (),
+                                      include_stop_str_in_output=p.include_stop_str_in_output)
+
     # -- the loop ---------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
@@ -113,8 +157,7 @@ class Engine:
         Under async scheduling the tokens a call reports are those of the step before: each
         call launches one step and reads back the previous one.
         """
-        with self._lock:
-            return self.step_loop.step()
+        return self.step_loop.step()  # under the step loop's lock
 
     # -- entry points -----------------------------------------------------------------------
 

@@ -10,7 +10,8 @@ from typing import Callable
 
 import torch
 
-from graphllm.backends import AttentionBackend, TorchBackend, use_backend
+from graphllm.backends import AttentionBackend, TorchBackend
+from graphllm.ops.attention import use_backend
 from graphllm.runtime.cudagraphs import CUDAGraphRunner
 from graphllm.runtime.inputs import advance, fill_pending, pending_inputs, prepare_step
 from graphllm.runtime.scheduler import ScheduledSeq

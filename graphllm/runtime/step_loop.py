@@ -8,6 +8,7 @@ One call of `step` is one engine step, in one of three forms:
   that the host's work for one step overlaps the device's work for the other.
 """
 
+import threading
 from typing import NamedTuple
 
 import torch
@@ -42,6 +43,8 @@ class StepLoop:
         self.async_scheduling: bool = (config.async_scheduling and config.num_decode_steps == 1
                                        and not runner.backend.plans_on_host)
         self._in_flight: InFlight | None = None  # the step whose tokens are still on the device
+        # held by a step and by whoever adds or aborts requests: steps may run in a worker thread
+        self.lock = threading.Lock()
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model once, sample, and report every request that advanced.
@@ -49,6 +52,10 @@ class StepLoop:
         Under async scheduling (`_step_async`) the tokens a call reports are those of the step
         before: each call launches one step and reads back the previous one.
         """
+        with self.lock:
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         if self.async_scheduling:
             return self._step_async()
         batch = self.scheduler.schedule()

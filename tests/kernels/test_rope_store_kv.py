@@ -11,7 +11,8 @@ pytest.importorskip("triton")
 from graphllm.kernels.rope_store_kv import rope_store_kv, rope_store_kv_reference  # noqa: E402
 from graphllm.models.layers import RotaryEmbedding  # noqa: E402
 from graphllm.models.config import RopeConfig  # noqa: E402
-from graphllm.backends import TorchBackend, use_backend  # noqa: E402
+from graphllm.backends import TorchBackend  # noqa: E402
+from graphllm.ops.attention import use_backend  # noqa: E402
 from graphllm.backends.triton_backend import TritonBackend  # noqa: E402
 from graphllm.kernels.kv_quant import KVScales  # noqa: E402
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, ON_GPU, assert_close, make_paged_kv, randn  # noqa: E402

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import graphllm.ops.attention  # noqa: F401  (registers torch.ops.graphllm.attention)
-from graphllm.backends import (AttentionShape, TorchBackend, active_backend, flashinfer_supports, select_backend,
-                               use_backend)
+from graphllm.backends import AttentionShape, TorchBackend, flashinfer_supports, select_backend
+from graphllm.ops.attention import active_backend, use_backend
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import torch
 
-from graphllm.backends import TorchBackend, use_backend
+from graphllm.backends import TorchBackend
+from graphllm.ops.attention import use_backend
 from graphllm.ir import StepGraph, capture, op_counts
 from graphllm.models import load_model
 from tests.tiny_models import make_hf_model, save_model_folder

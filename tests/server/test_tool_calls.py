@@ -10,7 +10,7 @@ import json
 import openai
 import pytest
 
-from graphllm.server.chat_inputs import tool_mode
+from graphllm.server.serving_chat import tool_mode
 from graphllm.server.protocol import ChatCompletionRequest
 from tests.server.conftest import MODEL
 

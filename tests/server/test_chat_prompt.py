@@ -2,7 +2,7 @@
 
 import pytest
 
-from graphllm.server.chat_inputs import render_prompt
+from graphllm.server.serving_chat import render_prompt
 from graphllm.server.errors import OpenAIError
 from graphllm.server.protocol import ChatMessage
 
