@@ -36,9 +36,13 @@ COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
 
 
 # Modules whose code shapes the compiled step besides the passes (which hash themselves).
+# The references are traced into the graph (the decompositions of the norm / SwiGLU ops, the models'
+# rotary), and this file and artifact.py decide what an artifact holds.
 COMPILER_MODULES = ("graphllm.ir.capture", "graphllm.ir.graph", "graphllm.compiler.lower",
                     "graphllm.compiler.inductor_lowering", "graphllm.compiler.decompositions",
+                    "graphllm.compiler.pipeline", "graphllm.compiler.artifact",
                     "graphllm.ops.attention", "graphllm.ops.linear", "graphllm.ops.rms_norm", "graphllm.ops.silu_and_mul",
+                    "graphllm.kernels.reference", "graphllm.kernels.rotary",
                     "graphllm.models.llama", "graphllm.models.layers")
 
 
@@ -94,7 +98,8 @@ def save_weights(weights: dict[str, torch.Tensor], path: Path) -> dict[str, str]
     """Store each distinct tensor once; returns alias -> stored name for tied weights."""
     stored, aliases, by_ptr = {}, {}, {}
     for name, tensor in weights.items():
-        key = (tensor.data_ptr(), tuple(tensor.shape))
+        # the same view of the same memory: a transposed square weight or another dtype is not the same tensor
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.stride(), tensor.dtype)
         if key in by_ptr:
             aliases[name] = by_ptr[key]
         else:

@@ -75,19 +75,23 @@ class RequestTimer:
         self.metrics = metrics
         self.arrival = self.last = time.perf_counter()
         self.num_tokens = 0
+        self.per_sequence: list[int] = []  # output tokens of each sequence so far
 
     def on_output(self, out: RequestOutput) -> None:
-        num_tokens = sum(len(c.token_ids) for c in out.outputs)
+        counts = [len(c.token_ids) for c in out.outputs]
+        num_tokens = sum(counts)
         new = num_tokens - self.num_tokens
         if new <= 0:
             return
         now = time.perf_counter()
         if self.num_tokens == 0:
             self.metrics.ttft.observe(now - self.arrival)
-        else:
-            self.metrics.itl.observe((now - self.last) / new * len(out.outputs))  # per sequence
+        else:  # per sequence: only those that advanced (a finished sibling adds no tokens)
+            advanced = sum(c > (self.per_sequence[i] if i < len(self.per_sequence) else 0)
+                           for i, c in enumerate(counts))
+            self.metrics.itl.observe((now - self.last) / new * advanced)
         self.metrics.generation_tokens.inc(new)
-        self.num_tokens, self.last = num_tokens, now
+        self.num_tokens, self.last, self.per_sequence = num_tokens, now, counts
 
     def finish(self, last: RequestOutput | None, num_prompt_tokens: int, n: int) -> None:
         """Count the request; sequences that never reported a finish reason were aborted."""

@@ -88,8 +88,6 @@ def test_tied_weights_are_stored_once_and_come_back_as_aliases(tmp_path):
         assert torch.equal(loaded[name], tensor), name
 
 
-@pytest.mark.xfail(strict=True, reason="save_weights keys tied tensors by (data_ptr, shape): a transposed view "
-                                       "of a square weight is taken for the weight itself")
 def test_a_transposed_view_of_a_square_weight_is_not_an_alias(tmp_path):
     w = torch.randn(4, 4)
     aliases = save_weights({"w": w, "w_t": w.t()}, tmp_path / WEIGHTS)
@@ -207,3 +205,20 @@ def test_a_failing_compile_leaves_the_previous_artifact_in_place(model_copy, fre
         compile_model(model_copy, out, SMALL, device="cpu", show_progress=False)
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
     assert not (tmp_path / "art.partial").exists()
+
+
+def test_every_module_the_graph_is_traced_from_is_in_the_cache_key():
+    """Editing a file whose code the captured graph comes from must change the key: every graphllm
+    file named in a node's stack trace is one of the hashed COMPILER_MODULES."""
+    import re
+
+    from graphllm.compiler.pipeline import COMPILER_MODULES
+    from tests.passes.harness import tiny_step_graph
+    graph, _ = tiny_step_graph("qwen3")
+    traced = set()
+    for node in graph.graph.nodes:
+        for path in re.findall(r'File "([^"]+)"', node.meta.get("stack_trace") or ""):
+            if "/graphllm/" in path and "/tests/" not in path:
+                traced.add("graphllm." + path.rsplit("/graphllm/", 1)[1].removesuffix(".py").replace("/", "."))
+    assert {"graphllm.models.llama", "graphllm.models.layers"} <= traced  # the walk finds the sources
+    assert traced <= set(COMPILER_MODULES)
