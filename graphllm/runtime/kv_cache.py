@@ -68,6 +68,6 @@ def kv_bytes_per_block(config: ModelConfig, block_size: int, kv_cache_dtype: tor
 def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, kv_cache_dtype: torch.dtype,
                        device: torch.device) -> list[torch.Tensor]:
     """One [2, num_blocks, block_size, Hkv, D] tensor per layer (the step's kv_caches input), of
-    kv_cache_dtype: the model's dtype, or float8_e4m3fn (graphllm/ops/kv_quant.py)."""
+    kv_cache_dtype: the model's dtype, or float8_e4m3fn (graphllm/kernels/kv_quant.py)."""
     shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
     return [torch.zeros(shape, dtype=kv_cache_dtype, device=device) for _ in range(config.num_hidden_layers)]

@@ -2,7 +2,7 @@
 
 The attention backends then rotate q and k inside their KV-cache write: one Triton launch
 (graphllm/kernels/rope_store_kv.py) instead of Inductor's two rotary kernels and store_kv. Before
-and after, for one layer (apply_rotary of graphllm/ops/rotary.py, as captured):
+and after, for one layer (apply_rotary of graphllm/kernels/rotary.py, as captured):
 
     c = aten.unsqueeze.default(cos, 1)                   # cos, sin: [T, D], computed once per step
     a = aten.mul.Tensor(xq, c)
