@@ -6,10 +6,12 @@
 """
 
 import argparse
+import sys
 
 from graphllm.cli.args import add_engine_args, engine_config
 from graphllm.cli.environment import Environment
-from graphllm.server.config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from graphllm.server.config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_N, DEFAULT_MAX_QUEUED_REQUESTS,
+                                    DEFAULT_SHUTDOWN_TIMEOUT, ServerConfig)
 
 DEMO_MODEL_NAME = "graphllm-demo"
 DEMO_TOOL_CALL_PARSER = "hermes"  # the format the demo model's chat template teaches
@@ -35,7 +37,13 @@ def add_serve_parser(subparsers, env: Environment = Environment()) -> argparse.A
     parser.add_argument("--reasoning-parser", metavar="{deepseek_r1,qwen3}",
                         help="split <think> reasoning into reasoning_content")
     parser.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
-                        help="larger request bodies get a 413")
+                        help="larger request bodies get a 413, before they are parsed")
+    parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N, help="largest n (and best_of) of a request")
+    parser.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS,
+                        help="requests waiting to be scheduled; beyond this new ones get 503 + Retry-After")
+    parser.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT,
+                        help="seconds running streams get to finish after SIGTERM / SIGINT (new requests: 503)")
+    parser.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=cmd_serve)
     return parser
@@ -46,18 +54,60 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     names = args.served_model_name or [DEMO_MODEL_NAME if serves_demo else args.model or args.artifact]
     tool_call_parser = args.tool_call_parser or (DEMO_TOOL_CALL_PARSER if serves_demo else None)
     return ServerConfig(served_model_names=tuple(names), api_key=args.api_key, tool_call_parser=tool_call_parser,
-                        reasoning_parser=args.reasoning_parser, max_body_bytes=args.max_request_bytes)
+                        reasoning_parser=args.reasoning_parser, max_body_bytes=args.max_request_bytes,
+                        max_n=args.max_n, max_queued_requests=args.max_queued_requests,
+                        metrics_public=args.metrics_public,
+                        model_root=args.model or args.artifact or (DEMO_MODEL_NAME if serves_demo else None))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from graphllm.runtime.engine import Engine
     from graphllm.server.app import build_app
     config = server_config(args)  # before loading the model: flag mistakes fail fast
     engine = Engine(engine_config(args))
     app = build_app(engine, config)
     print(f"graphllm: serving {config.model_name} at http://{args.host}:{args.port}/v1", flush=True)
-    # on shutdown, streams still running get 5 s, then are cancelled (which aborts their requests)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return serve_app(app, engine, args.host, args.port, args.shutdown_timeout, args.log_level)
+
+
+def serve_app(app, engine, host: str, port: int, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+              log_level: str = "info") -> int:
+    """Run uvicorn until SIGTERM / SIGINT (exit code 0) or until the engine fails (1)."""
+    import uvicorn
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=shutdown_timeout)
+    server = _server_class()(config, app.state.graphllm, engine)
+    server.run()
+    try:
+        engine.check_health()
+    except Exception as e:  # the step loop died: say so, and exit non-zero
+        print(f"graphllm: error: {e}", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def _server_class():
+    """uvicorn.Server that drains on a signal and stops when the engine fails (uvicorn imported lazily)."""
+    import uvicorn
+
+    class GraphllmServer(uvicorn.Server):
+        def __init__(self, config, state, engine):
+            super().__init__(config)
+            self.state, self.engine = state, engine
+
+        def handle_exit(self, sig, frame) -> None:
+            self.state.draining = True  # new requests: 503; running streams get shutdown_timeout
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises the signals it caught once it has shut down (the process would die of
+            # SIGTERM); a drained shutdown is a clean exit, code 0
+            getattr(self, "_captured_signals", []).clear()
+
+        async def on_tick(self, counter: int) -> bool:
+            if counter % 5 == 0 and not self.should_exit:  # every 0.5 s
+                try:
+                    self.engine.check_health()
+                except Exception:
+                    self.state.draining, self.should_exit = True, True
+            return await super().on_tick(counter)
+
+    return GraphllmServer

@@ -15,6 +15,10 @@ from graphllm.runtime.sampling_params import SamplingParams
 Prompt = str | list[int]
 
 
+class EngineDeadError(RuntimeError):
+    """The engine's step loop failed: the request in hand cannot finish, and no new one is taken."""
+
+
 class EngineLimits(NamedTuple):
     """What a request must fit; fixed once the engine is built."""
 
@@ -59,3 +63,6 @@ class EngineClient(Protocol):
 
     def stats(self) -> EngineStats:
         """Running and waiting requests and free KV blocks now; safe to call while a step runs."""
+
+    def check_health(self) -> None:
+        """Raise EngineDeadError once a step has failed (the step loop stopped); return otherwise."""

@@ -201,6 +201,7 @@ class Engine:
 
         Leaving the loop early (break, cancellation, client disconnect) aborts the request.
         """
+        self.check_health()  # a dead engine takes no new request
         request_id = self.add_request(prompt, params, request_id)
         queue = self._streams.open(request_id)
         try:
@@ -221,6 +222,11 @@ class Engine:
     def model_path(self) -> Path:
         """The model folder or compiled artifact this engine runs."""
         return self.state.model_path
+
+    def check_health(self) -> None:
+        """Raise EngineDeadError once a step of the stream driver has failed."""
+        if self._streams.failure is not None:
+            raise self._streams.failure
 
     def stats(self) -> EngineStats:
         """Running and waiting requests and free KV blocks; read without the lock (a step may run)."""

@@ -9,6 +9,7 @@ every open queue, for each stream to raise.
 import asyncio
 from collections.abc import Callable
 
+from graphllm.runtime.client import EngineDeadError
 from graphllm.runtime.outputs import RequestOutput
 
 
@@ -17,9 +18,12 @@ class StreamDriver:
         self.step, self.has_work = step, has_work
         self.queues: dict[str, asyncio.Queue] = {}
         self._task: asyncio.Task | None = None
+        self.failure: EngineDeadError | None = None  # set when a step raised: the driver stopped for good
 
     def open(self, request_id: str) -> asyncio.Queue:
         """The queue where request_id's outputs (or the engine's exception) will arrive."""
+        if self.failure is not None:
+            raise self.failure
         queue = self.queues[request_id] = asyncio.Queue()
         self._ensure_task()
         return queue
@@ -40,7 +44,9 @@ class StreamDriver:
                     if out.request_id in self.queues:
                         self.queues[out.request_id].put_nowait(out)
                 await asyncio.sleep(0)
-        except Exception as e:  # surface engine failures in every waiting stream
+        except Exception as e:  # the engine is dead: every waiting stream gets the error, new ones too
+            self.failure = EngineDeadError(f"the engine failed: {type(e).__name__}: {e}")
+            self.failure.__cause__ = e
             for queue in self.queues.values():
-                queue.put_nowait(e)
+                queue.put_nowait(self.failure)
             raise

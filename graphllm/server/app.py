@@ -6,11 +6,12 @@
 Every request of every client goes through the same `engine.stream`, so concurrent requests
 share one continuous batch. The app sees the engine only through EngineClient.
 
-Its ASGI middleware, outermost first: HTTP request counts by status, request body size (413),
-API key (401). Plain ASGI rather than Starlette's BaseHTTPMiddleware, which would hide
+Its ASGI middleware, outermost first: HTTP request counts by status, draining (503 once shutdown
+began), request body size (413), API key (401: every route but /health, and /metrics when public). Plain ASGI rather than Starlette's BaseHTTPMiddleware, which would hide
 `http.disconnect` from the streaming responses below it.
 """
 
+import asyncio
 import secrets
 import time
 from dataclasses import dataclass
@@ -20,8 +21,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from graphllm.runtime.client import EngineClient
-from graphllm.server.serving_chat import render_prompt, tool_dict
+from graphllm.runtime.client import EngineClient, EngineDeadError
+from graphllm.server.serving_chat import message_bytes, render_prompt, tool_dict
 from graphllm.server.config import ServerConfig
 from graphllm.server.errors import OpenAIError, bad_request, error_response, install_error_handlers
 from graphllm.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -41,6 +42,7 @@ class AppState:
     chat: ServingChat
     completions: ServingCompletions
     created: int
+    draining: bool = False  # SIGTERM / SIGINT seen (cli/serve.py): new requests get a 503
 
 
 def state(request: Request) -> AppState:
@@ -55,8 +57,10 @@ def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
     app.include_router(router)
     install_error_handlers(app)
     if config.api_key is not None:
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+        open_paths = ("/health", "/metrics") if config.metrics_public else ("/health",)
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, open_paths=open_paths)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(DrainMiddleware, state=app.state.graphllm)
     app.add_middleware(HTTPMetricsMiddleware, metrics=metrics)  # outermost: sees 401 and 413 too
     return app
 
@@ -89,7 +93,7 @@ async def retrieve_model(name: str, raw: Request):
 
 def model_card(s: AppState, name: str) -> dict:
     return {"id": name, "object": "model", "created": s.created, "owned_by": "graphllm",
-            "root": str(s.engine.model_path), "max_model_len": s.engine.limits.max_model_len}
+            "root": s.config.model_root or name, "max_model_len": s.engine.limits.max_model_len}
 
 
 # -- vLLM's extras -----------------------------------------------------------------------------
@@ -102,10 +106,13 @@ async def tokenize(body: TokenizeRequest, raw: Request):
         raise bad_request("give exactly one of prompt and messages")
     if s.engine.tokenizer is None:
         raise bad_request("this model has no tokenizer")
-    if body.messages is not None:
-        ids = render_prompt(s.engine.tokenizer, body.messages, [tool_dict(t) for t in body.tools or []])
+    tokenizer = s.engine.tokenizer
+    text = body.prompt.encode() if body.prompt is not None else b""
+    s.chat.check_text_length(len(text) or sum(message_bytes(m) for m in body.messages), "prompt")
+    if body.messages is not None:  # templating and tokenizing run off the event loop
+        ids = await asyncio.to_thread(render_prompt, tokenizer, body.messages, [tool_dict(t) for t in body.tools or []])
     else:
-        ids = list(s.engine.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens))
+        ids = list(await asyncio.to_thread(tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens))
     return {"count": len(ids), "max_model_len": s.engine.limits.max_model_len, "tokens": ids}
 
 
@@ -118,11 +125,16 @@ async def detokenize(body: DetokenizeRequest, raw: Request):
     vocab = s.engine.limits.vocab_size
     if not all(0 <= t < vocab for t in body.tokens):
         raise bad_request(f"tokens must lie in [0, {vocab})", "tokens")
-    return {"prompt": s.engine.tokenizer.decode(body.tokens)}
+    return {"prompt": await asyncio.to_thread(s.engine.tokenizer.decode, body.tokens)}
 
 
 @router.get("/health")
-async def health():
+async def health(raw: Request):
+    """200 while the engine can serve; 503 once its step loop failed (the server then exits non-zero)."""
+    try:
+        state(raw).engine.check_health()
+    except EngineDeadError as e:
+        raise OpenAIError(503, str(e), code="engine_dead") from e
     return Response(status_code=200)
 
 
@@ -143,21 +155,39 @@ ENDPOINTS = frozenset({"/v1/models", "/v1/completions", "/v1/chat/completions", 
 
 
 class APIKeyMiddleware:
-    """`Authorization: Bearer <key>` on /v1 routes (vLLM's rule: /health, /metrics etc. stay open)."""
+    """`Authorization: Bearer <key>` on every route but `open_paths`; the scheme is matched
+    case-insensitively (RFC 7235) and the key compared in constant time."""
 
-    def __init__(self, app: ASGIApp, api_key: str):
-        self.app, self.expected = app, f"Bearer {api_key}".encode()
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: tuple[str, ...] = ("/health",)):
+        self.app, self.expected, self.open_paths = app, api_key.encode(), open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1") and scope["method"] != "OPTIONS":
-            given = dict(scope["headers"]).get(b"authorization")
-            if given is None:
-                error = OpenAIError(401, "You didn't provide an API key: send it in an Authorization header "
-                                         "(Authorization: Bearer YOUR_KEY).", code="invalid_api_key")
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in self.open_paths:
+            error = self.refusal(dict(scope["headers"]).get(b"authorization"))
+            if error is not None:
                 return await error_response(error)(scope, receive, send)
-            if not secrets.compare_digest(given, self.expected):
-                error = OpenAIError(401, "Incorrect API key provided.", code="invalid_api_key")
-                return await error_response(error)(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def refusal(self, given: bytes | None) -> OpenAIError | None:
+        if given is None:
+            return OpenAIError(401, "You didn't provide an API key: send it in an Authorization header "
+                                    "(Authorization: Bearer YOUR_KEY).", code="invalid_api_key")
+        scheme, _, token = given.strip().partition(b" ")
+        if scheme.lower() != b"bearer" or not secrets.compare_digest(token.strip(), self.expected):
+            return OpenAIError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return None
+
+
+class DrainMiddleware:
+    """Once shutdown began (AppState.draining), new requests get a 503 while running streams finish."""
+
+    def __init__(self, app: ASGIApp, state: AppState):
+        self.app, self.state = app, state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.state.draining and scope["path"] != "/metrics":
+            error = OpenAIError(503, "the server is shutting down", code="shutting_down", headers={"Retry-After": "5"})
+            return await error_response(error)(scope, receive, send)
         await self.app(scope, receive, send)
 
 

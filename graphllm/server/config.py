@@ -3,6 +3,9 @@
 from dataclasses import dataclass
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+DEFAULT_MAX_N = 128  # choices of one request (n, best_of)
+DEFAULT_MAX_QUEUED_REQUESTS = 1024  # engine requests waiting to be scheduled before new ones get a 503
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0  # seconds running streams get to finish after SIGTERM / SIGINT
 
 
 @dataclass(frozen=True)
@@ -13,12 +16,20 @@ class ServerConfig:
     reasoning_parser: str | None = None  # a REASONING_PARSERS key; None: no reasoning_content
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get a 413
     max_logprobs: int = 20  # largest logprobs / top_logprobs a request may ask for
+    max_n: int = DEFAULT_MAX_N  # largest n (and best_of) a request may ask for
+    max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS  # waiting engine requests; beyond: 503 + Retry-After
+    max_prompts: int = 256  # prompts of one /v1/completions batch
+    max_stop: int = 64  # entries of stop and of stop_token_ids
+    max_tools: int = 128  # tools of one chat request
+    metrics_public: bool = False  # /metrics open without the API key
+    model_root: str | None = None  # what /v1/models shows as `root` (the --model / --artifact given)
 
     def __post_init__(self):
         if not self.served_model_names or not all(self.served_model_names):
             raise ValueError("served_model_names must hold at least one non-empty name")
-        if self.max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
+        for name in ("max_body_bytes", "max_n", "max_queued_requests", "max_prompts", "max_stop", "max_tools"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.tool_call_parser is not None:
             from graphllm.server.tool_parsers import TOOL_PARSERS
             _check_choice("tool_call_parser", self.tool_call_parser, TOOL_PARSERS)

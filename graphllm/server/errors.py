@@ -22,9 +22,11 @@ UNION_TAGS = frozenset({"str", "int", "float", "bool", "none"})
 class OpenAIError(Exception):
     """An error to answer with; raise it anywhere below a route."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers  # e.g. Retry-After on a 503
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -41,7 +43,8 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 
 
 def error_response(error: OpenAIError) -> JSONResponse:
-    return JSONResponse(error_body(error.status, error.message, error.param, error.code), status_code=error.status)
+    return JSONResponse(error_body(error.status, error.message, error.param, error.code), status_code=error.status,
+                        headers=error.headers)
 
 
 def validation_error(exc: RequestValidationError) -> OpenAIError:

@@ -18,7 +18,8 @@ def random_id(prefix: str) -> str:
 
 
 class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # NaN and +-inf (JSON's NaN, Infinity, or 1e999) are refused in every float field
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
 
 # -- requests ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ structured output (we cannot force the model's tokens yet):
 Tools other than "none" need the server started with --tool-call-parser (400 otherwise), as in vLLM.
 """
 
+import asyncio
 import json
 import logging
 import time
@@ -90,6 +91,9 @@ def message_dict(i: int, m: ChatMessage) -> dict:
     """The message as chat templates expect it: text content, tool-call arguments as objects."""
     if m.content is None and m.role in NEEDS_CONTENT:
         raise bad_request(f"messages.{i}.content is required for role {m.role!r}", f"messages.{i}.content")
+    if m.role == "tool" and not m.tool_call_id:
+        raise bad_request(f"messages.{i}.tool_call_id is required for role 'tool' (the id of the call it answers)",
+                          f"messages.{i}.tool_call_id")
     out = {"role": "system" if m.role == "developer" else m.role, "content": content_text(i, m.content)}
     if m.name is not None:
         out["name"] = m.name
@@ -100,6 +104,15 @@ def message_dict(i: int, m: ChatMessage) -> dict:
                               "function": {"name": c.function.name, "arguments": arguments(c.function.arguments)}}
                              for c in m.tool_calls]
     return out
+
+
+def message_bytes(m: ChatMessage) -> int:
+    """UTF-8 bytes of a message's text (content, or its parts' text)."""
+    if m.content is None:
+        return 0
+    if isinstance(m.content, str):
+        return len(m.content.encode())
+    return sum(len((part.text or "").encode()) for part in m.content)
 
 
 def content_text(i: int, content) -> str | None:
@@ -162,12 +175,18 @@ class ServingChat(OpenAIServing):
         if req.top_logprobs is not None and not req.logprobs:
             raise bad_request("top_logprobs needs logprobs=true", "top_logprobs")
         self.check_logprobs(req.top_logprobs, "top_logprobs")
+        if req.tools and len(req.tools) > self.config.max_tools:
+            raise bad_request(f"tools may hold at most {self.config.max_tools} tools, got {len(req.tools)}", "tools")
         mode = tool_mode(req, self.config.tool_call_parser)
-        prompt_ids = render_prompt(self.engine.tokenizer, req.messages, mode.tools, req.chat_template_kwargs)
+        if self.engine.tokenizer is not None:
+            self.check_text_length(sum(message_bytes(m) for m in req.messages), "messages")
+        prompt_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, req.messages, mode.tools,
+                                             req.chat_template_kwargs)  # templating and tokenizing: off the loop
         asked, param = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens
                         is not None else (req.max_tokens, "max_tokens"))
         max_tokens = self.resolve_max_tokens(len(prompt_ids), asked, "messages", param)
         params = self.sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
+        self.check_capacity(1)
         request_id = random_id("chatcmpl")
         if req.stream:
             return EventStreamResponse(self.stream(req, mode, prompt_ids, params, request_id))

@@ -4,6 +4,7 @@ A request with p prompts and n completions each has p * n choices; choice i * n 
 completion of prompt i (vLLM's numbering).
 """
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -43,9 +44,10 @@ class ServingCompletions(OpenAIServing):
             raise bad_request("suffix is not supported", "suffix")
         if req.echo and req.logprobs is not None:
             raise bad_request("echo with logprobs needs prompt logprobs, which are not supported yet", "echo")
-        prompts = self.parse_prompts(req.prompt)
+        prompts = await asyncio.to_thread(self.parse_prompts, req.prompt)  # tokenizing: off the event loop
         params = [self.sampling_params(req, self.resolve_max_tokens(len(ids), req.max_tokens, "prompt"),
                                        req.logprobs) for _, ids in prompts]
+        self.check_capacity(len(prompts))
         request_id, ids = random_id("cmpl"), [ids for _, ids in prompts]
         if req.stream:
             return EventStreamResponse(self.stream(req, prompts, params, request_id))
@@ -62,6 +64,9 @@ class ServingCompletions(OpenAIServing):
             prompt = [prompt]
         if not prompt:
             raise bad_request("prompt must not be empty", "prompt")
+        if len(prompt) > self.config.max_prompts:
+            raise bad_request(f"prompt may hold at most {self.config.max_prompts} prompts, got {len(prompt)}",
+                              "prompt")
         return [self.parse_prompt(p) for p in prompt]
 
     def parse_prompt(self, prompt: str | list[int]) -> Prompt:
@@ -70,6 +75,7 @@ class ServingCompletions(OpenAIServing):
             return None, list(prompt)
         if self.engine.tokenizer is None:
             raise bad_request("this model has no tokenizer: send prompts as token ids", "prompt")
+        self.check_text_length(len(prompt.encode()), "prompt")
         ids = list(self.engine.tokenizer.encode(prompt))
         if not ids:
             raise bad_request("prompt must not be empty", "prompt")

@@ -4,6 +4,7 @@ Every request is checked completely before the engine sees it (model name, unsup
 prompt and output length, sampling values), so a stream never has to fail after its 200.
 """
 
+import functools
 import json
 import logging
 import math
@@ -12,6 +13,7 @@ from contextlib import aclosing
 from pathlib import Path
 
 from graphllm.runtime.client import EngineClient
+from graphllm.runtime.client import EngineDeadError
 from graphllm.runtime.outputs import CompletionOutput, RequestOutput
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.server.config import ServerConfig
@@ -33,6 +35,14 @@ def generation_defaults(model_path: Path) -> dict:
         return {}
     saved = json.loads(path.read_text())
     return {k: saved[k] for k in GENERATION_DEFAULTS if saved.get(k) is not None}
+
+
+@functools.cache
+def max_token_bytes(tokenizer) -> int:
+    """A safe upper bound on the UTF-8 bytes of text one token can stand for: the longest token string
+    of the vocabulary (special tokens included) times 4, for normalizers that shrink text."""
+    longest = max((len(t.encode()) for t in tokenizer.get_vocab()), default=1)
+    return 4 * max(longest, 1)
 
 
 def num_visible_tokens(c: CompletionOutput) -> int:
@@ -58,8 +68,38 @@ class OpenAIServing:
         if name and name not in self.config.served_model_names:
             raise OpenAIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
 
+    def check_sizes(self, req: SamplingRequest) -> None:
+        """Bound every field that sizes an allocation, before anything is allocated."""
+        limit = self.config.max_n
+        for name in ("n", "best_of"):
+            value = getattr(req, name)
+            if value is not None and not 1 <= value <= limit:
+                raise bad_request(f"{name} must be in [1, {limit}] (--max-n), got {value}", name)
+        stops = [req.stop] if isinstance(req.stop, str) else req.stop or []
+        for name, values in (("stop", stops), ("stop_token_ids", req.stop_token_ids or [])):
+            if len(values) > self.config.max_stop:
+                raise bad_request(f"{name} may hold at most {self.config.max_stop} entries, got {len(values)}", name)
+
+    def check_capacity(self, num_requests: int) -> None:
+        """503 + Retry-After when the engine's queue is full (--max-queued-requests): never unbounded memory."""
+        waiting = self.engine.stats().num_requests_waiting
+        if waiting + num_requests > self.config.max_queued_requests:
+            raise OpenAIError(503, f"the server is overloaded: {waiting} requests are waiting to be scheduled "
+                                   f"(at most {self.config.max_queued_requests}); retry later",
+                              code="server_overloaded", headers={"Retry-After": "1"})
+
+    def check_text_length(self, num_bytes: int, param: str) -> None:
+        """Refuse text that cannot fit max_model_len before tokenizing it (a 10 MB prompt would take seconds):
+        a token covers at most `max_token_bytes` bytes, so num_bytes / max_token_bytes tokens at least."""
+        least = num_bytes // max_token_bytes(self.engine.tokenizer)
+        if least >= self.max_model_len:
+            raise bad_request(f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                              f"{param} holds {num_bytes} bytes of text, at least {least} tokens.", param,
+                              "context_length_exceeded")
+
     def check_supported(self, req: SamplingRequest) -> None:
         """Refuse what we would otherwise silently ignore; unknown fields are only logged (as vLLM)."""
+        self.check_sizes(req)
         if req.model_extra:
             logger.warning("ignoring unknown request fields: %s", sorted(req.model_extra))
         if req.response_format is not None and req.response_format.type != "text":
@@ -129,6 +169,8 @@ class OpenAIServing:
                 async for last in stream:
                     timer.on_output(last)
                     yield last
+        except EngineDeadError as e:  # not the request's fault: a 500, and the server goes down (cli/serve.py)
+            raise OpenAIError(500, str(e), code="engine_dead") from e
         except ValueError as e:  # the engine refused the request
             raise bad_request(str(e)) from e
         finally:

@@ -70,3 +70,38 @@ def test_serve_command_answers_then_stops(model_dir):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_sigterm_drains_running_streams_then_exits_0(model_dir):  # noqa: F811  (model_dir: a fixture)
+    """SIGTERM: the stream already running finishes, new requests are refused, the process exits 0."""
+    import signal
+
+    import openai
+    port = free_port()
+    argv = [sys.executable, "-m", "graphllm.cli", "serve", "--eager", "--port", str(port), "--log-level", "warning",
+            "--shutdown-timeout", "20"] + (["--model", model_dir] if model_dir else [])
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 90
+        while not _healthy(base):
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
+        stream = client.completions.create(model="graphllm-demo", prompt=[1, 2, 3], max_tokens=200, stream=True,
+                                           extra_body={"ignore_eos": True})
+        chunks = [next(iter(stream))]
+        proc.send_signal(signal.SIGTERM)
+        chunks += list(stream)  # the running stream is not cut off
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(base + "/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False

@@ -27,7 +27,7 @@ def client_members() -> list[str]:
 
 
 def test_engine_implements_every_member(engine):
-    assert sorted(client_members()) == ["abort", "limits", "model_path", "stats", "stream", "tokenizer"]
+    assert sorted(client_members()) == ["abort", "check_health", "limits", "model_path", "stats", "stream", "tokenizer"]
     assert isinstance(engine, EngineClient)
     for name in client_members():
         assert hasattr(engine, name), name

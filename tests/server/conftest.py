@@ -44,8 +44,9 @@ class Running:
         return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=60,
                                   **kwargs)
 
-    def get(self, path: str) -> httpx.Response:
-        return httpx.get(self.base_url + path, timeout=30)
+    def get(self, path: str, auth: bool = True) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {API_KEY}"} if auth else {}
+        return httpx.get(self.base_url + path, timeout=30, headers=headers)
 
     def post(self, path: str, body, headers: dict | None = None, auth: bool = True,
              timeout: float = 60) -> httpx.Response:
@@ -101,8 +102,8 @@ def engine(model_dir):
 
 
 def start(request, engine, **options) -> Running:
-    config = ServerConfig(served_model_names=(MODEL, "alias"), api_key=API_KEY, max_body_bytes=MAX_BODY_BYTES,
-                          **options)
+    config = ServerConfig(**{"served_model_names": (MODEL, "alias"), "api_key": API_KEY,
+                              "max_body_bytes": MAX_BODY_BYTES, **options})
     base_url, server, thread = serve(build_app(engine, config))
 
     def stop():

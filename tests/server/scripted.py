@@ -58,6 +58,9 @@ class ScriptedEngine:
     def stats(self):
         return self.engine.stats()
 
+    def check_health(self) -> None:
+        self.engine.check_health()
+
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 

@@ -1,0 +1,109 @@
+"""Faults (issue 17): a full queue answers 503 + Retry-After; a draining server refuses new work;
+an engine whose step fails fails its requests in OpenAI's error shape, turns /health to 503 and
+stops the server with exit code 1, instead of hanging behind a healthy /health."""
+
+import threading
+import time
+
+import httpx2 as httpx
+import openai
+import pytest
+
+from graphllm.cli.serve import serve_app
+from graphllm.config import EngineConfig
+from graphllm.runtime.engine import Engine
+from graphllm.runtime.sampling_params import SamplingParams
+from graphllm.server.app import build_app
+from graphllm.server.config import ServerConfig
+from tests.server.conftest import API_KEY, MODEL, free_port, serve
+from tests.server.test_errors import check_shape
+
+COMPLETION = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2}
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture
+def fresh_engine(model_dir) -> Engine:
+    """An engine of its own (these tests break or fill it), one sequence at a time."""
+    return Engine(EngineConfig(model=model_dir, compile=False, max_num_seqs=1))
+
+
+def post(base: str, body: dict, **kwargs) -> httpx.Response:
+    return httpx.post(base + "/v1/completions", json=body, headers=AUTH, timeout=30, **kwargs)
+
+
+def test_full_queue_is_503_with_retry_after(fresh_engine):
+    app = build_app(fresh_engine, ServerConfig(served_model_names=(MODEL,), api_key=API_KEY, max_queued_requests=2))
+    base, server, thread = serve(app)
+    try:
+        waiting = [fresh_engine.add_request([1, 2, 3], SamplingParams(max_tokens=4)) for _ in range(2)]
+        assert fresh_engine.stats().num_requests_waiting == 2  # no step ran: both wait
+        response = post(base, COMPLETION)
+        check_shape(response, 503, code="server_overloaded")
+        assert response.headers["retry-after"] == "1"
+        for request_id in waiting:
+            fresh_engine.abort(request_id)
+        assert post(base, COMPLETION).status_code == 200  # room again
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_a_draining_server_refuses_new_requests(fresh_engine):
+    app = build_app(fresh_engine, ServerConfig(served_model_names=(MODEL,), api_key=API_KEY))
+    base, server, thread = serve(app)
+    try:
+        assert post(base, COMPLETION).status_code == 200
+        app.state.graphllm.draining = True  # what SIGTERM / SIGINT set (cli/serve.py)
+        response = post(base, COMPLETION)
+        check_shape(response, 503, code="shutting_down")
+        assert "retry-after" in response.headers
+        assert httpx.get(base + "/health", timeout=10).status_code == 503
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def break_after(engine: Engine, good_steps: int) -> None:
+    """Inject a fault: the step loop raises from its (good_steps + 1)-th step on."""
+    step, calls = engine.step_loop._step, [0]
+
+    def failing():
+        calls[0] += 1
+        if calls[0] > good_steps:
+            raise RuntimeError("injected step failure")
+        return step()
+
+    engine.step_loop._step = failing
+
+
+def test_a_failing_step_fails_requests_turns_health_503_and_exits_1(fresh_engine):
+    break_after(fresh_engine, good_steps=2)
+    app = build_app(fresh_engine, ServerConfig(served_model_names=(MODEL,), api_key=API_KEY))
+    port, result = free_port(), {}
+    thread = threading.Thread(target=lambda: result.update(code=serve_app(
+        app, fresh_engine, "127.0.0.1", port, shutdown_timeout=2, log_level="warning")))
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not _up(base):
+        assert time.monotonic() < deadline, "server did not come up"
+        time.sleep(0.05)
+    client = openai.OpenAI(base_url=base + "/v1", api_key=API_KEY, max_retries=0, timeout=30)
+    with pytest.raises(openai.APIError, match="the engine failed: RuntimeError: injected step failure"):
+        for _ in client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=50, stream=True):
+            pass  # two steps stream, then the error event arrives in OpenAI's shape
+    try:  # the engine is dead: new requests fail, /health is no longer 200 (503, or the server is gone)
+        check_shape(post(base, COMPLETION), 500, code="engine_dead")
+        assert httpx.get(base + "/health", timeout=5).status_code == 503
+    except httpx.TransportError:
+        pass
+    thread.join(timeout=30)
+    assert not thread.is_alive() and result["code"] == 1  # the process would exit 1
+
+
+def _up(base: str) -> bool:
+    try:
+        return httpx.get(base + "/health", timeout=1).status_code == 200
+    except httpx.TransportError:
+        return False

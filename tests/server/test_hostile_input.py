@@ -1,0 +1,74 @@
+"""Hostile input (issue 17): every field that sizes an allocation is bounded before anything is
+allocated, non-finite floats and incomplete tool messages are refused, a body too large for the
+context is refused before it is tokenized, and the server keeps answering /health meanwhile."""
+
+import threading
+import time
+
+import pytest
+
+from tests.server.conftest import MODEL, start
+from tests.server.test_errors import check_shape
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "What is 2 plus 3?"}], "max_tokens": 2}
+COMPLETION = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2}
+
+
+@pytest.fixture(autouse=True)
+def still_serving(server):
+    yield
+    assert server.get("/health", auth=False).status_code == 200
+    assert server.post("/v1/completions", COMPLETION).status_code == 200
+
+
+@pytest.mark.parametrize("field, value", [("n", 17592186044416), ("n", 129), ("n", 0), ("best_of", 10**9)])
+def test_sizes_past_the_limits_are_refused_before_any_allocation(server, field, value):
+    start = time.monotonic()
+    error = check_shape(server.post("/v1/completions", {**COMPLETION, field: value}), 400, field)
+    assert "--max-n" in error["message"] and time.monotonic() - start < 2  # refused, not allocated
+
+
+def test_list_fields_are_bounded(server):
+    check_shape(server.post("/v1/completions", {**COMPLETION, "stop": ["x"] * 65}), 400, "stop")
+    check_shape(server.post("/v1/completions", {**COMPLETION, "stop_token_ids": [1] * 65}), 400, "stop_token_ids")
+    check_shape(server.post("/v1/completions", {**COMPLETION, "prompt": [[1, 2]] * 257}), 400, "prompt")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    check_shape(server.post("/v1/chat/completions", {**CHAT, "tools": [tool] * 129}), 400, "tools")
+
+
+@pytest.mark.parametrize("raw", ['Infinity', '-Infinity', 'NaN', '1e999'])
+@pytest.mark.parametrize("field", ["temperature", "top_p", "presence_penalty", "min_p"])
+def test_non_finite_floats_are_refused(server, raw, field):
+    body = '{"model": "%s", "prompt": [1, 2, 3], "max_tokens": 2, "%s": %s}' % (MODEL, field, raw)
+    error = check_shape(server.post("/v1/completions", body.encode()), 400, field)
+    assert "finite" in error["message"]
+
+
+def test_tool_message_without_tool_call_id_is_refused(server):
+    messages = [{"role": "user", "content": "3 times 4?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "multiply", "arguments": "{}"}}]},
+                {"role": "tool", "content": "12"}]
+    check_shape(server.post("/v1/chat/completions", {**CHAT, "messages": messages}), 400, "messages.2.tool_call_id")
+
+
+def test_a_context_sized_body_is_refused_before_tokenizing_and_health_stays_up(request, engine):
+    """A body far past max_model_len (100 MB would not fit the body limit; the check is on bytes per
+    token) is a 400 at once, and /health answers within a second while it is parsed."""
+    big = start(request, engine, max_body_bytes=64 * 2**20)
+    text = "seven times eight " * (10 * 2**20 // 18)  # ~10 MB
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(r=big.post(
+        "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": text}]}, timeout=60)))
+    began = time.monotonic()
+    thread.start()
+    while thread.is_alive():
+        t = time.monotonic()
+        assert big.get("/health", auth=False).status_code == 200
+        assert time.monotonic() - t < 1.0
+        time.sleep(0.05)
+    thread.join()
+    check_shape(result["r"], 400, "messages", "context_length_exceeded")
+    assert time.monotonic() - began < 10
+    check_shape(big.post("/v1/completions", {**COMPLETION, "prompt": text}), 400, "prompt", "context_length_exceeded")
+    check_shape(big.post("/tokenize", {"model": MODEL, "prompt": text}), 400, "prompt", "context_length_exceeded")
