@@ -1,4 +1,5 @@
-"""`graphllm compile`: HF folder -> artifact, in timed phases with a progress bar.
+"""`graphllm compile`: HF folder -> artifact, in timed phases with a progress bar (on stderr, as is
+the timing summary: `graphllm generate` compiling on the fly prints only the answer on stdout).
 
     load -> capture -> passes -> lower -> write
 
@@ -12,6 +13,7 @@ import functools
 import hashlib
 import json
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -78,7 +80,7 @@ def cache_key(model_dir: Path, config: CompileConfig, device: torch.device) -> s
 class PhaseTimer:
     def __init__(self, show: bool):
         self.seconds: dict[str, float] = {}
-        self.bar = tqdm(total=len(PHASES), desc="compile", disable=not show, unit="phase")
+        self.bar = tqdm(total=len(PHASES), desc="compile", disable=not show, unit="phase", file=sys.stderr)
 
     @contextmanager
     def phase(self, name: str):
@@ -185,5 +187,5 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
     staging.rename(out)
     timer.bar.close()
     if show_progress:
-        print(timer.summary())
+        print(timer.summary(), file=sys.stderr)
     return manifest

@@ -1,6 +1,7 @@
 """`graphllm compile` and `graphllm inspect` as a user runs them."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -25,10 +26,24 @@ def cli_artifact(tiny_model_dir, tmp_path_factory):
 def test_compile_reports_phases(cli_artifact):
     out, result = cli_artifact
     for phase in ("load", "capture", "passes", "lower", "write", "total"):
-        assert phase in result.stdout
+        assert phase in result.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["compile"]["buckets"] == [1, 2, 4, 16] and manifest["compile"]["max_num_seqs"] == 16
     assert manifest["compile_command"].startswith("graphllm compile --model")
+
+
+def test_generate_that_compiles_prints_only_the_answer_on_stdout(tiny_model_dir, tmp_path):
+    """The compile on the fly reports its progress and phase timings on stderr: stdout is the answer."""
+    env = {**os.environ, "GRAPHLLM_CACHE_DIR": str(tmp_path / "cache")}  # empty: generate must compile
+    args = ["generate", "--model", str(tiny_model_dir("qwen3")[0]), "--dtype", "float32", "--max-num-seqs", "4",
+            "--max-num-batched-tokens", "64", "--prompt", "w3 w4 w5", "--raw", "--max-tokens", "3", "--ignore-eos",
+            "--json"]
+    result = subprocess.run([sys.executable, "-m", "graphllm.cli", *args], capture_output=True, text=True,
+                            timeout=600, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "phase timings:" in result.stderr  # it did compile
+    assert "phase timings" not in result.stdout
+    assert [len(json.loads(line)["token_ids"]) for line in result.stdout.splitlines()] == [3]
 
 
 def test_inspect_lists_passes_and_kernels_with_sources(cli_artifact):

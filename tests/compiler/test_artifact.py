@@ -1,8 +1,11 @@
 """Artifacts: relocatable, loaded in a fresh process without code generation, and refused with
 a clear message when damaged, incomplete or built for another environment."""
 
+import hashlib
 import json
+import os
 import shutil
+import stat
 import subprocess
 import sys
 import textwrap
@@ -10,6 +13,7 @@ import textwrap
 import pytest
 
 from graphllm import Engine, SamplingParams
+from graphllm.compiler import artifact as A
 from graphllm.compiler.artifact import ArtifactError
 from tests.conftest import TEST_CACHE_DIR
 
@@ -100,6 +104,94 @@ def test_manifest_records_passes_and_environment(artifact):
     assert manifest["environment"]["device_name"] == "cpu"
     assert {"step.pt2", "weights.safetensors", "graphs/before.txt", "graphs/after.txt"} <= set(manifest["files"])
     assert manifest["compile"]["buckets"] == [1, 2, 4, 8, 16, 32, 48, 64]
+
+
+def flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name", ["weights.safetensors", "step.pt2", "tokenizer.json", "graphs/after.py"])
+def test_a_changed_byte_in_any_file_is_refused_naming_it(artifact, name):
+    flip_a_byte(artifact / name)  # same size: only the sha256 can tell
+    with pytest.raises(ArtifactError, match=f"{name} is damaged or was changed .its sha256.*Recompile it with"):
+        Engine.load(artifact)
+
+
+def test_manifest_lists_every_file_written_with_its_size_and_sha256(compiled_dir):
+    art = compiled_dir("llama")
+    files = json.loads((art / "manifest.json").read_text())["files"]
+    on_disk = {p.relative_to(art).as_posix() for p in art.rglob("*") if p.is_file()} - {"manifest.json"}
+    assert set(files) == on_disk and {"weights.safetensors", "step.pt2", "tokenizer.json"} <= on_disk
+    for name, record in files.items():
+        data = (art / name).read_bytes()
+        assert record == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, name
+
+
+def test_a_truncated_file_gets_the_size_message_before_any_hashing(artifact, monkeypatch):
+    with open(artifact / "weights.safetensors", "r+b") as f:
+        f.truncate(100)
+    monkeypatch.setattr(A, "sha256_file", lambda path: pytest.fail(f"hashed {path}"))
+    with pytest.raises(ArtifactError, match="weights.safetensors is damaged or was changed .its size differs"):
+        Engine.load(artifact)
+
+
+@pytest.mark.parametrize("name", ["graphs/extra.py", "added_tokens.json"])
+def test_an_unlisted_file_is_refused_naming_it(artifact, name):
+    (artifact / name).write_text("{}")  # added_tokens.json: read by the tokenizer, though not code
+    with pytest.raises(ArtifactError, match=f"holds {name}, which its manifest does not list.*Recompile it with"):
+        Engine.load(artifact)
+
+
+def test_an_old_manifest_without_hashes_is_refused_with_a_recompile_message(artifact):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    manifest["schema_version"] = 1
+    del manifest["files"]["weights.safetensors"]["sha256"]  # schema 1 hashed files up to 256 MiB only
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="schema version 1, this graphllm reads 2.*Recompile it with: graphllm "
+                                            "compile --model"):
+        Engine.load(artifact)
+    manifest["schema_version"] = 2  # the current schema, but a record without its hash
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="manifest.json is damaged .its file list lacks sizes or sha256s"):
+        Engine.load(artifact)
+
+
+def test_a_manifest_naming_a_file_outside_the_artifact_is_refused(artifact):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    manifest["files"]["../outside"] = manifest["files"]["config.json"]
+    (artifact / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="names a file outside the artifact"):
+        Engine.load(artifact)
+
+
+def modes(art):
+    return {p.relative_to(art).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in [art, *art.rglob("*")]}
+
+
+def test_compiled_files_are_0644_and_directories_0755(compiled_dir):
+    """safetensors writes weights.safetensors 0600: unreadable to a server running as another user."""
+    art = compiled_dir("llama")
+    assert {name: mode for name, mode in modes(art).items()
+            if mode != (0o755 if (art / name).is_dir() else 0o644)} == {}
+
+
+def test_manifest_writing_sets_modes_whatever_the_umask(tmp_path):
+    art = tmp_path / "art"
+    (art / "graphs").mkdir(parents=True, mode=0o700)
+    (art / "graphs" / "a.txt").write_text("a")
+    (art / "weights.safetensors").write_bytes(b"w")
+    (art / "weights.safetensors").chmod(0o600)
+    (art / "step.pt2").write_bytes(b"s")
+    (art / "step.pt2").chmod(0o777)
+    old = os.umask(0o077)
+    try:
+        A.write_manifest(art, {})
+    finally:
+        os.umask(old)
+    assert modes(art) == {".": 0o755, "graphs": 0o755, "graphs/a.txt": 0o644, "weights.safetensors": 0o644,
+                          "step.pt2": 0o644, "manifest.json": 0o644}
 
 
 def test_compile_cache_is_reused(compiled_dir, tiny_model_dir, monkeypatch):

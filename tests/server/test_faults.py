@@ -107,3 +107,23 @@ def _up(base: str) -> bool:
         return httpx.get(base + "/health", timeout=1).status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_kv_exhaustion_preempts_and_queues_never_fails(model_dir):
+    """Four long prompts at once into a KV pool that holds one of them: each is preempted or queued
+    in turn, every request completes, and the pool ends empty."""
+    import concurrent.futures
+
+    engine = Engine(EngineConfig(model=model_dir, compile=False, max_num_seqs=4, max_model_len=128, num_kv_blocks=8))
+    base, server, thread = serve(build_app(engine, ServerConfig(served_model_names=(MODEL,), api_key=API_KEY)))
+    try:
+        prompts = [[(7 * i + j) % 50 + 3 for j in range(100)] for i in range(4)]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            responses = list(pool.map(lambda p: post(base, {**COMPLETION, "prompt": p, "max_tokens": 24,
+                                                             "ignore_eos": True}), prompts))
+        assert [r.status_code for r in responses] == [200] * 4
+        assert all(r.json()["usage"]["completion_tokens"] == 24 for r in responses)
+        assert engine.stats() == (0, 0, 8, 8)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
