@@ -5,9 +5,16 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from graphllm.cli.args import compile_config, engine_config, sampling_params
 from graphllm.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # not at run time: the runtime's sampler imports torch, which the CLI imports late
+    from graphllm.runtime.outputs import CompletionOutput
+    from graphllm.runtime.sampler import Logprob
+
+MIN_LOGPROB = -9999.0  # as the OpenAI server clamps -inf
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
@@ -19,12 +26,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.stream:
         return asyncio.run(stream_to_stdout(engine, prompt, params))
     for completion in engine.generate(prompt, params)[0].outputs:
-        if args.json:
-            print(json.dumps({"index": completion.index, "text": completion.text,
-                              "token_ids": completion.token_ids, "finish_reason": completion.finish_reason}))
-        else:
-            print(completion.text)
+        print(json.dumps(completion_json(completion, params)) if args.json else completion.text)
     return 0
+
+
+def completion_json(c: "CompletionOutput", params: SamplingParams) -> dict:
+    """One `generate --json` line. With --logprobs N it has per output token (EOS included) the
+    token's logprob and the N most likely tokens, like the entries of an OpenAI chat response's
+    `logprobs.content`, with token ids."""
+    line = {"index": c.index, "text": c.text, "token_ids": list(c.token_ids), "finish_reason": c.finish_reason}
+    if c.logprobs is not None:
+        line["logprobs"] = [token_logprobs(token_id, entry, params.logprobs)
+                            for token_id, entry in zip(c.token_ids, c.logprobs)]
+    return line
+
+
+def token_logprobs(token_id: int, entry: dict[int, "Logprob"], num_top: int) -> dict:
+    """The sampled token's logprob and top_logprobs, the num_top most likely (entry: the sampler's
+    sampled token plus its top-N)."""
+    ranked = sorted(entry.items(), key=lambda kv: kv[1].rank)[:num_top]
+    return dict(token_logprob(token_id, entry[token_id]), top_logprobs=[token_logprob(t, lp) for t, lp in ranked])
+
+
+def token_logprob(token_id: int, lp: "Logprob") -> dict:
+    return {"token": lp.decoded_token, "token_id": token_id, "logprob": max(lp.logprob, MIN_LOGPROB)}
 
 
 async def stream_to_stdout(engine, prompt, params: SamplingParams) -> int:

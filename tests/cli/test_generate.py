@@ -1,6 +1,7 @@
 """`graphllm generate` as a user runs it: a real subprocess."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -18,6 +19,25 @@ def test_generate_prints_one_json_line_per_completion(tiny_model_dir):
     lines = [json.loads(line) for line in result.stdout.splitlines()]
     assert [line["index"] for line in lines] == [0, 1]
     assert all(len(line["token_ids"]) == 5 and line["finish_reason"] == "length" for line in lines)
+
+
+def test_generate_json_carries_the_logprobs_it_was_asked_for(tiny_model_dir):
+    """--logprobs N --json once printed no logprobs: each line now has, per output token, its logprob
+    and the N most likely tokens, each with its decoded text."""
+    path, _ = tiny_model_dir("llama")
+    result = run_cli("generate", "--model", str(path), "--eager", "--prompt", "w3 w4 w5", "--raw", "--max-tokens", "4",
+                     "--ignore-eos", "--temperature", "0", "--logprobs", "3", "--json")
+    assert result.returncode == 0, result.stderr
+    line = json.loads(result.stdout)
+    assert [entry["token_id"] for entry in line["logprobs"]] == line["token_ids"]
+    for entry in line["logprobs"]:
+        top = entry["top_logprobs"]
+        assert len(top) == 3 and all(isinstance(alt["token"], str) for alt in [entry, *top])
+        assert [alt["logprob"] for alt in top] == sorted((alt["logprob"] for alt in top), reverse=True)
+        assert top[0] == {k: entry[k] for k in ("token", "token_id", "logprob")}  # greedy: the most likely
+        assert sum(math.exp(alt["logprob"]) for alt in top) <= 1 + 1e-5
+    plain = run_cli("generate", "--model", str(path), "--eager", "--prompt", "w3", "--raw", "--max-tokens", "2", "--json")
+    assert "logprobs" not in json.loads(plain.stdout)
 
 
 def test_bad_model_folder_is_a_message_not_a_traceback(tmp_path):
