@@ -74,25 +74,37 @@ KERNEL_CALL = re.compile(r"\b((?:cpp|triton)_\w+|aoti_torch_(?:cpu|cuda)_\w+|aot
 def kernel_table(wrapper_source: str) -> list[dict]:
     """The wrapper's kernel calls in order, grouped by Inductor's "Source Nodes" comments.
 
-    Inductor writes such a comment before the code of each buffer it computes, naming the
-    graph nodes and ATen ops fused into it; the block up to the next comment calls one or more
-    kernels: generated ones (cpp_fused_*, triton_*) and extern ops (aoti_torch_cpu_addmm_out,
-    custom ops through the proxy executor). Calls before the first comment form a block with
-    no nodes.
+    Inductor writes such a comment right before the call it describes, naming the graph nodes
+    and ATen ops of that call. On CPU only extern calls (aoti_torch_cpu_mm_out, custom ops
+    through the proxy executor) get one, and their nodes include those of the unrealized inputs
+    they consumed: the generated kernels (cpp_fused_*) called since the previous comment's call,
+    which have no comment of their own. So a group is those uncommented calls plus the call
+    after the comment: cpp_fused_silu_and_mul_3 goes with the down projection's comment, which
+    names silu_and_mul, not with the gate/up projection's before it. Calls after the last
+    commented call form a group with no nodes.
     """
     lines = wrapper_source.splitlines()
     body = next((i for i, line in enumerate(lines) if "::run_impl(" in line), 0)
-    marks = [(i, m) for i, line in enumerate(lines) if i > body and (m := SOURCE_NODES.search(line))]
-    blocks = [(body, None)] + marks
-    kernels = []
-    for (start, match), (end, _) in zip(blocks, blocks[1:] + [(len(lines), None)]):
-        calls = list(dict.fromkeys(KERNEL_CALL.findall("\n".join(lines[start + 1:end]))))
-        if not calls:
+    kernels, calls, comments = [], [], []
+    for line in lines[body + 1:]:
+        if match := SOURCE_NODES.search(line):
+            comments.append(match)  # describes the next call
             continue
-        split = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
-        kernels.append({"calls": calls, "nodes": split(match.group(1)) if match else [],
-                        "aten": split(match.group(2)) if match else []})
+        new = [c for c in KERNEL_CALL.findall(line) if c not in calls]
+        calls += new
+        if new and comments:
+            kernels.append(_kernel_group(calls, comments))
+            calls, comments = [], []
+    if calls:
+        kernels.append(_kernel_group(calls, []))
     return kernels
+
+
+def _kernel_group(calls: list[str], comments: list[re.Match]) -> dict:
+    split = lambda text: [part.strip() for part in text.split(",") if part.strip()]  # noqa: E731
+    nodes = [n for m in comments for n in split(m.group(1))]
+    aten = [op for m in comments for op in split(m.group(2))]
+    return {"calls": calls, "nodes": list(dict.fromkeys(nodes)), "aten": list(dict.fromkeys(aten))}
 
 
 def save_node_table(exported: torch.export.ExportedProgram, path: Path) -> None:
