@@ -22,6 +22,9 @@
 #   attn-tests the paged decode / prefill attention kernel tests;  rope-teacher  teacher with pytest --fuse-rope-attention
 #   ab-throughput-B / ab-latency1-B  throughput-B / latency1-B from the tree in .ab/ (a checkout of an earlier
 #              commit, carried beside this one: a same-run A/B; it shares the preset and the artifact cache)
+#   soak-start soak-S soak-stop  (issue 17) `graphllm serve` of the 8B preset as a daemon (setsid: it outlives
+#              the call, so one server can take load across two calls), benchmarks/soak.py with 256 clients for
+#              S seconds against it, then SIGTERM and its exit code; the KV pool's state is read after each soak
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
 set -uo pipefail
@@ -100,6 +103,20 @@ for stage in "$@"; do
         --attention-backend "${stage#profile-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     throughput) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
         --compare transformers --compare-num-requests 128 --json "$OUT/r/throughput.json" --plot "$OUT/r/throughput.png" ;;
+    soak-start) python3 -c "import sys; from pathlib import Path; from graphllm.bench.presets import write_preset
+d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)"
+        rm -f /tmp/soak-server.exit /tmp/soak-server.pid; setsid nohup bash -c "python3 -m graphllm.cli serve --model $WORK/models/llama-3-8b \
+          $LIMITS --port 8123 --max-queued-requests 4096 & echo \$! > /tmp/soak-server.pid; wait \$!; \
+          echo \$? > /tmp/soak-server.exit" > /tmp/soak-server.log 2>&1 < /dev/null &
+        for i in $(seq 50); do [ -s /tmp/soak-server.pid ] && break; sleep 0.2; done
+        for i in $(seq 600); do curl -sf http://127.0.0.1:8123/health >/dev/null && break; sleep 1; done
+        echo "server pid $(cat /tmp/soak-server.pid), up after ${i} s"; tail -3 /tmp/soak-server.log ;;
+    soak-stop) kill -TERM "$(cat /tmp/soak-server.pid)"; for i in $(seq 90); do [ -s /tmp/soak-server.exit ] && break; \
+          sleep 1; done; echo "server stopped after ${i} s, exit code $(cat /tmp/soak-server.exit)"; \
+          echo "log lines with Traceback/ERROR: $(grep -c -E 'Traceback|ERROR' /tmp/soak-server.log)"; \
+          cp /tmp/soak-server.log "$OUT/r/" ;;
+    soak-*) python3 benchmarks/soak.py --base-url http://127.0.0.1:8123/v1 --clients 256 --duration "${stage#soak-}" \
+          --max-tokens 128 --server-pid "$(cat /tmp/soak-server.pid)" --json "$OUT/r/$stage.json" ;;
     *) echo "unknown stage $stage" ;;
   esac 2>&1 | tee "$OUT/r/$stage.log" | grep -v "^\s*$" | tail -40
   echo "== stage $stage: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s"
