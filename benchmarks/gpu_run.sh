@@ -116,7 +116,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
           echo "log lines with Traceback/ERROR: $(grep -c -E 'Traceback|ERROR' /tmp/soak-server.log)"; \
           cp /tmp/soak-server.log "$OUT/r/" ;;
     soak-*) python3 benchmarks/soak.py --base-url http://127.0.0.1:8123/v1 --clients 256 --duration "${stage#soak-}" \
-          --max-tokens 128 --server-pid "$(cat /tmp/soak-server.pid)" --json "$OUT/r/$stage.json" ;;
+          --max-tokens 128 --chat-rate 0 --token-prompts 1 --server-pid "$(cat /tmp/soak-server.pid)" --json "$OUT/r/$stage.json" ;;
     *) echo "unknown stage $stage" ;;
   esac 2>&1 | tee "$OUT/r/$stage.log" | grep -v "^\s*$" | tail -40
   echo "== stage $stage: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s"

@@ -13,10 +13,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 logger = logging.getLogger("graphllm.server")
 FIELD = re.compile(r"[a-z_][a-z0-9_]*")
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "none"})
+CLIENT_CLOSED = 499  # nginx's "client closed request": only the metrics ever see it
 
 
 class OpenAIError(Exception):
@@ -77,6 +79,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, exc: HTTPException):
+        if isinstance(exc.__cause__, ClientDisconnect):  # FastAPI's 400 for a body the client stopped sending
+            return error_response(OpenAIError(CLIENT_CLOSED, "the client closed the request", code="client_closed"))
         message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
         code = "request_too_large" if exc.status_code == 413 else None
         return error_response(OpenAIError(exc.status_code, message, code=code))

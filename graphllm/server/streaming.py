@@ -17,11 +17,10 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from graphllm.server.errors import OpenAIError, error_body
+from graphllm.server.errors import CLIENT_CLOSED, OpenAIError, error_body
 
 T = TypeVar("T")
 SSE_DONE = "data: [DONE]\n\n"
-CLIENT_CLOSED = 499  # nginx's "client closed request": only the metrics ever see it
 
 
 def sse(payload: BaseModel | dict, exclude: set[str] | None = None) -> str:

@@ -72,3 +72,22 @@ def test_a_context_sized_body_is_refused_before_tokenizing_and_health_stays_up(r
     assert time.monotonic() - began < 10
     check_shape(big.post("/v1/completions", {**COMPLETION, "prompt": text}), 400, "prompt", "context_length_exceeded")
     check_shape(big.post("/tokenize", {"model": MODEL, "prompt": text}), 400, "prompt", "context_length_exceeded")
+
+
+def test_a_body_cut_off_by_its_client_counts_as_499_not_400(server):
+    """Regression: a client that leaves while sending its body (the soak's aborting clients) was
+    counted as a 400 ("error parsing the body") in the metrics; it is a client-closed request."""
+    import socket
+
+    from tests.server.conftest import API_KEY
+    key = 'graphllm:http_requests_total{endpoint="/v1/completions",status="%s"}'
+    before = server.metrics()
+    host, port = server.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + API_KEY.encode() + b"\r\nContent-Length: 1000\r\n\r\n{\"prompt\":")
+    deadline = time.monotonic() + 5
+    while server.metrics().get(key % 499, 0) == before.get(key % 499, 0):
+        assert time.monotonic() < deadline, "the cut-off request was not counted"
+        time.sleep(0.05)
+    assert server.metrics().get(key % 400, 0) == before.get(key % 400, 0)
