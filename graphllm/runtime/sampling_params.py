@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # Temperatures below this are treated as 0 (greedy): dividing by them overflows.
 _GREEDY_EPS = 1e-5
+
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                "frequency_penalty")
 
 
 @dataclass
@@ -37,6 +41,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self.stop = _normalize_stop(self.stop)
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        for name in FLOAT_FIELDS:  # NaN and +-inf pass every comparison below or poison the sampler
+            _check(math.isfinite(getattr(self, name)), name, getattr(self, name), "must be a finite number")
         self._verify_sampling()
         self._verify_penalties()
         self._verify_lengths()

@@ -99,3 +99,11 @@ def test_defaults_are_not_shared_between_instances():
 )
 def test_greedy_property(temperature, greedy):
     assert SamplingParams(temperature=temperature).greedy is greedy
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                                   "frequency_penalty"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_floats_are_refused(field, value):
+    with pytest.raises(ValueError, match=f"{field}.*finite"):
+        SamplingParams(**{field: value})
