@@ -48,7 +48,6 @@ class Engine:
         self._post = PostProcessor(Sampler(), self.scheduler, self.state, self.tokenizer, self.requests)
         # public, unlike the other rooms: benchmarks time its parts
         self.step_loop = StepLoop(config, self.scheduler, self.pool, self.runner, self.state, self._post)
-        self._lock = self.step_loop.lock  # step() may run in a worker thread while requests arrive
         self._streams = StreamDriver(self.step_loop.step, self.scheduler.has_unfinished)
 
     @classmethod
@@ -90,7 +89,7 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         request = Request(request_id, prompt_text, prompt_ids, params)
         request.seqs = [self._new_sequence(request, i) for i in range(params.n)]
-        with self._lock:
+        with self.step_loop.lock:  # step() may run in a worker thread meanwhile
             self.requests[request_id] = request
             for seq in request.seqs:
                 self.scheduler.add(seq)
@@ -98,7 +97,7 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         """Stop a request now and free its KV blocks; unknown or finished ids are ignored."""
-        with self._lock:
+        with self.step_loop.lock:  # step() may run in a worker thread meanwhile
             request = self.requests.pop(request_id, None)
             for seq in request.seqs if request else []:
                 if not seq.is_finished:

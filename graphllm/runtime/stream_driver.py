@@ -22,8 +22,6 @@ class StreamDriver:
 
     def open(self, request_id: str) -> asyncio.Queue:
         """The queue where request_id's outputs (or the engine's exception) will arrive."""
-        if self.failure is not None:
-            raise self.failure
         queue = self.queues[request_id] = asyncio.Queue()
         self._ensure_task()
         return queue

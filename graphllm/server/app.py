@@ -7,8 +7,9 @@ Every request of every client goes through the same `engine.stream`, so concurre
 share one continuous batch. The app sees the engine only through EngineClient.
 
 Its ASGI middleware, outermost first: HTTP request counts by status, draining (503 once shutdown
-began), request body size (413), API key (401: every route but /health, and /metrics when public). Plain ASGI rather than Starlette's BaseHTTPMiddleware, which would hide
-`http.disconnect` from the streaming responses below it.
+began), request body size (413), API key (401: every route but /health, and /metrics when public).
+Plain ASGI rather than Starlette's BaseHTTPMiddleware, which would hide `http.disconnect` from the
+streaming responses below it.
 """
 
 import asyncio
@@ -107,11 +108,12 @@ async def tokenize(body: TokenizeRequest, raw: Request):
     if s.engine.tokenizer is None:
         raise bad_request("this model has no tokenizer")
     tokenizer = s.engine.tokenizer
-    text = body.prompt.encode() if body.prompt is not None else b""
-    s.chat.check_text_length(len(text) or sum(message_bytes(m) for m in body.messages), "prompt")
-    if body.messages is not None:  # templating and tokenizing run off the event loop
-        ids = await asyncio.to_thread(render_prompt, tokenizer, body.messages, [tool_dict(t) for t in body.tools or []])
+    if body.messages is not None:  # checked for length first, then templated and tokenized off the event loop
+        s.chat.check_text_length(sum(message_bytes(m) for m in body.messages), "messages")
+        tools = [tool_dict(t) for t in body.tools or []]
+        ids = await asyncio.to_thread(render_prompt, tokenizer, body.messages, tools)
     else:
+        s.chat.check_text_length(len(body.prompt.encode()), "prompt")
         ids = list(await asyncio.to_thread(tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens))
     return {"count": len(ids), "max_model_len": s.engine.limits.max_model_len, "tokens": ids}
 

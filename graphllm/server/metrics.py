@@ -87,8 +87,7 @@ class RequestTimer:
         if self.num_tokens == 0:
             self.metrics.ttft.observe(now - self.arrival)
         else:  # per sequence: only those that advanced (a finished sibling adds no tokens)
-            advanced = sum(c > (self.per_sequence[i] if i < len(self.per_sequence) else 0)
-                           for i, c in enumerate(counts))
+            advanced = sum(c > before for c, before in zip(counts, self.per_sequence))
             self.metrics.itl.observe((now - self.last) / new * advanced)
         self.metrics.generation_tokens.inc(new)
         self.num_tokens, self.last, self.per_sequence = num_tokens, now, counts

@@ -12,8 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 
-from graphllm.runtime.client import EngineClient
-from graphllm.runtime.client import EngineDeadError
+from graphllm.runtime.client import EngineClient, EngineDeadError
 from graphllm.runtime.outputs import CompletionOutput, RequestOutput
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.server.config import ServerConfig

@@ -91,3 +91,9 @@ def test_a_body_cut_off_by_its_client_counts_as_499_not_400(server):
         assert time.monotonic() < deadline, "the cut-off request was not counted"
         time.sleep(0.05)
     assert server.metrics().get(key % 400, 0) == before.get(key % 400, 0)
+
+
+def test_tokenize_of_an_empty_prompt_is_not_a_500(server):
+    """Regression: the size check before tokenizing read `messages` when the prompt was empty text."""
+    response = server.post("/tokenize", {"model": MODEL, "prompt": ""})
+    assert response.status_code == 200 and response.json()["count"] == len(response.json()["tokens"])
