@@ -114,7 +114,8 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 def test_every_module_has_a_room():
-    assert all(room_of(m) is not None for m in all_modules())
+    """A new top-level module must be given a room: else it falls into the root's, which may import anything."""
+    assert [m for m in all_modules() if LAYERS[room_of(m)][0] == "api" and m != "graphllm"] == []
 
 
 def test_no_import_cycles():
