@@ -102,3 +102,30 @@ def split_nodes(graph: StepGraph) -> list:
 def total_elements(graph: StepGraph) -> int:
     """Elements over distinct tensors: tied weights are listed under each name but stored once."""
     return sum(numel for _, numel in {(t.data_ptr(), t.numel()) for t in graph.weights.values()})
+
+
+def dequantized_twin(before: StepGraph, after: StepGraph) -> StepGraph:
+    """A copy of `before` (unquantized) whose linear weights are the dequantized weights of `after`
+    (the same graph after a quantization pass, before any fusion): what the quantized model means."""
+    from graphllm.kernels import quant_layout as Q
+    twin = copy_graph(before)
+    quantized = after.weights
+    for name, weight in twin.weights.items():
+        prefix = name.removesuffix(".weight")
+        if not name.endswith(".weight") or f"{prefix}.qweight" not in quantized:
+            continue
+        q = lambda t: quantized[f"{prefix}.{t}"]  # noqa: E731
+        if f"{prefix}.zeros" in quantized:
+            dense = Q.dequantize_int4(q("qweight"), q("scales"), q("zeros"))
+        else:
+            dense = Q.dequantize_per_channel(q("qweight"), q("weight_scale"))
+        weight.copy_(dense.to(weight.dtype))
+    return twin
+
+
+def logits_relative_error(before: StepGraph, after: StepGraph, config, seed: int = 1) -> float:
+    """|after - before| / |before| over the logits of one random step (norms over all elements)."""
+    inputs = random_step_inputs(config, seed)
+    with on_reference():
+        a, b = before(*clone_inputs(inputs)), after(*clone_inputs(inputs))
+    return ((b - a).norm() / a.norm()).item()

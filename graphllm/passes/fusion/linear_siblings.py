@@ -1,9 +1,12 @@
 """Sibling linears: merge linears that read the same input into one linear over concatenated weights.
 
-The mechanism behind fuse_qkv and fuse_gate_up. A group is one `aten.linear.default` per
-requested member, all reading the same input node, whose weights are get_attr nodes named
-`<prefix>.<member>.weight` under one parent module `<prefix>` (members q_proj, k_proj, v_proj
-under `model.model.layers.0.self_attn`, say). Each group becomes:
+The mechanism behind fuse_qkv and fuse_gate_up. A group is one linear per requested member, all of
+one kind (`aten.linear.default` or a quantized linear of graphllm/ops/quantized_linear.py: `KINDS`),
+all reading the same input node, whose first weight operands are get_attr nodes named
+`<prefix>.<member>.<attr>` under one parent module `<prefix>` (members q_proj, k_proj, v_proj
+under `model.model.layers.0.self_attn`, say). Each group becomes (aten.linear shown; a quantized
+linear concatenates each of its weight operands along its output dimension the same way: int4's
+qweight/scales/zeros along dim 1, fp8/int8 weights and scales along dim 0):
 
     before                                           after
     a = aten.linear(x, <p>.a.weight, <p>.a.bias)     w = get_attr <p>.<fused>.weight  # cat([Wa, Wb], 0)
@@ -13,10 +16,13 @@ under `model.model.layers.0.self_attn`, say). Each group becomes:
                                                      a, b = getitem(s, 0), getitem(s, 1)
 
 Split sizes follow the member order given, not graph order. A bias is emitted when any member
-has one (zeros stand in for the missing ones). A group is skipped when a member is missing or
-appears twice, when a weight or bias has another user or is tied to another name, when a bias
-is not a plain weight, when weights disagree on input width/dtype/device, or when the parent
-already has an attribute called `<fused>`. Old weights are dropped afterwards.
+has one (zeros stand in for the missing ones). fp8's static input scale is one operand shared by
+the fused linear: the members' scales are equal in practice (they observe the same input) and the
+largest is kept, as vLLM does. A group is skipped when a member is missing or appears twice, when
+members are of different kinds, when a weight or bias has another user or is tied to another name,
+when a bias is not a plain weight, when weights disagree on their other dimensions/dtype/device, when
+some members have a static input scale and others not, or when the parent already has an attribute
+called `<fused>`. Old weights are dropped afterwards.
 
 Meta: the new get_attr/linear/split nodes take `stack_trace` and `nn_module_stack` from the
 first merged linear in graph order, its innermost stack entry renamed to `<p>.<fused>` so
@@ -32,6 +38,7 @@ import torch
 from torch import fx, nn
 from torch._guards import detect_fake_mode
 
+import graphllm.ops.quantized_linear  # noqa: F401  (registers the quantized linears, KINDS below)
 from graphllm.ir.graph import StepGraph, copy_source_meta
 from graphllm.passes.base import source_uuid
 
@@ -40,10 +47,26 @@ SPLIT = torch.ops.aten.split_with_sizes.default
 
 
 @dataclass(frozen=True)
+class LinearKind:
+    """Where a linear op keeps its operands: args[0] is the input."""
+    weights: tuple[tuple[int, int], ...]  # (argument index, output dim) per weight operand; the first names the module
+    bias: int                             # argument index of the bias
+    shared: int | None = None             # argument index of an operand every member shares (fp8's input scale)
+
+
+KINDS = {
+    LINEAR: LinearKind(((1, 0),), bias=2),
+    torch.ops.graphllm.fp8_linear.default: LinearKind(((1, 0), (2, 0)), bias=4, shared=3),
+    torch.ops.graphllm.int8_linear.default: LinearKind(((1, 0), (2, 0)), bias=3),
+    torch.ops.graphllm.int4_linear.default: LinearKind(((1, 1), (2, 1), (3, 1)), bias=4),
+}
+
+
+@dataclass(frozen=True)
 class LinearGroup:
     """Sibling linears to merge: `linears[i]` is member i of the requested members."""
     prefix: str                   # the parent module's path, e.g. "model.model.layers.0.mlp"
-    linears: tuple[fx.Node, ...]  # aten.linear nodes, in member order
+    linears: tuple[fx.Node, ...]  # linear nodes of one kind, in member order
 
 
 def fuse_sibling_linears(graph: StepGraph, members: Sequence[str], fused: str) -> int:
@@ -78,13 +101,10 @@ def merge_sibling_linears(graph: StepGraph, group: LinearGroup, fused: str) -> f
     """Replace the group by one linear, a split_with_sizes and getitems; returns the split node."""
     members = set(group.linears)
     first = next(n for n in graph.graph.nodes if n in members)  # users of every member come after it
-    weight, bias, sizes = _concat_weights(graph.gm, group)
-    _ensure_module(graph.gm, f"{group.prefix}.{fused}")
-    params = [graph.add_weight(f"{group.prefix}.{fused}.weight", weight, like=first)]
-    if bias is not None:
-        params.append(graph.add_weight(f"{group.prefix}.{fused}.bias", bias, like=first))
+    args, sizes = _fused_operands(graph, group, fused, first)
+    params = [a for a in args if isinstance(a, fx.Node)]
     with graph.graph.inserting_before(first):
-        out = graph.graph.call_function(LINEAR, (first.args[0], *params))
+        out = graph.graph.call_function(first.target, (first.args[0], *args))
         split = graph.graph.call_function(SPLIT, (out, sizes, -1))
         parts = [graph.graph.call_function(operator.getitem, (split, i)) for i in range(len(sizes))]
     _copy_meta(first, f"{group.prefix}.{fused}", [*params, out, split])
@@ -101,27 +121,33 @@ def mechanism_uuid(pass_uuid: str) -> str:
     return source_uuid(__name__, pass_uuid)
 
 
-def _operands(node: fx.Node) -> tuple:
-    """(input, weight, bias or None) of an aten.linear node."""
-    x, weight, *rest = node.args
-    return x, weight, rest[0] if rest else node.kwargs.get("bias")
+def _arg(node: fx.Node, index: int):
+    return node.args[index] if len(node.args) > index else None
+
+
+def _operand_nodes(node: fx.Node) -> list:
+    """The weight operands, the shared operand and the bias of a linear node (None where absent)."""
+    kind = KINDS[node.target]
+    nodes = [_arg(node, i) for i, _ in kind.weights]
+    return nodes + [None if kind.shared is None else _arg(node, kind.shared), _arg(node, kind.bias)]
 
 
 def _sibling_of(node: fx.Node, members: Sequence[str]) -> tuple[str, str] | None:
-    """(prefix, member) when `node` is a linear over `<prefix>.<member>.weight`, else None."""
-    if node.op != "call_function" or node.target is not LINEAR or len(node.args) < 2:
+    """(prefix, member) when `node` is a linear whose first weight is `<prefix>.<member>.<attr>`, else None."""
+    if node.op != "call_function" or node.target not in KINDS or node.kwargs:
         return None
-    weight = node.args[1]
-    if not isinstance(weight, fx.Node) or weight.op != "get_attr" or not weight.target.endswith(".weight"):
+    if len(node.args) <= KINDS[node.target].weights[-1][0]:
         return None
-    prefix, _, member = weight.target[:-len(".weight")].rpartition(".")
+    weight = node.args[KINDS[node.target].weights[0][0]]
+    if not isinstance(weight, fx.Node) or weight.op != "get_attr":
+        return None
+    prefix, _, member = weight.target.rpartition(".")[0].rpartition(".")
     return (prefix, member) if prefix and member in members else None
 
 
 def _owns_operands(gm: fx.GraphModule, node: fx.Node, shared: set[int]) -> bool:
-    """The linear is the only user of its weight (and bias), and neither is tied to another name."""
-    _, weight, bias = _operands(node)
-    params = [weight] if bias is None else [weight, bias]
+    """The linear is the only user of its weights (and bias), and none is tied to another name."""
+    params = [p for p in _operand_nodes(node) if p is not None]
     return all(isinstance(p, fx.Node) and p.op == "get_attr" and len(p.users) == 1
                and id(_tensor(gm, p)) not in shared for p in params)
 
@@ -137,29 +163,57 @@ def _shared_tensor_ids(gm: fx.GraphModule) -> set[int]:
 
 
 def _compatible(gm: fx.GraphModule, group: LinearGroup) -> bool:
-    """Weights are 2-D and agree on input width, dtype and device; biases are 1-D of matching length."""
-    weights = [_tensor(gm, _operands(n)[1]) for n in group.linears]
-    if any(w.dim() != 2 for w in weights):
+    """One kind; each weight operand agrees on its other dims, dtype and device; biases match N;
+    a shared operand is present in every member or in none."""
+    if len({n.target for n in group.linears}) != 1:
         return False
-    if len({(w.shape[1], w.dtype, w.device) for w in weights}) != 1:
+    kind = KINDS[group.linears[0].target]
+    for j, (_, dim) in enumerate(kind.weights):
+        ts = [_tensor(gm, _operand_nodes(n)[j]) for n in group.linears]
+        if any((j == 0 and t.dim() != 2) or t.dim() <= dim for t in ts):  # the first is the [N, K]-like weight
+            return False
+        if len({(t.shape[:dim] + t.shape[dim + 1:], t.dtype, t.device) for t in ts}) != 1:
+            return False
+    if len({_operand_nodes(n)[-2] is None for n in group.linears}) != 1:
         return False
-    for node, w in zip(group.linears, weights):
-        bias = _operands(node)[2]
-        if bias is not None and _tensor(gm, bias).shape != (w.shape[0],):
+    for node, n_out in zip(group.linears, _output_sizes(gm, group)):
+        bias = _operand_nodes(node)[-1]
+        if bias is not None and _tensor(gm, bias).shape != (n_out,):
             return False
     return True
 
 
-def _concat_weights(gm: fx.GraphModule, group: LinearGroup) -> tuple:
-    """([sum N_i, K] weight, [sum N_i] bias or None, [N_i]); zeros stand in for missing biases."""
-    weights = [_tensor(gm, _operands(n)[1]) for n in group.linears]
-    biases = [_operands(n)[2] for n in group.linears]
-    weight, sizes = torch.cat(weights, dim=0), [w.shape[0] for w in weights]
-    if all(b is None for b in biases):
-        return weight, None, sizes
-    parts = [_tensor(gm, b).to(w.dtype) if b is not None else w.new_zeros(w.shape[0])
-             for w, b in zip(weights, biases)]
-    return weight, torch.cat(parts), sizes
+def _output_sizes(gm: fx.GraphModule, group: LinearGroup) -> list[int]:
+    index, dim = KINDS[group.linears[0].target].weights[0]
+    return [_tensor(gm, n.args[index]).shape[dim] for n in group.linears]
+
+
+def _fused_operands(graph: StepGraph, group: LinearGroup, fused: str, first: fx.Node) -> tuple[list, list[int]]:
+    """The fused linear's arguments after its input (new get_attr nodes, None where absent), and the
+    split sizes [N_i]. Weights concatenate along their output dim; zeros stand in for missing biases."""
+    gm, kind = graph.gm, KINDS[first.target]
+    _ensure_module(gm, f"{group.prefix}.{fused}")
+    sizes = _output_sizes(gm, group)
+    args: list = [None] * max(kind.bias, kind.shared or 0)
+
+    def add(index: int, source: fx.Node, tensor: torch.Tensor) -> None:
+        attr = source.target.rpartition(".")[2]
+        args[index - 1] = graph.add_weight(f"{group.prefix}.{fused}.{attr}", tensor, like=first)
+
+    for index, dim in kind.weights:
+        add(index, first.args[index], torch.cat([_tensor(gm, n.args[index]) for n in group.linears], dim=dim))
+    if kind.shared is not None and _arg(first, kind.shared) is not None:
+        scales = [_tensor(gm, n.args[kind.shared]) for n in group.linears]
+        add(kind.shared, first.args[kind.shared], torch.stack(scales).amax(dim=0))
+    biases = [_arg(n, kind.bias) for n in group.linears]
+    present = [b for b in biases if b is not None]
+    if present:
+        like = _tensor(gm, present[0])
+        parts = [_tensor(gm, b) if b is not None else like.new_zeros(n) for b, n in zip(biases, sizes)]
+        add(kind.bias, present[0], torch.cat([p.to(like.dtype) for p in parts]))
+    while args and args[-1] is None:  # aten.linear(x, w), not aten.linear(x, w, None)
+        args.pop()
+    return args, sizes
 
 
 def _tensor(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:

@@ -1,0 +1,85 @@
+"""Quantized linear layers as registered custom ops: what the quantization passes put in place of
+`aten.linear` (graphllm/passes/quantization/). Weights are in graphllm's internal layouts
+(graphllm/kernels/quant_layout.py); every op computes y = x @ W^T (+ bias) in x's dtype:
+
+    graphllm.fp8_linear(x, weight, weight_scale, input_scale, bias)   W8A8: x quantized to float8 per
+                                                                      row (input_scale None) or with
+                                                                      the static input_scale
+    graphllm.int8_linear(x, weight, weight_scale, bias)               weight-only int8, per channel
+    graphllm.int4_linear(x, qweight, scales, zeros, bias)             weight-only int4, per group
+
+On CUDA in float16/bfloat16 they run graphllm's Triton kernels (graphllm/kernels/fp8_matmul.py,
+int8_matmul.py, int4_matmul.py), which pick a small-M or a large-M path from the row count; anything
+else (CPU, float32) runs the pure-torch reference: dequantize, float32 matmul. Both compute the same
+function, so CI proves the passes and loaders on CPU and the GPU tests prove the kernels.
+"""
+
+import torch
+
+from graphllm.kernels import quant_layout as Q
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [M, K] with a dense last dim."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()
+
+
+def _on_kernel(x: torch.Tensor) -> bool:
+    return x.is_cuda and x.dtype in HALF_DTYPES and x.numel() > 0
+
+
+@torch.library.custom_op("graphllm::fp8_linear", mutates_args=())
+def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [..., K], weight: float8 [N, K], weight_scale: f32 [N], input_scale: f32 [1] or None -> [..., N]."""
+    rows = _rows(x)
+    if _on_kernel(x):
+        from graphllm.kernels.fp8_matmul import fp8_matmul
+        out = fp8_matmul(rows, weight, weight_scale, input_scale, bias)
+    else:
+        out = Q.fp8_linear_reference(rows, weight, weight_scale, input_scale, bias)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+@fp8_linear.register_fake
+def _(x, weight, weight_scale, input_scale=None, bias=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("graphllm::int8_linear", mutates_args=())
+def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [..., K], weight: int8 [N, K], weight_scale: f32 [N] -> [..., N]."""
+    rows = _rows(x)
+    if _on_kernel(x):
+        from graphllm.kernels.int8_matmul import int8_matmul
+        out = int8_matmul(rows, weight, weight_scale, bias)
+    else:
+        out = Q.int8_linear_reference(rows, weight, weight_scale, bias)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
+@int8_linear.register_fake
+def _(x, weight, weight_scale, bias=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("graphllm::int4_linear", mutates_args=())
+def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [..., K], qweight: int32 [K/8, N], scales/zeros: [K/G, N] -> [..., N]."""
+    rows = _rows(x)
+    if _on_kernel(x):
+        from graphllm.kernels.int4_matmul import int4_matmul
+        out = int4_matmul(rows, qweight, scales, zeros, bias)
+    else:
+        out = Q.int4_linear_reference(rows, qweight, scales, zeros, bias)
+    return out.view(*x.shape[:-1], qweight.shape[1])
+
+
+@int4_linear.register_fake
+def _(x, qweight, scales, zeros, bias=None):
+    return x.new_empty((*x.shape[:-1], qweight.shape[1]))
