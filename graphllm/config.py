@@ -13,6 +13,12 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOWERINGS = ("auto", "aoti", "inductor")
 ATTENTION_BACKENDS = ("auto", "flashinfer", "triton", "torch")
 KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model's dtype; fp8: float8_e4m3fn with a per-tensor scale
+# Quantization schemes applied by the compiler to a float checkpoint (vLLM's names where it has them):
+# fp8 = W8A8 (float8 weights per channel, activations per token), int8 / int4 = weight-only
+QUANTIZATIONS = ("fp8", "int8", "int4")
+# The methods of pre-quantized checkpoints (config.json's quantization_config.quant_method): read
+# from the checkpoint with no flag; naming one checks that the checkpoint is of that method.
+CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "gptq", "awq")
 DEFAULT_LIMITS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "block_size": 16}
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "graphllm"  # compiled artifacts go under <cache_dir>/artifacts
 
@@ -47,8 +53,15 @@ class EngineConfig:
     fuse_rope_attention: bool = False
     skinny_linear: bool = True
     linear_prologue: bool = True
+    quantization: str | None = None
+    quantization_group_size: int = 128
+    quantize_lm_head: bool = False
+    # fp8 KV cache: scales from the K and V amax of one calibration prefill at start-up (vLLM's
+    # --calculate-kv-scales), instead of a checkpoint's k_scale / v_scale or 1.0
+    calculate_kv_scales: bool = False
 
     def __post_init__(self):
+        check_quantization(self.quantization, self.quantization_group_size)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -70,12 +83,22 @@ class EngineConfig:
         limits = {name: getattr(self, name) for name in DEFAULT_LIMITS if getattr(self, name) is not None}
         return CompileConfig(dtype=self.dtype, max_model_len=self.max_model_len,
                              fuse_rope_attention=self.fuse_rope_attention, skinny_linear=self.skinny_linear,
-                             linear_prologue=self.linear_prologue, **limits)
+                             linear_prologue=self.linear_prologue, quantization=self.quantization,
+                             quantization_group_size=self.quantization_group_size,
+                             quantize_lm_head=self.quantize_lm_head, **limits)
 
     @property
     def artifact_cache(self) -> Path:
         """The directory of compile=True's artifacts, one per cache key."""
         return Path(self.cache_dir or DEFAULT_CACHE_DIR).expanduser() / "artifacts"
+
+
+def check_quantization(quantization: str | None, group_size: int) -> None:
+    choices = QUANTIZATIONS + CHECKPOINT_QUANTIZATIONS
+    if quantization is not None and quantization not in choices:
+        raise ValueError(f"quantization must be one of {', '.join(choices)} (or None), got {quantization!r}")
+    if group_size < 8 or group_size % 8:
+        raise ValueError(f"quantization_group_size must be a positive multiple of 8, got {group_size}")
 
 
 def default_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -110,8 +133,15 @@ class CompileConfig:
     # PTX, tests/kernels/sm90_compile.py) has not run on a GPU yet. See benchmarks/RESULTS.md.
     fuse_rope_attention: bool = False
     lowering: str = "auto"  # "aoti" | "inductor"; auto: AOTInductor on CPU, Inductor standalone on CUDA
+    # One of QUANTIZATIONS: the quantize_<scheme> pass rewrites every linear but lm_head (None: the
+    # checkpoint's own quantization_config if it has one, else none). CHECKPOINT_QUANTIZATIONS names
+    # are accepted when they match the checkpoint.
+    quantization: str | None = None
+    quantization_group_size: int = 128  # int4: input columns per scale and zero point
+    quantize_lm_head: bool = False  # quantize lm_head too (the embedding always stays in the model dtype)
 
     def __post_init__(self):
+        check_quantization(self.quantization, self.quantization_group_size)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.buckets is not None and (not self.buckets or min(self.buckets) < 1

@@ -2,7 +2,8 @@
 
 import argparse
 
-from graphllm.config import ATTENTION_BACKENDS, DTYPES, KV_CACHE_DTYPES, CompileConfig, EngineConfig
+from graphllm.config import (ATTENTION_BACKENDS, CHECKPOINT_QUANTIZATIONS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS,
+                             CompileConfig, EngineConfig)
 from graphllm.runtime.sampling_params import SamplingParams
 
 SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
@@ -12,7 +13,9 @@ SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
     "--presence-penalty": (float, "presence_penalty"), "--frequency-penalty": (float, "frequency_penalty"),
     "--seed": (int, "seed"), "--n": (int, "n"), "--logprobs": (int, "logprobs"),
 }
-PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue")  # CompileConfig / EngineConfig fields
+# CompileConfig / EngineConfig fields that change the generated code
+PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue", "quantization",
+                 "quantization_group_size", "quantize_lm_head")
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -33,6 +36,14 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
                         help="GPU graphs: every linear on cuBLAS (no skinny_matmul kernel, no prologues)")
     parser.add_argument("--no-linear-prologue", dest="linear_prologue", action="store_false",
                         help="GPU graphs: norms and SwiGLU as their own kernels, not folded into the next matmul")
+    parser.add_argument("--quantization", "-q", choices=QUANTIZATIONS + CHECKPOINT_QUANTIZATIONS,
+                        help="quantize the linears of a float checkpoint: fp8 (W8A8: float8 weights per channel, "
+                             "activations per token), int8 or int4 (weight-only). A pre-quantized checkpoint "
+                             f"({', '.join(CHECKPOINT_QUANTIZATIONS)}) needs no flag: config.json says")
+    parser.add_argument("--quantization-group-size", type=int, default=128,
+                        help="int4: input columns per scale and zero point (default 128)")
+    parser.add_argument("--quantize-lm-head", action="store_true",
+                        help="quantize lm_head too (by default it stays in the model dtype, as the embedding)")
 
 
 def pass_switches(args: argparse.Namespace) -> dict[str, bool]:
@@ -45,6 +56,9 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                         help="read back each step's tokens before scheduling the next (no host/GPU overlap)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto: the model's dtype; fp8: float8_e4m3fn (half the KV bytes)")
+    parser.add_argument("--calculate-kv-scales", action="store_true",
+                        help="fp8 KV cache: scales from the K/V amax of a calibration prefill at start-up "
+                             "(default: the checkpoint's k_scale/v_scale, else 1.0)")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +79,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                         attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
                         async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
+                        calculate_kv_scales=args.calculate_kv_scales,
                         cache_dir=getattr(args, "cache_dir", None), **pass_switches(args))
 
 

@@ -25,11 +25,11 @@ from tqdm.auto import tqdm
 from graphllm.compiler import artifact as A
 from graphllm.compiler.inductor_lowering import STEP_INDUCTOR, lower_inductor
 from graphllm.compiler.lower import lower, save_node_table
-from graphllm.config import CompileConfig
+from graphllm.config import CHECKPOINT_QUANTIZATIONS, CompileConfig
 from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir import capture, diff_graphs, format_graph
-from graphllm.models.loader import load_model, read_hf_config, weight_files
-from graphllm.passes.manager import PassManager
+from graphllm.models.loader import ModelLoadError, load_checkpoint, read_hf_config, weight_files
+from graphllm.passes.manager import PassManager, Prequantized
 from graphllm.version import __version__
 
 PHASES = ("load", "capture", "passes", "lower", "write")
@@ -39,12 +39,14 @@ COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
 
 # Modules whose code shapes the compiled step besides the passes (which hash themselves).
 # The references are traced into the graph (the decompositions of the norm / SwiGLU ops, the models'
-# rotary), and this file and artifact.py decide what an artifact holds.
+# rotary), quant_layout makes the quantized weights an artifact stores, and this file and artifact.py
+# decide what an artifact holds.
 COMPILER_MODULES = ("graphllm.ir.capture", "graphllm.ir.graph", "graphllm.compiler.lower",
                     "graphllm.compiler.inductor_lowering", "graphllm.compiler.decompositions",
                     "graphllm.compiler.pipeline", "graphllm.compiler.artifact",
                     "graphllm.ops.attention", "graphllm.ops.linear", "graphllm.ops.rms_norm", "graphllm.ops.silu_and_mul",
-                    "graphllm.kernels.reference", "graphllm.kernels.rotary",
+                    "graphllm.ops.quantized_linear", "graphllm.kernels.reference", "graphllm.kernels.rotary",
+                    "graphllm.kernels.quant_layout",
                     "graphllm.models.llama", "graphllm.models.layers")
 
 
@@ -75,6 +77,34 @@ def cache_key(model_dir: Path, config: CompileConfig, device: torch.device) -> s
         "environment": A.environment_fingerprint(device),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def checkpoint_quantization(config: CompileConfig, loaded, model_dir: Path) -> Prequantized | None:
+    """The pre-quantized checkpoint's linears for the quantization pass (None for a float checkpoint),
+    after checking that config.quantization does not ask for something else."""
+    asked, found = config.quantization, loaded.quantization
+    if found is None:
+        if asked in CHECKPOINT_QUANTIZATIONS:
+            raise ModelLoadError(f"--quantization {asked} names a pre-quantized checkpoint format, but "
+                                 f"{model_dir / 'config.json'} has no quantization_config")
+        return None
+    if asked is not None and asked != found.method:
+        raise ModelLoadError(f"{model_dir} is a {found.method} checkpoint ({found.scheme}); it cannot be quantized "
+                             f"again with --quantization {asked}: drop the flag (the checkpoint's scheme is used)")
+    return Prequantized(found.scheme, loaded.quantized)
+
+
+def quantization_record(config: CompileConfig, loaded, reports) -> dict | None:
+    """What the manifest says about quantization: scheme, where it came from, what the pass changed."""
+    found = loaded.quantization
+    if found is None and config.quantization is None:
+        return None
+    counts = next((r.counts for r in reports if r.name.startswith("quantize_")), {})
+    if found is not None:
+        return {"scheme": found.scheme, "source": found.method, "group_size": found.group_size, **counts}
+    return {"scheme": config.quantization, "source": "graphllm compile",
+            "group_size": config.quantization_group_size if config.quantization == "int4" else None,
+            "lm_head": config.quantize_lm_head, **counts}
 
 
 class PhaseTimer:
@@ -141,14 +171,17 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
     hf = read_hf_config(model_dir)
     dtype = resolve_dtype(config.dtype, hf, device)
     with timer.phase("load"):
-        model, model_config = load_model(model_dir, dtype, device)
+        loaded = load_checkpoint(model_dir, dtype, device)
+        prequantized = checkpoint_quantization(config, loaded, model_dir)
+    model_config = loaded.config
     with timer.phase("capture"):
-        graph = capture(model, model_config, dtype, device, max_num_tokens=config.max_num_batched_tokens,
+        graph = capture(loaded.model, model_config, dtype, device, max_num_tokens=config.max_num_batched_tokens,
                         max_num_seqs=config.max_num_seqs)
         before = format_graph(graph.gm), graph.gm.code
+    del loaded.model  # the graph owns the weights now
     dumps = GraphDumps()
     with timer.phase("passes"):
-        reports = PassManager(config).run(graph, dumps.on_pass)
+        reports = PassManager(config, prequantized).run(graph, dumps.on_pass)
         after = format_graph(graph.gm), graph.gm.code
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -176,6 +209,8 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
                   "weight_fingerprints": {f.name: A.quick_fingerprint(f) for f in weight_files(model_dir)}},
         "compile": {**dataclasses.asdict(config), "dtype": str(dtype).removeprefix("torch."),
                     "buckets": list(config.decode_buckets)},
+        "quantization": quantization_record(config, loaded, reports),
+        "kv_scales": {str(layer): list(scales) for layer, scales in sorted(loaded.kv_scales.items())},
         "weight_aliases": aliases,
         "lowering": lowered,
         "passes": [dataclasses.asdict(r) for r in reports],

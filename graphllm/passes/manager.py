@@ -1,6 +1,7 @@
 """PassManager: the ordered list of passes a CompileConfig asks for, with a fixed clean-up tail.
 
-Order matters: gate/up must be fused before silu·mul can match its split, and skinny_linear
+Order matters: quantization comes first (the fusions concatenate quantized weights as they do
+float ones), gate/up must be fused before silu·mul can match its split, and skinny_linear
 comes after every pass that matches aten.linear, linear_prologue after it (it folds norms
 into graphllm.linear); clean-up (no-op elimination, then dead code) always runs last. A pass
 meant for some devices only (`GraphPass.devices`) is skipped on other graphs, and its report
@@ -29,7 +30,30 @@ class PassReport:
     skipped: str | None = None  # why the pass did not run on this graph (its devices)
 
 
-def build_pass_list(config: CompileConfig) -> list[GraphPass]:
+@dataclass(frozen=True)
+class Prequantized:
+    """A pre-quantized checkpoint's linears, unpacked by the loader into graphllm's layout
+    (graphllm/kernels/quant_layout.py): the scheme ("fp8" or "int4") and, by module path
+    ("model.layers.0.self_attn.q_proj"), the tensors of each quantized linear."""
+    scheme: str
+    linears: dict
+
+
+def quantization_pass(config: CompileConfig, prequantized: Prequantized | None) -> GraphPass | None:
+    """The quantize_<scheme> pass: over the checkpoint's own tensors, or quantizing float weights."""
+    from graphllm.passes.quantization.quantize_fp8 import QuantizeFP8
+    from graphllm.passes.quantization.quantize_int4 import QuantizeInt4
+    from graphllm.passes.quantization.quantize_int8 import QuantizeInt8
+    if prequantized is not None:
+        make = {"fp8": QuantizeFP8, "int4": QuantizeInt4}[prequantized.scheme]
+        return make(checkpoint=prequantized.linears)
+    lm_head = config.quantize_lm_head
+    return {"fp8": lambda: QuantizeFP8(include_lm_head=lm_head), "int8": lambda: QuantizeInt8(include_lm_head=lm_head),
+            "int4": lambda: QuantizeInt4(config.quantization_group_size, include_lm_head=lm_head),
+            None: lambda: None}[config.quantization]()
+
+
+def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = None) -> list[GraphPass]:
     from graphllm.passes.fusion.fuse_add_rmsnorm import FuseAddRMSNorm
     from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
     from graphllm.passes.fusion.fuse_qkv import FuseQKV
@@ -46,12 +70,14 @@ def build_pass_list(config: CompileConfig) -> list[GraphPass]:
               (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.fuse_rope_attention, FuseRopeAttention),
               (config.skinny_linear, SkinnyLinear),
               (config.skinny_linear and config.linear_prologue, LinearPrologue)]
-    return [EliminateNoops()] + [cls() for wanted, cls in chosen if wanted] + cleanup
+    quantize = quantization_pass(config, prequantized)
+    return ([EliminateNoops()] + ([quantize] if quantize else []) + [cls() for wanted, cls in chosen if wanted]
+            + cleanup)
 
 
 class PassManager:
-    def __init__(self, config: CompileConfig):
-        self.passes = build_pass_list(config)
+    def __init__(self, config: CompileConfig, prequantized: Prequantized | None = None):
+        self.passes = build_pass_list(config, prequantized)
 
     def uuid(self) -> str:
         joined = ",".join(f"{p.name}:{p.uuid()}" for p in self.passes)

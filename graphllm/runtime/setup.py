@@ -133,13 +133,21 @@ def build_runtime(config: EngineConfig) -> Runtime:
         return build_compiled_runtime(config, Path(config.artifact))
     path = resolve_model_path(config.model)
     device = resolve_device(config.device)
-    if config.compile:
+    if config.compile or is_quantized(config, path):  # quantization is a compiler pass: no eager path
+        if not config.compile:
+            logger.info("%s: quantized models run compiled; compiling (or reusing the cached artifact)", path)
         from graphllm.compiler.cache import compiled_artifact
         art = compiled_artifact(path, config.compile_config(), device, config.artifact_cache)
         return build_compiled_runtime(config, art)
     dtype = resolve_dtype(config.dtype, read_hf_config(path), device)
     model, model_config = load_model(path, dtype, device)
     return assemble(config, resolve_limits(config), path, model, model_config, StepModule(model), dtype, device)
+
+
+
+def is_quantized(config: EngineConfig, path: Path) -> bool:
+    """Asked to quantize, or a pre-quantized checkpoint (config.json has a quantization_config)."""
+    return config.quantization is not None or "quantization_config" in read_hf_config(path)
 
 
 def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
@@ -149,10 +157,30 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
     device = resolve_device(config.device)
     manifest = verify_artifact(art, device)
     model_config, weights, step = load_compiled_step(art, manifest, device)
-    dtype = next(iter(weights.values())).dtype
+    dtype = getattr(torch, manifest["compile"]["dtype"])  # not a weight's: quantized ones are int/float8
+    check_quantization_matches(config, manifest, art)
     limits = resolve_limits(config, manifest["compile"])
     buckets = tuple(b for b in manifest["compile"]["buckets"] if b <= limits.max_num_seqs)
-    return assemble(config, limits, art, None, model_config, step, dtype, device, buckets)
+    return assemble(config, limits, art, None, model_config, step, dtype, device, buckets,
+                    checkpoint_kv_scales(manifest))
+
+
+def check_quantization_matches(config: EngineConfig, manifest: dict, art: Path) -> None:
+    """An artifact runs as it was compiled: asking for another quantization is an error, not ignored."""
+    built = manifest.get("quantization") or {}
+    if config.quantization is not None and config.quantization not in (built.get("scheme"), built.get("source")):
+        raise ValueError(f"artifact {art} was compiled with quantization {built.get('scheme')}; it cannot run as "
+                         f"{config.quantization}: recompile with graphllm compile --quantization {config.quantization}")
+
+
+def checkpoint_kv_scales(manifest: dict) -> KVScales:
+    """The checkpoint's k_scale / v_scale (compressed-tensors kv_cache_scheme) as per-tensor scales:
+    graphllm's fp8 cache has one scale for K and one for V over all layers, so the largest layer's
+    (no layer saturates; the others lose a little resolution). 1.0 when the checkpoint has none."""
+    scales = list(manifest.get("kv_scales", {}).values())
+    if not scales:
+        return KVScales()
+    return KVScales(max(k for k, _ in scales), max(v for _, v in scales))
 
 
 def resolve_limits(config: EngineConfig, built: dict | None = None) -> Limits:
@@ -172,7 +200,7 @@ def resolve_limits(config: EngineConfig, built: dict | None = None) -> Limits:
 
 def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module | None,
              model_config: ModelConfig, step, dtype: torch.dtype, device: torch.device,
-             buckets: tuple[int, ...] | None = None) -> Runtime:
+             buckets: tuple[int, ...] | None = None, kv_scales: KVScales = KVScales()) -> Runtime:
     """The parts eager and compiled engines share: tokenizer, KV cache, scheduler, runner.
 
     The compiled step takes a KV cache of any element type (the attention op, an opaque call in
@@ -190,9 +218,12 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
                          eos_token_ids(path, model_config, tokenizer), model_config, limits)
     pool = BlockPool(num_blocks, limits.block_size)
     scheduler = Scheduler(pool, limits.max_num_seqs, limits.max_num_batched_tokens)
-    kv_scales = KVScales()  # uncalibrated, 1.0 for K and V (vLLM's default); ignored unless fp8
     shape = AttentionShape(model_config.num_attention_heads, model_config.num_key_value_heads,
                            model_config.head_dim, model_config.sliding_window)
+    if config.calculate_kv_scales and kv_dtype != dtype:  # ignored unless the cache is fp8 (as vLLM)
+        from graphllm.runtime.kv_calibration import calculate_kv_scales
+        kv_scales = calculate_kv_scales(step, model_config, tokenizer, shape, dtype, device, limits.block_size)
+        logger.info("fp8 KV cache scales from a calibration prefill: k %.4g, v %.4g", kv_scales.k, kv_scales.v)
     backend = select_backend(config.attention_backend, shape, dtype, device, limits.block_size, kv_dtype, kv_scales)
     logger.info("attention backend: %s", backend.name)
     graphs = None
