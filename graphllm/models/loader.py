@@ -3,26 +3,48 @@
 The module is built on the meta device, then every parameter is assigned from safetensors
 (single file or sharded with model.safetensors.index.json) in the requested dtype. Every
 mismatch between checkpoint and module is an error that names the tensor.
+
+A pre-quantized folder (compressed-tensors, GPTQ, AWQ, fp8: graphllm/models/quantization/) loads
+through load_checkpoint: each quantized linear's weight parameter is a zero-memory placeholder of
+its shape, and its tensors in graphllm's internal layout come beside the model, for the compiler's
+quantization pass to put in place of the linear.
 """
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import safe_open
 from torch import nn
 
 from graphllm.models.config import ModelConfig
+from graphllm.models.errors import ModelLoadError
+from graphllm.models.quantization import (CheckpointQuantization, QuantizedTensors, quantized_linears,
+                                          read_checkpoint_quantization)
 from graphllm.models.registry import resolve_architecture
 
 # Checkpoint entries that carry no weights (old Llama checkpoints saved the rope buffer).
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+__all__ = ["LoadedCheckpoint", "ModelLoadError", "load_checkpoint", "load_model", "read_hf_config", "weight_files"]
 
 
-class ModelLoadError(ValueError):
-    """A model folder that cannot be loaded; the message names the file or tensor at fault."""
+@dataclass
+class LoadedCheckpoint:
+    """A loaded model folder. For a quantized checkpoint, `quantized` maps each quantized linear's module
+    path ("model.layers.0.self_attn.q_proj") to its tensors in graphllm's internal layout
+    (graphllm/kernels/quant_layout.py): {"weight", "weight_scale", "input_scale"?} for fp8, {"qweight",
+    "scales", "zeros"} for int4, plus "bias" where the linear has one; that linear's weight parameter in
+    `model` is a zero-memory placeholder. `kv_scales` maps a layer to its fp8 KV-cache (k_scale, v_scale)."""
+    model: nn.Module
+    config: ModelConfig
+    quantization: CheckpointQuantization | None = None
+    quantized: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    kv_scales: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 def read_hf_config(path: Path) -> dict[str, Any]:
@@ -58,45 +80,93 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def read_checkpoint(files: list[Path], expected: dict[str, nn.Parameter], skip: set[str],
-                    dtype: torch.dtype, device: torch.device) -> dict[str, torch.Tensor]:
-    """Every expected tensor from the files, checked for name and shape, in `dtype` on `device`."""
+                    dtype: torch.dtype, device: torch.device,
+                    claims: Callable[[str], bool] = lambda name: False,
+                    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Every expected tensor from the files, checked for name, shape and a float dtype, in `dtype` on
+    `device`; apart, as stored (CPU, own dtype), the tensors whose name `claims` (quantized ones)."""
     tensors: dict[str, torch.Tensor] = {}
+    claimed: dict[str, torch.Tensor] = {}
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
                 if name.endswith(IGNORED_SUFFIXES) or name in skip:
                     continue
+                if claims(name):
+                    claimed[name] = f.get_tensor(name)
+                    continue
                 if name not in expected:
                     raise ModelLoadError(f"unexpected tensor {name!r} in {file.name}: the model has no such parameter")
                 tensor = f.get_tensor(name)
-                if tensor.shape != expected[name].shape:
-                    raise ModelLoadError(
-                        f"tensor {name!r} in {file.name} has shape {tuple(tensor.shape)}, "
-                        f"the model expects {tuple(expected[name].shape)}")
+                check_parameter_tensor(name, file, tensor, expected[name])
                 tensors[name] = tensor.to(device=device, dtype=dtype)
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise ModelLoadError(f"checkpoint is missing tensor(s): {', '.join(missing[:10])}"
                              + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
-    return tensors
+    return tensors, claimed
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> tuple[nn.Module, ModelConfig]:
-    """Build the model of a Hugging Face folder and fill it with its safetensors weights."""
+def check_parameter_tensor(name: str, file: Path, tensor: torch.Tensor, parameter: nn.Parameter) -> None:
+    if tensor.shape != parameter.shape:
+        raise ModelLoadError(
+            f"tensor {name!r} in {file.name} has shape {tuple(tensor.shape)}, "
+            f"the model expects {tuple(parameter.shape)}")
+    if tensor.dtype not in FLOAT_DTYPES:  # e.g. a quantized layer that the config's ignore list keeps float
+        raise ModelLoadError(f"tensor {name!r} in {file.name} is stored as {tensor.dtype}, expected a floating-point "
+                             "weight: the checkpoint's quantization config (if any) does not quantize it")
+
+
+def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
+                    device: str | torch.device = "cpu") -> LoadedCheckpoint:
+    """Build the model of a Hugging Face folder, plain or pre-quantized, and fill it with its weights."""
     path, device = Path(path), torch.device(device)
     hf = read_hf_config(path)
     module_cls, config = resolve_architecture(hf)
+    quant = read_checkpoint_quantization(hf)
     files = weight_files(path)
     with torch.device("meta"):
         model = module_cls(config)
-    expected = dict(model.named_parameters())  # tied lm_head appears once, as the embedding
+    linears = quantized_linears(model, quant) if quant else {}
+    placeholders = {f"{prefix}.weight" for prefix in linears}
+    expected = {n: p for n, p in model.named_parameters() if n not in placeholders}  # tied lm_head appears once
     skip = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    tensors = read_checkpoint(files, expected, skip, dtype, device)
+    router = QuantizedTensors(quant, linears) if quant else None
+    claims = router.claims if router else (lambda name: False)
+    tensors, claimed = read_checkpoint(files, expected, skip, dtype, device, claims)
+    if router is None:
+        return LoadedCheckpoint(fill_model(model, config, tensors, device), config)
+    quantized = router.convert(claimed, dtype, device)
+    for prefix, (n, k) in linears.items():
+        tensors[f"{prefix}.weight"] = torch.zeros((), dtype=dtype, device=device).expand(n, k)  # no memory
+        if f"{prefix}.bias" in tensors:
+            quantized[prefix]["bias"] = tensors[f"{prefix}.bias"]
+    return LoadedCheckpoint(fill_model(model, config, tensors, device), config, quant, quantized,
+                            router.kv_scales(claimed, config.num_hidden_layers))
+
+
+def fill_model(model: nn.Module, config: ModelConfig, tensors: dict[str, torch.Tensor],
+               device: torch.device) -> nn.Module:
+    """Assign the tensors to the meta-built model, tie the head, rebuild buffers on `device`."""
     model.load_state_dict(tensors, strict=False, assign=True)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     for module in model.modules():
         if hasattr(module, "reset_buffers"):
             module.reset_buffers(device)
-    return model.eval().requires_grad_(False), config
+    return model.eval().requires_grad_(False)
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> tuple[nn.Module, ModelConfig]:
+    """Build the model of an unquantized Hugging Face folder and fill it with its safetensors weights.
+
+    A pre-quantized folder is refused: its linears only run through the compiler's quantization pass
+    (load it with load_checkpoint)."""
+    quant = read_checkpoint_quantization(read_hf_config(Path(path)))
+    if quant is not None:
+        raise ModelLoadError(f"{path} is a pre-quantized checkpoint ({quant.method}, {quant.scheme}): quantized "
+                             "checkpoints must be compiled (the compiler's quantization pass applies them); "
+                             "load_checkpoint reads them")
+    loaded = load_checkpoint(path, dtype, device)
+    return loaded.model, loaded.config
