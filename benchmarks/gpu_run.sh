@@ -26,6 +26,12 @@
 #   soak-start soak-S soak-stop  (issue 17) `graphllm serve` of the 8B preset as a daemon (setsid: it outlives
 #              the call, so one server can take load across two calls), benchmarks/soak.py with 256 clients for
 #              S seconds against it, then SIGTERM and its exit code; the KV pool's state is read after each soak
+#   qsweep     benchmarks/quant_kernel_sweep.py (fp8 / int8 / int4 matmul kernels vs cuBLAS, 8B shapes, M 1..256)
+#   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests
+#   qlat-S     bench latency at batch 1 and 16 with --quantization S (none: bf16), the same limits and artifact cache
+#   qtput-S    bench throughput, 1,024 requests, with --quantization S (none: bf16)
+#   qagree     benchmarks/quant_agreement.py: teacher-forced top-1 agreement of every quantized artifact of the
+#              8B preset with the bf16 one, and each artifact's compile phases (run after the qlat stages)
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
 set -uo pipefail
@@ -118,6 +124,19 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
           cp /tmp/soak-server.log "$OUT/r/" ;;
     soak-*) python3 benchmarks/soak.py --base-url http://127.0.0.1:8123/v1 --clients 256 --duration "${stage#soak-}" \
           --max-tokens 128 --chat-rate 0 --token-prompts 1 --server-pid "$(cat /tmp/soak-server.pid)" --json "$OUT/r/$stage.json" ;;
+    qsweep) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep.json" ;;
+    qtests) timeout 400 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_fp8_matmul.py \
+        tests/kernels/test_int4_matmul.py tests/kernels/test_int8_matmul.py tests/passes/test_quantize_fp8.py \
+        tests/passes/test_quantize_int4.py tests/passes/test_quantize_int8.py tests/passes/test_quantized_fusion.py \
+        tests/gpu/test_quantized.py 2>&1 | grep -v "^\.*$" | tail -30 ;;
+    qlat-none) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
+        --json "$OUT/r/$stage.json" ;;
+    qlat-*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
+        --quantization "${stage#qlat-}" --json "$OUT/r/$stage.json" ;;
+    qtput-none) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    qtput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
+        --quantization "${stage#qtput-}" --json "$OUT/r/$stage.json" ;;
+    qagree) timeout 400 python3 benchmarks/quant_agreement.py "$GRAPHLLM_CACHE_DIR" $WORK/models/llama-3-8b "$OUT/r/qagree.json" ;;
     *) echo "unknown stage $stage" ;;
   esac 2>&1 | tee "$OUT/r/$stage.log" | grep -v "^\s*$" | tail -40
   echo "== stage $stage: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s"

@@ -297,7 +297,10 @@ def write_ct_fp8_folder(path, arch: str = "llama", weight_strategy: str = "chann
         weight, scale = ct_fp8_quantize(w, weight_strategy == "tensor")
         out = {"weight": weight, "weight_scale": scale}
         if not dynamic:
-            out["input_scale"] = torch.tensor([0.02 + 0.001 * len(prefix)])
+            # one scale per input tensor, as calibration gives: q/k/v read one input, gate/up another
+            reads = {"k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}
+            parent, _, proj = prefix.rpartition(".")
+            out["input_scale"] = torch.tensor([0.02 + 0.001 * len(f"{parent}.{reads.get(proj, proj)}")])
         attention, _, proj = prefix.rpartition(".")
         if kv_scales and proj in ("k_proj", "v_proj"):
             kv_extra[f"{attention}.{proj[0]}_scale"] = torch.tensor([0.5 if proj == "k_proj" else 0.25])

@@ -63,11 +63,13 @@ def run_python(code: str, *args, env: dict | None = None) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def cold_compile(model: Path, art: Path, work: Path, max_num_seqs: int, max_model_len: int) -> dict:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / "inductor-cold")}
+def cold_compile(model: Path, art: Path, work: Path, max_num_seqs: int, max_model_len: int,
+                 quantization: str | None = None) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(work / f"inductor-cold-{quantization or 'none'}")}
     start = time.time()
     result = subprocess.run([sys.executable, "-m", "graphllm.cli", "compile", "--model", str(model), "--out",
-                             str(art), "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len)],
+                             str(art), "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len),
+                             *(["--quantization", quantization] if quantization else [])],
                             capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"compile failed:\n{result.stderr[-4000:]}")
@@ -76,16 +78,18 @@ def cold_compile(model: Path, art: Path, work: Path, max_num_seqs: int, max_mode
 
 
 def bench_compile(model: Path, work: Path, batch_sizes: list[int], input_len: int, output_len: int,
-                  max_num_seqs: int) -> dict:
+                  max_num_seqs: int, quantization: str | None = None) -> dict:
+    """A quantized model has no eager mode (quantization is a compiler pass): its decode rows are the
+    compiled modes only."""
     max_model_len = input_len + output_len + 16
-    art = work / "artifact"
-    results = {"cold_compile": cold_compile(model, art, work, max_num_seqs, max_model_len)}
+    art = work / f"artifact-{quantization or 'none'}"
+    results = {"cold_compile": cold_compile(model, art, work, max_num_seqs, max_model_len, quantization)}
     print("cold compile:", json.dumps(results["cold_compile"]), flush=True)
     results["warm_start"] = run_python(WARM_START, art, time.time(), max_model_len)
     print("warm start:", json.dumps(results["warm_start"]), flush=True)
     results["decode"] = []
     for b in batch_sizes:
-        for mode in ("graphs", "compiled", "eager"):
+        for mode in ("graphs", "compiled") + (() if quantization else ("eager",)):
             path = model if mode == "eager" else art
             results["decode"].append(run_python(DECODE, mode, path, b, input_len, output_len, max_model_len))
             print("decode:", json.dumps(results["decode"][-1]), flush=True)
@@ -110,7 +114,8 @@ def main(args) -> int:
     start = time.time()
     model = Path(args.model) if args.model else write_preset(args.preset, work / "model")
     print(f"model folder ready in {time.time() - start:.1f} s", flush=True)
-    results = bench_compile(model, work, args.batch_sizes, args.input_len, args.output_len, args.max_num_seqs)
+    results = bench_compile(model, work, args.batch_sizes, args.input_len, args.output_len, args.max_num_seqs,
+                            args.quantization)
     results["args"] = {k: v for k, v in vars(args).items() if k != "func"}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -59,19 +59,25 @@ def safetensors_entries(model_dir: Path) -> dict[str, dict]:
     return entries
 
 
-def decode_weight_bytes(model_dir: Path, dtype: torch.dtype) -> dict:
-    """Bytes one decode step reads from the weights, at the engine's dtype.
+SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                     "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
+
+
+def decode_weight_bytes(model_dir: Path, dtype: torch.dtype | None) -> dict:
+    """Bytes one decode step reads from the weights: at `dtype` (a model folder the engine casts),
+    or as stored (None: an artifact's weights.safetensors, quantized tensors at their own width).
 
     The input embedding is a gather of B rows, not a read of the matrix; tied embeddings (no
     lm_head.weight in the folder) are read whole by the LM head, so they count.
     """
     entries = safetensors_entries(model_dir)
     numel = {name: math.prod(e["shape"]) for name, e in entries.items()}
-    tied = not any(name.endswith("lm_head.weight") for name in entries)
-    embed = sum(n for name, n in numel.items() if name.endswith("embed_tokens.weight"))
-    read = sum(numel.values()) - (0 if tied else embed)
-    return {"parameters": sum(numel.values()), "decode_read_parameters": read, "tied_embeddings": tied,
-            "decode_read_bytes": read * dtype.itemsize}
+    size = {name: dtype.itemsize if dtype else SAFETENSORS_BYTES[e["dtype"]] for name, e in entries.items()}
+    tied = not any(".lm_head." in f".{name}" for name in entries)
+    embed = [name for name in entries if name.endswith("embed_tokens.weight")]
+    read = [name for name in entries if tied or name not in embed]
+    return {"parameters": sum(numel.values()), "decode_read_parameters": sum(numel[n] for n in read),
+            "tied_embeddings": tied, "decode_read_bytes": sum(numel[n] * size[n] for n in read)}
 
 
 def measure_bandwidth_tbs(device: torch.device, gib: float = 1.0, reps: int = 20) -> float:
@@ -193,7 +199,9 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-model-len {engine.state.max_model_len} is shorter than --input-len + --output-len")
     report["engine"] = engine_facts(engine)
     report["results"] = run_latency(engine, args)
-    weights = report["weights"] = decode_weight_bytes(model_dir, engine.state.dtype)
+    compiled = (engine.state.model_path / "weights.safetensors").is_file()  # an artifact: weights as stored
+    weights = report["weights"] = (decode_weight_bytes(engine.state.model_path, None) if compiled
+                                   else decode_weight_bytes(model_dir, engine.state.dtype))
     tbs = report["ceiling"]["bandwidth_tbs"]
     report["ceiling"]["tok_s_per_seq"] = tbs * 1e12 / weights["decode_read_bytes"] if tbs else None
     add_ceiling_share(report["results"], report["ceiling"]["tok_s_per_seq"])

@@ -7,6 +7,7 @@ from safetensors import safe_open
 
 import graphllm.ops.attention  # noqa: F401  (register the ops a compiled step may call)
 import graphllm.ops.linear  # noqa: F401
+import graphllm.ops.quantized_linear  # noqa: F401
 import graphllm.ops.rms_norm  # noqa: F401
 import graphllm.ops.silu_and_mul  # noqa: F401
 from graphllm.compiler import artifact as A

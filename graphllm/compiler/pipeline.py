@@ -29,6 +29,7 @@ from graphllm.config import CHECKPOINT_QUANTIZATIONS, CompileConfig
 from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir import capture, diff_graphs, format_graph
 from graphllm.models.loader import ModelLoadError, load_checkpoint, read_hf_config, weight_files
+from graphllm.models.quantization import read_checkpoint_quantization
 from graphllm.passes.manager import PassManager, Prequantized
 from graphllm.version import __version__
 
@@ -70,13 +71,19 @@ def cache_key(model_dir: Path, config: CompileConfig, device: torch.device) -> s
     parts = {
         "graphllm": __version__,
         "compile": dataclasses.asdict(config),
-        "passes": PassManager(config).uuid(),
+        "passes": PassManager(config, planned_prequantized(model_dir)).uuid(),
         "compiler": compiler_source_hash(),
         "model_config": read_hf_config(model_dir),
         "weights": {f.name: A.quick_fingerprint(f) for f in weight_files(model_dir)},
         "environment": A.environment_fingerprint(device),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def planned_prequantized(model_dir: Path) -> Prequantized | None:
+    """The pass plan of a pre-quantized checkpoint before its tensors are read (for the cache key)."""
+    found = read_checkpoint_quantization(read_hf_config(model_dir))
+    return None if found is None else Prequantized(found.scheme, {})
 
 
 def checkpoint_quantization(config: CompileConfig, loaded, model_dir: Path) -> Prequantized | None:

@@ -1,14 +1,14 @@
 """graphllm's internal layouts of quantized linear weights, and their pure-torch references.
 
 One layout per scheme, shared by the on-the-fly quantization passes (graphllm/passes/quantization/)
-and the loaders of pre-quantized checkpoints (graphllm/models/quantized_checkpoint.py), so one
-kernel family serves both. A linear computes y = x @ W^T (+ bias) with W: [N, K] (nn.Linear's
-layout) stored as:
+and the loaders of pre-quantized checkpoints (graphllm/models/quantization/), so one kernel family
+serves both. A linear computes y = x @ W^T (+ bias) with W: [N, K] (nn.Linear's layout) stored as
+these tensors (the names they have under the linear's module path in a compiled graph):
 
     scheme  tensors                                                   W[n, k] =
-    fp8     weight  float8_e4m3fn [N, K], weight_scale float32 [N]     weight[n, k] * weight_scale[n]
+    fp8     qweight float8_e4m3fn [N, K], weight_scale float32 [N]     qweight[n, k] * weight_scale[n]
             input_scale float32 [1] (static activation scale) or None (dynamic, one scale per row)
-    int8    weight  int8 [N, K], weight_scale float32 [N]              weight[n, k] * weight_scale[n]
+    int8    qweight int8 [N, K], weight_scale float32 [N]              qweight[n, k] * weight_scale[n]
     int4    qweight int32 [K/8, N], scales [K/G, N], zeros [K/G, N]     (q[k, n] - zeros[k//G, n]) * scales[k//G, n]
             (scales and zeros in the activation dtype; zeros hold whole numbers 0..15)
 

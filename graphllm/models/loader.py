@@ -37,7 +37,7 @@ __all__ = ["LoadedCheckpoint", "ModelLoadError", "load_checkpoint", "load_model"
 class LoadedCheckpoint:
     """A loaded model folder. For a quantized checkpoint, `quantized` maps each quantized linear's module
     path ("model.layers.0.self_attn.q_proj") to its tensors in graphllm's internal layout
-    (graphllm/kernels/quant_layout.py): {"weight", "weight_scale", "input_scale"?} for fp8, {"qweight",
+    (graphllm/kernels/quant_layout.py): {"qweight", "weight_scale", "input_scale"?} for fp8, {"qweight",
     "scales", "zeros"} for int4, plus "bias" where the linear has one; that linear's weight parameter in
     `model` is a zero-memory placeholder. `kv_scales` maps a layer to its fp8 KV-cache (k_scale, v_scale)."""
     model: nn.Module

@@ -51,9 +51,9 @@ def folders(tmp_path_factory):
 
 
 def dequantized(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
-    if "qweight" in tensors:
+    if "zeros" in tensors:
         return dequantize_int4(tensors["qweight"], tensors["scales"], tensors["zeros"])
-    return dequantize_per_channel(tensors["weight"], tensors["weight_scale"])
+    return dequantize_per_channel(tensors["qweight"], tensors["weight_scale"])
 
 
 def library_weights(folder) -> dict[str, torch.Tensor]:
@@ -99,7 +99,7 @@ def test_int4_layout_shapes_and_dtypes(folders, name):
 def test_fp8_layout_shapes_and_dtypes(folders, name):
     loaded = load_checkpoint(folders(name), dtype=torch.bfloat16)
     t = loaded.quantized[Q_PROJ]
-    assert (t["weight"].dtype, t["weight"].shape) == (FP8_DTYPE, (64, 64))
+    assert (t["qweight"].dtype, t["qweight"].shape) == (FP8_DTYPE, (64, 64))
     assert (t["weight_scale"].dtype, t["weight_scale"].shape) == (torch.float32, (64,))
     static = name.endswith("static")
     assert loaded.quantization.input_dynamic is not static

@@ -75,7 +75,7 @@ class StoredLinear:
 def convert_linear(quant: CheckpointQuantization, prefix: str, tensors: dict[str, torch.Tensor],
                    shape: tuple[int, int], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The checkpoint tensors of the linear at `prefix` (by suffix) -> its internal layout:
-    {"weight", "weight_scale", "input_scale"?} (fp8) or {"qweight", "scales", "zeros"} (int4)."""
+    {"qweight", "weight_scale", "input_scale"?} (fp8) or {"qweight", "scales", "zeros"} (int4)."""
     stored = StoredLinear(prefix, tensors)
     converted = CONVERTERS[(quant.method, quant.scheme)](stored, *shape, quant, dtype)
     stored.check_all_taken(f"the {quant.method} {quant.scheme} layout of this linear has no such tensor")
@@ -87,7 +87,7 @@ def convert_linear(quant: CheckpointQuantization, prefix: str, tensors: dict[str
 def fp8_linear(stored: StoredLinear, n: int, k: int, quant: CheckpointQuantization, dtype: torch.dtype):
     weight = stored.take("weight", (FP8_DTYPE,), (n, k))  # [N, K]
     scale = stored.take("weight_scale", FLOAT_DTYPES, *(PER_TENSOR if quant.weight_per_tensor else ((n,), (n, 1))))
-    out = {"weight": weight, "weight_scale": scale.float().reshape(-1).expand(n).contiguous()}  # [N]
+    out = {"qweight": weight, "weight_scale": scale.float().reshape(-1).expand(n).contiguous()}  # [N]
     if not quant.input_dynamic:
         out["input_scale"] = stored.take("input_scale", FLOAT_DTYPES, *PER_TENSOR).float().reshape(1)
     return out
