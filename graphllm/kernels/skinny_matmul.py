@@ -103,6 +103,36 @@ def _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm,
     return tl.math.rsqrt(tl.sum(sumsq, 1) / K + eps)[:, None]
 
 
+@triton.jit
+def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
+                stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Stores out + bias ([BLOCK_M, BLOCK_N] float32, this program's product) in out_ptr's dtype; with
+    SPLIT_K > 1 out is one K split's partial, and the program of column tile pid_n that arrives last sums
+    all splits' partials in split order (the deterministic scheme of the module docstring). Shared with the
+    quantized siblings (fp8_matmul, int8_matmul, int4_matmul), whose tiles hold offs_m < BLOCK_M when split."""
+    if SPLIT_K > 1:
+        # Partial [SPLIT_K, BLOCK_M, N] float32; the last program of this column tile to arrive sums them.
+        p_ptrs = partial_ptr + (pid_k * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :]
+        tl.store(p_ptrs, out, mask=n_mask[None, :])
+        tl.debug_barrier()  # every thread's partial is stored before the count is released
+        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+        if arrived == SPLIT_K - 1:
+            out = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                out += tl.load(partial_ptr + (s * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :],
+                               mask=n_mask[None, :], other=0.0, cache_modifier=".cg")
+            if HAS_BIAS:
+                out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
+                     mask=m_mask[:, None] & n_mask[None, :])
+            tl.atomic_xchg(count_ptr + pid_n, 0)
+    else:
+        if HAS_BIAS:
+            out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & n_mask[None, :])
+
+
 @triton.jit(do_not_specialize=["M", "eps"])  # 2..16 rows share one compile
 def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
                           M, N, K, K_SPLIT, eps, stride_xm, stride_rm, stride_wn, stride_om,
@@ -151,27 +181,8 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
         out = tl.sum(acc, 1)[None, :]  # [1, BLOCK_N]
     else:
         out = acc
-    if SPLIT_K > 1:
-        # Partial [SPLIT_K, BLOCK_M, N] float32; the last program of this column tile to arrive sums them.
-        p_ptrs = partial_ptr + (pid_k * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :]
-        tl.store(p_ptrs, out, mask=n_mask[None, :])
-        tl.debug_barrier()  # every thread's partial is stored before the count is released
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-        if arrived == SPLIT_K - 1:
-            out = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for s in tl.static_range(SPLIT_K):
-                out += tl.load(partial_ptr + (s * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :],
-                               mask=n_mask[None, :], other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
-                     mask=m_mask[:, None] & n_mask[None, :])
-            tl.atomic_xchg(count_ptr + pid_n, 0)
-    else:
-        if HAS_BIAS:
-            out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+    finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
+                stride_om, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)
 
 
 @functools.lru_cache(maxsize=None)
@@ -182,11 +193,16 @@ def _sm_count(device: torch.device) -> int:
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
-def _counters(device: torch.device) -> torch.Tensor:
-    """The split-K arrival counters of a device: zeroed once, and every kernel leaves them at zero."""
+def split_k_counters(device: torch.device) -> torch.Tensor:
+    """The split-K arrival counters of a device (finish_tile's count_ptr, MAX_COLUMN_TILES of them): zeroed
+    once, and every kernel leaves them at zero. Shared by the quantized siblings: kernels on one stream run
+    one after another, so one set serves them all."""
     if device not in _COUNTERS:
         _COUNTERS[device] = torch.zeros(MAX_COLUMN_TILES, dtype=torch.int32, device=device)
     return _COUNTERS[device]
+
+
+_counters = split_k_counters  # the name tests/kernels/test_skinny_matmul.py reads
 
 
 def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
@@ -253,7 +269,7 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     if split_k > 1:
         assert tiles <= MAX_COLUMN_TILES
         partial = torch.empty((split_k, block_m, n), dtype=torch.float32, device=x.device)
-        counters = _counters(x.device)
+        counters = split_k_counters(x.device)
     _skinny_matmul_kernel[(tiles, split_k)](
         x, x if residual is None else residual, x if norm_weight is None else norm_weight,
         out if new_residual is None else new_residual, weight, weight if bias is None else bias, out, partial,

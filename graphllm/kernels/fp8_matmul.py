@@ -1,0 +1,234 @@
+"""y = quant(x) @ W^T * scales (+ bias) for a W8A8 float8 linear: a Triton kernel at decode batch sizes,
+float8 quantization of x, and torch._scaled_mm beyond.
+
+    x [M, K] float16 / bfloat16 / float32 (last-dim stride 1), weight float8_e4m3fn [N, K] (contiguous),
+    weight_scale float32 [N], input_scale float32 [1] or None, bias [N] or None  ->  y [M, N] in x's dtype
+    y = (xq @ weight^T) * x_scale * weight_scale (+ bias),  xq = clamp(x / x_scale, +-448) as float8,
+    x_scale = max|x_row| / 448 per row (dynamic), or input_scale (static)   (quant_layout.fp8_linear_reference)
+
+Where rows go (fp8_matmul):
+
+    rows                      path
+    1..16                     _fp8_matmul_kernel, one 16-row tile (or a one-row multiply-add): streams the weight
+    17.. bf16, no CONFIGS     fp8_quantize_rows, then torch._scaled_mm with row-wise scales (cuBLAS / CUTLASS)
+    17.. otherwise            _fp8_matmul_kernel in GEMM tiles (default 128 x 128, no K split)
+
+_fp8_matmul_kernel is int8_matmul's kernel with float8 operands: grid (tiles_m * tiles_n, SPLIT_K),
+[BLOCK_N, BLOCK_K] weight tiles, skinny_matmul.finish_tile's deterministic K-split reduction. SWAP_AB puts
+the weight tile on the MMA's M side (acc [BLOCK_N, BLOCK_M] = w @ x^T): on sm_90 a 64-row weight tile is
+then a wgmma that reads float8 straight from shared memory, with no per-element work in registers. Where
+x comes from (X_MODE):
+    0  x in float, dynamic scales: each program first reads its rows once for max|x| (at most 16 rows of
+       K, from L2), then quantizes each x tile as it goes (config FUSE_QUANT: one launch)
+    1  x in float, the static input_scale: quantized as it goes
+    2  x already float8 with per-row scales (fp8_quantize_rows: a launch of its own)
+Products: a tl.dot of two float8e4nv tiles (sm_89+; float16 copies elsewhere, exact), added to the
+float32 accumulator once per K step (the Hopper fp8 MMA keeps about 14 bits while it sums within one);
+one row: float32 multiply-add.
+
+Where it rounds: x / x_scale is rounded once to float8 (a correctly rounded quotient, as torch divides);
+the products of two float8 values are exact; sums in float32; then * x_scale * weight_scale, + bias, one
+rounding to x's dtype (the reference's order; with SPLIT_K > 1 each split is scaled before the sum).
+Under Triton's CPU interpreter the float32 -> float8 cast is wrong where rounding carries into the
+exponent (triton 3.9: 31.08 -> 16), so the CPU tests feed values that float8 holds exactly.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from graphllm.kernels.int8_matmul import MAX_ROWS, decode_split_k, m_bucket, plan_launch, tile_ids
+from graphllm.kernels.quant_layout import fp8_linear_reference  # noqa: F401 - the oracle of the tests
+from graphllm.kernels.skinny_matmul import finish_tile
+
+CONFIGS: dict[tuple[int, int, int], dict] = {}  # (m_bucket, N, K) -> config, pasted from the sweep
+X_DYNAMIC, X_STATIC, X_QUANTIZED = 0, 1, 2
+
+
+@triton.jit
+def _quantize(x, x_scale, x_inv):
+    """x [R, C] in float, x_scale and x_inv = 1 / x_scale (correctly rounded) [R, 1] -> float8e4nv, as the
+    reference rounds: x / x_scale correctly rounded (Markstein: the quotient x * x_inv corrected by one fma
+    of its exact residual; div.rn costs a subroutine per element), clamped to +-448, rounded to float8."""
+    xf = x.to(tl.float32)
+    q = xf * x_inv
+    q = tl.fma(tl.fma(-q, x_scale, xf), x_inv, q)
+    return tl.minimum(tl.maximum(q, -448.0), 448.0).to(tl.float8e4nv)
+
+
+@triton.jit
+def _row_scales(x_ptr, offs_m, m_mask, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """max(max|x_row| / FP8_MAX, MIN_SCALE) (quant_layout's 448 and 1e-12) for rows offs_m: [BLOCK_M, 1] float32."""
+    amax = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=m_mask[:, None] & (k < K)[None, :],
+                    other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    return tl.maximum(tl.math.div_rn(tl.max(amax, 1), 448.0), 1e-12)[:, None]
+
+
+@triton.jit
+def _dot(a, b, FP8_DOT: tl.constexpr):
+    """a @ b for float8e4nv tiles, float32 out; without fp8 tensor cores in float16 (exact for e4m3)."""
+    if FP8_DOT:
+        return tl.dot(a, b)
+    else:
+        return tl.dot(a.to(tl.float16), b.to(tl.float16))
+
+
+@triton.jit
+def _quantize_rows_kernel(x_ptr, input_scale_ptr, xq_ptr, x_scale_ptr, K, stride_xm,
+                          STATIC: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One program per row: x_scale[row] (dynamic or the static one) and xq[row, :] float8."""
+    row = tl.program_id(0)
+    rows = row + tl.arange(0, 1)
+    if STATIC:
+        scale = tl.load(input_scale_ptr + tl.zeros([1, 1], dtype=tl.int32)).to(tl.float32)
+    else:
+        scale = _row_scales(x_ptr, rows, rows >= 0, K, stride_xm, 1, BLOCK_K)
+    inv = tl.math.div_rn(1.0, scale)
+    tl.store(x_scale_ptr + rows[:, None], scale)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)[None, :]
+        x = tl.load(x_ptr + row * stride_xm + k, mask=k < K, other=0.0)
+        tl.store(xq_ptr + row * K + k, _quantize(x, scale, inv), mask=k < K)
+
+
+@triton.jit(do_not_specialize=["M"])  # every row count shares one compile per tile shape
+def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
+                       M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om,
+                       X_MODE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
+                       EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, FP8_DOT: tl.constexpr):
+    pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    pid_k = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    if X_MODE == 0:
+        x_scale = _row_scales(x_ptr, offs_m, m_mask, K, stride_xm, BLOCK_M, BLOCK_K)  # [BLOCK_M, 1]
+    elif X_MODE == 1:
+        x_scale = tl.load(x_scale_ptr + tl.zeros([BLOCK_M, 1], dtype=tl.int32)).to(tl.float32)
+    else:
+        x_scale = tl.load(x_scale_ptr + offs_m, mask=m_mask, other=1.0)[:, None]
+    x_inv = tl.math.div_rn(1.0, x_scale)
+    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_lo + offs_k)[None, :]  # [BLOCK_M, BLOCK_K]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
+    if BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    elif SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+            if EVEN_N:
+                w = tl.load(w_ptrs)
+            else:
+                w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
+        else:
+            k_mask = (k0 + offs_k) < k_hi
+            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        if X_MODE != 2:
+            x = _quantize(x, x_scale, x_inv)
+        # a fresh float32 sum per K step: the Hopper fp8 MMA accumulates in reduced precision within one
+        if BLOCK_M == 1:
+            acc += w.to(tl.float32) * x.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
+        elif SWAP_AB:
+            acc += _dot(w, tl.trans(x), FP8_DOT)  # [BLOCK_N, BLOCK_M]: the weight tile feeds the MMA's M side
+        else:
+            acc += _dot(x, tl.trans(w), FP8_DOT)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if BLOCK_M == 1:
+        acc = tl.sum(acc, 1)[None, :]  # [1, BLOCK_N]
+    elif SWAP_AB:
+        acc = tl.trans(acc)
+    out = acc * x_scale * tl.load(w_scale_ptr + offs_n, mask=n_mask, other=0.0)[None, :]
+    finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
+                stride_om, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)
+
+
+def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
+    """Measured configs first (CONFIGS), else (unmeasured guesses): up to 16 rows in one 16-row tile of
+    [64, 256] weight tiles, the weight on the MMA's M side (SWAP_AB: on sm_90 a wgmma streaming float8
+    straight from shared memory), x quantized in the kernel, decode_split_k's K splits; more rows (where
+    _scaled_mm cannot take them) in 128 x 128 GEMM tiles over x quantized beforehand."""
+    if (m_bucket(m), n, k) in CONFIGS:
+        return CONFIGS[(m_bucket(m), n, k)]
+    if m <= MAX_ROWS:
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 256, "SWAP_AB": True, "FUSE_QUANT": True,
+                "num_warps": 4, "num_stages": 4, "SPLIT_K": decode_split_k(n, k, 64, 256, device)}
+    return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "FUSE_QUANT": False,
+            "num_warps": 8, "num_stages": 3}
+
+
+def fp8_quantize_rows(x: torch.Tensor, input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (float8_e4m3fn [M, K] contiguous, float32 x_scale [M]): quant_layout.quantize_fp8_rows
+    in one launch (one program per row), the scale per row or input_scale for every row."""
+    m, k = x.shape
+    assert x.stride(-1) == 1
+    xq = torch.empty((m, k), dtype=torch.float8_e4m3fn, device=x.device)
+    x_scale = torch.empty((m,), dtype=torch.float32, device=x.device)
+    if m:
+        _quantize_rows_kernel[(m,)](x, x_scale if input_scale is None else input_scale, xq, x_scale, k, x.stride(0),
+                                    STATIC=input_scale is not None, BLOCK_K=min(2048, triton.next_power_of_2(k)),
+                                    num_warps=4)
+    return xq, x_scale
+
+
+def scaled_mm_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """torch._scaled_mm with row-wise scales serves this product: bfloat16 out (the output every torch
+    build's row-wise path gives), bias absent or bfloat16, N and K multiples of 16, an sm_89+ GPU."""
+    n, k = weight.shape
+    return (x.is_cuda and x.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
+            and n % 16 == 0 and k % 16 == 0 and torch.cuda.get_device_capability(x.device) >= (8, 9))
+
+
+def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+               input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+               config: dict | None = None) -> torch.Tensor:
+    """fp8_linear_reference(x, weight, weight_scale, input_scale, bias) for x: [M, K] (last-dim stride 1),
+    weight: float8_e4m3fn [N, K] contiguous, weight_scale: float32 [N], input_scale: float32 [1] or None,
+    bias: [N] or None -> a new contiguous [M, N] in x's dtype. config: default_config's keys; a config (given,
+    or CONFIGS') also keeps more than MAX_ROWS rows off _scaled_mm."""
+    m, k = x.shape
+    n = weight.shape[0]
+    assert weight.dtype == torch.float8_e4m3fn and weight.shape == (n, k) and weight.is_contiguous()
+    assert weight_scale.shape == (n,) and weight_scale.dtype == torch.float32 and x.stride(-1) == 1
+    config = config or CONFIGS.get((m_bucket(m), n, k))
+    if config is None and m > MAX_ROWS and scaled_mm_takes(x, weight, bias):
+        xq, x_scale = fp8_quantize_rows(x, input_scale)
+        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale.view(m, 1), scale_b=weight_scale.view(1, n),
+                                bias=bias, out_dtype=x.dtype)
+    out = x.new_empty((m, n))
+    if m == 0:
+        return out
+    config = config or default_config(m, n, k, x.device)
+    mode = X_STATIC if input_scale is not None else X_DYNAMIC if config.get("FUSE_QUANT") else X_QUANTIZED
+    x_scale = input_scale
+    if mode == X_QUANTIZED:
+        x, x_scale = fp8_quantize_rows(x, None)
+    plan = plan_launch(m, n, k, config, x.device)
+    _fp8_matmul_kernel[plan.grid](
+        x, weight_scale if x_scale is None else x_scale, weight, weight_scale, weight_scale if bias is None else bias,
+        out, out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
+        m, n, k, plan.k_split, x.stride(0), weight.stride(0), out.stride(0),
+        X_MODE=mode, HAS_BIAS=bias is not None, BLOCK_M=plan.block_m, BLOCK_N=config["BLOCK_N"],
+        BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, GROUP_M=config.get("GROUP_M", 8),
+        SWAP_AB=config.get("SWAP_AB", False), EVEN_N=n % config["BLOCK_N"] == 0,
+        EVEN_K=plan.k_split * plan.split_k == k, FP8_DOT=_fp8_dot(x.device),
+        num_warps=config["num_warps"], num_stages=config["num_stages"])
+    return out
+
+
+def _fp8_dot(device: torch.device) -> bool:
+    """tl.dot takes float8e4nv operands on sm_89+ (and under the interpreter)."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)

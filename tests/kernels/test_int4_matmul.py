@@ -1,0 +1,101 @@
+"""int4_matmul equals int4_linear_reference within rounding, for group sizes 32, 128 and per-channel (G = K),
+every tile path (one-row multiply-add, 16-row dot tiles, GEMM tiles), K split and ragged edge. Where a dot
+tile's K step spans groups the kernel rounds the dequantized weight to x's dtype (int4_matmul's docstring):
+there it must equal the reference with that weight tightly, and the float32 reference within the weight's
+rounding."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from graphllm.kernels.int4_matmul import (  # noqa: E402
+    default_config, int4_linear_reference, int4_matmul, weight_rounds)
+from graphllm.kernels.quant_layout import dequantize_int4, quantize_int4_weight  # noqa: E402
+from graphllm.kernels.skinny_matmul import split_k_counters  # noqa: E402
+from tests.kernels.conftest import DEVICE, LOW_DTYPE, gpu_only, randn  # noqa: E402
+from tests.kernels.test_int8_matmul import UNIT, assert_within_rounding, gpu_randn  # noqa: E402
+
+
+def int4_case(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, seed: int = 0):
+    x = randn((m, k), dtype, seed)
+    qweight, scales, zeros = quantize_int4_weight(randn((n, k), dtype, seed + 1) / k ** 0.5, group_size)
+    return x, (qweight, scales, zeros), randn((n,), dtype, seed + 2) if bias else None
+
+
+def check(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, bias: bool, config: dict | None = None,
+          seed: int = 0) -> bool:
+    x, packed, b = int4_case(m, n, k, group_size, dtype, bias, seed)
+    return check_with(x, packed, b, config)
+
+
+def check_with(x, packed, b, config=None, w=None) -> bool:
+    """Checks int4_matmul(x, *packed, b, config); w: the dequantized weight if at hand. Whether it rounded W."""
+    (m, k), n, dtype = x.shape, packed[0].shape[1], x.dtype
+    group_size = k // packed[1].shape[0]
+    got = int4_matmul(x, *packed, b, config)
+    w = dequantize_int4(*packed) if w is None else w  # float32 [N, K], exact
+    rounds = weight_rounds(m, k, group_size, config or default_config(m, n, k, DEVICE))
+    if rounds:  # the kernel's weight: W rounded once to x's dtype
+        w_rounded = w.to(dtype).float()
+        want = (x.float() @ w_rounded.t() + (0 if b is None else b.float())).to(dtype)
+        assert_within_rounding(got, want, x, w_rounded, b)
+    assert_within_rounding(got, int4_linear_reference(x, *packed, b), x, w, b,
+                           weight_unit=UNIT[dtype] if rounds else 0.0)
+    return rounds
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, LOW_DTYPE))
+@pytest.mark.parametrize("m", (1, 2, 5, 16, 33))
+@pytest.mark.parametrize("n, k, group_size, bias", [
+    (64, 128, 32, True), (64, 128, 128, False),  # G = K: one group per output channel
+    (96, 256, 32, False), (96, 256, 128, True), (96, 256, 256, False)])
+def test_default_configs_match_reference(m, n, k, group_size, bias, dtype):
+    check(m, n, k, group_size, dtype, bias)
+
+
+def tiles(**overrides) -> dict:
+    return {"BLOCK_N": 32, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2, **overrides}
+
+
+@pytest.mark.parametrize("m, group_size, config, rounds", [
+    (1, 32, tiles(BLOCK_M=1, BLOCK_K=64, SPLIT_K=3), False),  # one row, steps across groups, unequal splits
+    (1, 64, tiles(BLOCK_M=1, BLOCK_K=32, SPLIT_K=2), False),  # steps inside groups (per-step scale)
+    (1, 64, tiles(BLOCK_M=16, SPLIT_K=2), True),  # one row in a 16-row dot tile, steps across groups
+    (4, 128, tiles(BLOCK_M=16, SPLIT_K=2), False),  # steps inside groups: scale after the dot, exact
+    (4, 32, tiles(BLOCK_M=16, BLOCK_K=16), True),  # dot tiles never take K steps below 128
+    (40, 64, tiles(BLOCK_M=16, GROUP_M=2), True),  # three row tiles, grouped
+    (40, 128, tiles(BLOCK_M=32, BLOCK_N=64), False),
+])
+def test_tile_paths_and_ragged_edges(m, group_size, config, rounds):
+    """N = 80 and K = 384 are not multiples of the tiles (masked edges); counters are left at zero."""
+    assert check(m, 80, 384, group_size, LOW_DTYPE, bias=True, config=config) == rounds
+    check(m, 48, 128, group_size, torch.float32, bias=False, config=config, seed=3)
+    assert split_k_counters(DEVICE).count_nonzero() == 0
+
+
+def test_strided_rows_and_zero_rows():
+    x_wide = randn((3, 200), LOW_DTYPE, seed=5)
+    x = x_wide[:, 8:136]  # [3, 128], row stride 200
+    _, packed, _ = int4_case(3, 32, 128, 32, LOW_DTYPE, False)
+    config = tiles(BLOCK_M=1)
+    assert_within_rounding(int4_matmul(x, *packed, config=config), int4_linear_reference(x, *packed), x,
+                           dequantize_int4(*packed))
+    assert int4_matmul(x[:0], *packed).shape == (0, 32)
+
+
+def test_refuses_a_group_size_the_layout_cannot_hold():
+    x, (qweight, _, _), _ = int4_case(1, 32, 96, 32, LOW_DTYPE, False)
+    groups = torch.ones((8, 32), dtype=LOW_DTYPE, device=DEVICE)  # G = 96 / 8 = 12: not a multiple of 8
+    with pytest.raises(ValueError, match="group size 12"):
+        int4_matmul(x, qweight, groups, groups)
+
+
+@gpu_only
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336), (28672, 4096), (128256, 4096)])
+def test_llama_8b_shapes(n, k):
+    packed = quantize_int4_weight((gpu_randn((n, k)) / k ** 0.5).to(torch.bfloat16), 128)
+    w = dequantize_int4(*packed)
+    for m in (1, 2, 8, 16, 64, 256):
+        check_with(randn((m, k), torch.bfloat16, m), packed, None, w=w)
+    assert split_k_counters(DEVICE).count_nonzero() == 0
