@@ -125,10 +125,11 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     soak-*) python3 benchmarks/soak.py --base-url http://127.0.0.1:8123/v1 --clients 256 --duration "${stage#soak-}" \
           --max-tokens 128 --chat-rate 0 --token-prompts 1 --server-pid "$(cat /tmp/soak-server.pid)" --json "$OUT/r/$stage.json" ;;
     qsweep) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep.json" ;;
-    qtests) timeout 400 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_fp8_matmul.py \
-        tests/kernels/test_int4_matmul.py tests/kernels/test_int8_matmul.py tests/passes/test_quantize_fp8.py \
-        tests/passes/test_quantize_int4.py tests/passes/test_quantize_int8.py tests/passes/test_quantized_fusion.py \
-        tests/gpu/test_quantized.py 2>&1 | grep -v "^\.*$" | tail -30 ;;
+    qtests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_fp8_matmul.py \
+        tests/kernels/test_int4_matmul.py tests/kernels/test_int8_matmul.py tests/kernels/test_int4_dequant.py \
+        tests/ops/test_quantized_linear.py tests/passes/test_quantize_fp8.py tests/passes/test_quantize_int4.py \
+        tests/passes/test_quantize_int8.py tests/passes/test_quantized_fusion.py tests/gpu/test_quantized.py 2>&1 \
+        | grep -v -E "^\.*$|DEBUG|^\s*$" | grep -E "FAILED|ERROR|Error|agreement|passed|failed|SKIPPED|^E " | head -60 ;;
     qlat-none) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
         --json "$OUT/r/$stage.json" ;;
     qlat-*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \

@@ -41,7 +41,43 @@ from graphllm.kernels.int8_matmul import MAX_ROWS, decode_split_k, m_bucket, pla
 from graphllm.kernels.quant_layout import fp8_linear_reference  # noqa: F401 - the oracle of the tests
 from graphllm.kernels.skinny_matmul import finish_tile
 
-CONFIGS: dict[tuple[int, int, int], dict] = {}  # (m_bucket, N, K) -> config, pasted from the sweep
+# (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25
+# (Llama-3-8B shapes); other shapes take default_config
+CONFIGS: dict[tuple[int, int, int], dict] = {
+    (1, 6144, 4096): {'BLOCK_M': 1, 'BLOCK_N': 16, 'BLOCK_K': 512, 'SPLIT_K': 1, 'FUSE_QUANT': True, 'num_warps': 4, 'num_stages': 4},
+    (2, 6144, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (4, 6144, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (8, 6144, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (16, 6144, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (32, 6144, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
+    (64, 6144, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
+    (1, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
+    (2, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
+    (4, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
+    (8, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
+    (16, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
+    (32, 4096, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
+    (64, 4096, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
+    (1, 28672, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (2, 28672, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (4, 28672, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (8, 28672, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (16, 28672, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (32, 28672, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
+    (64, 28672, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': False, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
+    (1, 4096, 14336): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 4},
+    (2, 4096, 14336): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 4},
+    (4, 4096, 14336): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
+    (8, 4096, 14336): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 4},
+    (16, 4096, 14336): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 4},
+    (1, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
+    (2, 128256, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (4, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
+    (8, 128256, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (16, 128256, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (32, 128256, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
+    (64, 128256, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': False, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
+}
 X_DYNAMIC, X_STATIC, X_QUANTIZED = 0, 1, 2
 
 

@@ -8,10 +8,13 @@
     graphllm.int8_linear(x, weight, weight_scale, bias)               weight-only int8, per channel
     graphllm.int4_linear(x, qweight, scales, zeros, bias)             weight-only int4, per group
 
-On CUDA in float16/bfloat16 they run graphllm's Triton kernels (graphllm/kernels/fp8_matmul.py,
-int8_matmul.py, int4_matmul.py), which pick a small-M or a large-M path from the row count; anything
-else (CPU, float32) runs the pure-torch reference: dequantize, float32 matmul. Both compute the same
-function, so CI proves the passes and loaders on CPU and the GPU tests prove the kernels.
+On CUDA in float16/bfloat16, by row count M (measured: benchmarks/quant_kernel_sweep.py, H200):
+- fp8: graphllm/kernels/fp8_matmul.py at every M (its own small-M tiles, or row-wise torch._scaled_mm);
+- int8, int4: M <= SMALL_M on graphllm's Triton kernels (int8_matmul.py, int4_matmul.py), which stream
+  the packed weight; past that, the weight is dequantized to x's dtype and cuBLAS runs the matmul (their
+  Triton GEMM tiles measured 2-10x slower than that at M = 32..256).
+Anything else (CPU, float32) runs the pure-torch reference: dequantize, float32 matmul. Both compute
+the same function, so CI proves the passes and loaders on CPU and the GPU tests prove the kernels.
 """
 
 import torch
@@ -19,6 +22,7 @@ import torch
 from graphllm.kernels import quant_layout as Q
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+SMALL_M = 16  # int8 / int4: rows up to here run the packed-weight kernels
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -54,9 +58,12 @@ def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tenso
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [..., K], weight: int8 [N, K], weight_scale: f32 [N] -> [..., N]."""
     rows = _rows(x)
-    if _on_kernel(x):
+    if _on_kernel(x) and rows.shape[0] <= SMALL_M:
         from graphllm.kernels.int8_matmul import int8_matmul
         out = int8_matmul(rows, weight, weight_scale, bias)
+    elif _on_kernel(x):  # W rounded to x's dtype (scale, then product: 2 roundings), cuBLAS
+        dense = weight.to(x.dtype).mul_(weight_scale.to(x.dtype)[:, None])
+        out = torch.nn.functional.linear(rows, dense, bias)
     else:
         out = Q.int8_linear_reference(rows, weight, weight_scale, bias)
     return out.view(*x.shape[:-1], weight.shape[0])
@@ -72,9 +79,12 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
                 bias: torch.Tensor | None = None) -> torch.Tensor:
     """x: [..., K], qweight: int32 [K/8, N], scales/zeros: [K/G, N] -> [..., N]."""
     rows = _rows(x)
-    if _on_kernel(x):
+    if _on_kernel(x) and rows.shape[0] <= SMALL_M:
         from graphllm.kernels.int4_matmul import int4_matmul
         out = int4_matmul(rows, qweight, scales, zeros, bias)
+    elif _on_kernel(x):
+        from graphllm.kernels.int4_dequant import int4_dequant_matmul
+        out = int4_dequant_matmul(rows, qweight, scales, zeros, bias)
     else:
         out = Q.int4_linear_reference(rows, qweight, scales, zeros, bias)
     return out.view(*x.shape[:-1], qweight.shape[1])
