@@ -7,29 +7,29 @@
 
 The weight is streamed once whatever M is (Marlin's idea): grid (tiles_m * tiles_n, SPLIT_K), and at
 decode sizes one 16-row dot tile serves 1..16 rows, so the time is flat in M up to 16. A K step loads
-words [BLOCK_K/8, BLOCK_N] (coalesced along N) and takes them apart nibble by nibble: nibble j of word
-row r is row 8r + j of W, so step j pairs W's rows {8r + j} with x's columns {k0 + 8r + j} (strided
-loads of x, which is small and cached), and no reshape of the words is needed:
+words [BLOCK_K/8, BLOCK_N] once (coalesced along N, 16-byte loads where BLOCK_N allows) and every thread
+unpacks the words it holds into a nibble tile [BLOCK_K/8, 8, BLOCK_N] ([r, j] is W's row 8r + j, so the
+row-major reshape to [BLOCK_K, BLOCK_N] is K order and x is read contiguously):
 
-    BLOCK_M == 1:   acc[BLOCK_K/8, BLOCK_N] += W_j * x_j[:, None]   (float32 multiply-add), one sum at the end
-    BLOCK_M >= 16:  acc[BLOCK_M, BLOCK_N] += x_j @ W_j              (tl.dot, 8 per K step, BLOCK_K >= 128)
+    BLOCK_M == 1:   acc[BLOCK_K/8, 8, BLOCK_N] += W * x           (float32 multiply-add), one sum at the end
+    BLOCK_M >= 16:  acc[BLOCK_M, BLOCK_N] += x @ W                (ONE tl.dot per K step, BLOCK_K >= 32)
+      SWAP_AB:      acc[BLOCK_N, BLOCK_M] += W^T @ x^T            (the weight on the MMA's M side)
 
-A nibble becomes a float without a conversion instruction (I2F runs at a quarter rate): 0x4B000000 | q
-read as float32 is 2^23 + q, and subtracting 2^23 + z leaves q - z exactly. Scales and zeros are loaded
-once per K step as [1, BLOCK_N] where the step lies in one group (ONE_GROUP: G % BLOCK_K == 0, e.g. G =
-128 with BLOCK_K = 128), else per word row, [BLOCK_K/8, BLOCK_N] (a word's 8 rows share a group).
+The previous design did 8 dots per step, each BLOCK_K/8 deep, on 8 strided slices of x. Per weight
+element the work is now a shift and a mask-or (q | 0x4B000000 read as float32 is 2^23 + q: no quarter-rate
+I2F), then in 16 bits q | 0x4300 read as bfloat16 is 128 + q (0x6400: float16 1024 + q), and one 16-bit
+subtraction of 128 + z leaves q - z exactly, with no float32 round trip or F2F conversion. Scales and zeros
+are loaded once per K step as [1, BLOCK_N] where the step lies in one group (ONE_GROUP: G % BLOCK_K == 0,
+e.g. G = 128 with BLOCK_K 32..128), else per word row (a word's 8 rows share a group).
 
 Rows past 16 (prefill) take GEMM tiles of the same kernel (BLOCK_M 32..128, GROUP_M row tiles grouped,
-no K split): the weight is dequantized per tile in registers. A dequantize-to-bf16 + cuBLAS path would
-write and then read a bf16 copy of W on every call: 4 bytes of traffic per weight element against half
-a byte, 30 GB per step of an 8B model (10 ms at 3 TB/s) before cuBLAS computes anything.
-benchmarks/quant_kernel_sweep.py times the Triton GEMM beside bf16 cuBLAS at 32..256 rows. SPLIT_K > 1
-reduces as skinny_matmul does (finish_tile).
+no K split): the weight is dequantized per tile in registers. SPLIT_K > 1 reduces as skinny_matmul does
+(finish_tile), deterministically. benchmarks/quant_kernel_sweep.py times the configs beside bf16 cuBLAS
+and tinygemm.
 
 Where it rounds:
-- one row: W = (q - z) * s is exact in float32 (a 4-bit integer times a 16-bit float); with ONE_GROUP
-  each step's sum of (q - z) * x is scaled instead (exact products). Sums in float32: the reference up
-  to float32 rounding.
+- one row: W = (q - z) * s in float32 (exact for a 16-bit scale: a 5-bit integer times it), products and
+  sums in float32: the reference up to float32 rounding.
 - dot tiles, ONE_GROUP: (q - z) is exact in x's dtype; the dot sums x * (q - z) in float32 and the
   group's scale multiplies each step's sum: again the reference up to float32 rounding.
 - dot tiles, a K step spanning groups (G < BLOCK_K): W = (q - z) * s rounded once to x's dtype (relative
@@ -41,43 +41,65 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.int8_matmul import (MAX_ROWS, decode_split_k, dot_precision, m_bucket, plan_launch,
-                                          tile_ids, tile_shape)
+from graphllm.kernels.int8_matmul import (MAX_ROWS, dot_precision, m_bucket, plan_launch, sm_count, tile_ids,
+                                          tile_shape)
 from graphllm.kernels.quant_layout import INT4_PACK, check_int4_shape, int4_linear_reference  # noqa: F401
 from graphllm.kernels.skinny_matmul import finish_tile
 
 CONFIGS: dict[tuple[int, int, int], dict] = {}  # (m_bucket, N, K) -> config, pasted from the sweep
-DOT_MIN_BLOCK_K = 128  # 8 dots per K step, each over BLOCK_K / 8 >= 16 rows
+DOT_MIN_BLOCK_K = 32  # one dot per K step; 32 keeps the [BLOCK_K/8, 8, BLOCK_N] nibble tile 4 words deep
 
 
 @triton.jit
 def _group_params(scales_ptr, zeros_ptr, k0, offs_r, r_mask, offs_n, n_mask, N, G, ONE_GROUP: tl.constexpr):
-    """(2^23 + z, s) as float32 for the words of a K step: [1, BLOCK_N] when the step lies in one group,
-    else [BLOCK_K/8, BLOCK_N] (the 8 rows of a word share a group: G is a multiple of 8)."""
+    """(z, s) of a K step in their stored dtype, shaped [1, 1, BLOCK_N] when the step lies in one group, else
+    [BLOCK_K/8, 1, BLOCK_N] (the 8 rows of a word share a group: G is a multiple of 8)."""
     if ONE_GROUP:
         offs = (k0 // G) * N + offs_n[None, :]
         mask = n_mask[None, :]
     else:
         offs = ((k0 + 8 * offs_r) // G)[:, None] * N + offs_n[None, :]
         mask = r_mask[:, None] & n_mask[None, :]
-    z = tl.load(zeros_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    s = tl.load(scales_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    return z + 8388608.0, s
+    z = tl.load(zeros_ptr + offs, mask=mask, other=0.0)
+    s = tl.load(scales_ptr + offs, mask=mask, other=0.0)
+    return z[:, None, :], s[:, None, :]
 
 
 @triton.jit
-def _nibble(words, zm, j: tl.constexpr):
-    """q - z for nibble j of words, exactly, as float32 (0x4B000000 | q is 2^23 + q as float32)."""
-    q = ((words.to(tl.uint32, bitcast=True) >> (4 * j)) & 0xF) | 0x4B000000
-    return q.to(tl.float32, bitcast=True) - zm
+def _nibbles(words):
+    """[BLOCK_K/8, BLOCK_N] words -> [BLOCK_K/8, 8, BLOCK_N] int32 nibbles; [r, j] is row 8r + j of W, so a
+    row-major reshape to [BLOCK_K, BLOCK_N] is W's K order (each thread unpacks the words it loaded)."""
+    shifts = 4 * tl.arange(0, 8)
+    return (words[:, None, :] >> shifts[None, :, None]) & 0xF  # sign bits of j = 7 fall to the mask
+
+
+@triton.jit
+def _exact_float(q, z):
+    """q - z as float32, exactly, without a conversion instruction: 0x4B000000 | q read as float32 is 2^23 + q."""
+    return (q | 0x4B000000).to(tl.float32, bitcast=True) - (z.to(tl.float32) + 8388608.0)
+
+
+@triton.jit
+def _dequantize(q, z, s, dtype: tl.constexpr, ONE_GROUP: tl.constexpr):
+    """The dot's weight tile in dtype from nibbles q [R, 8, N]: q - z where the step lies in one group (its
+    scale multiplies the step's sum), else (q - z) * s rounded once to dtype. In 16 bits q - z is made
+    without float32: q | 0x4300 is bfloat16 128 + q (0x6400: float16 1024 + q), exact, as is the difference."""
+    if ONE_GROUP and dtype == tl.bfloat16:
+        return (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - (z.to(tl.float32) + 128.0).to(dtype)
+    elif ONE_GROUP and dtype == tl.float16:
+        return (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - (z.to(tl.float32) + 1024.0).to(dtype)
+    elif ONE_GROUP:
+        return _exact_float(q, z).to(dtype)
+    else:
+        return (_exact_float(q, z) * s.to(tl.float32)).to(dtype)  # rounds W to dtype (weight_rounds)
 
 
 @triton.jit(do_not_specialize=["M"])  # every row count shares one compile per tile shape
 def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
                         M, N, K, K_SPLIT, G, stride_xm, stride_om,
                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                        ONE_GROUP: tl.constexpr, PRECISION: tl.constexpr):
+                        SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_N: tl.constexpr,
+                        EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, PRECISION: tl.constexpr):
     pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -89,61 +111,68 @@ def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     w_ptrs = qw_ptr + (k_lo // 8 + offs_r)[:, None] * N + offs_n[None, :]  # [BLOCK_K/8, BLOCK_N]
     if BLOCK_M == 1:
-        x_ptrs = x_ptr + pid_m * stride_xm + (k_lo + 8 * offs_r)[:, None]  # [BLOCK_K/8, 1]: nibble 0's columns
-        acc = tl.zeros([BLOCK_K // 8, BLOCK_N], dtype=tl.float32)
+        offs_k = 8 * offs_r[:, None, None] + tl.arange(0, 8)[None, :, None]  # [BLOCK_K/8, 8, 1]: the nibbles' K
+        x_ptrs = x_ptr + pid_m * stride_xm + k_lo + offs_k
+        acc = tl.zeros([BLOCK_K // 8, 8, BLOCK_N], dtype=tl.float32)
     else:
-        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_lo + 8 * offs_r)[None, :]  # [BLOCK_M, BLOCK_K/8]
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        offs_k = tl.arange(0, BLOCK_K)[None, :]  # [1, BLOCK_K]
+        x_ptrs = x_ptr + offs_m[:, None] * stride_xm + k_lo + offs_k  # [BLOCK_M, BLOCK_K]
+        if SWAP_AB:
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         r_mask = (k0 + 8 * offs_r) < k_hi
         if EVEN_K and EVEN_N:
             words = tl.load(w_ptrs)
         else:
             words = tl.load(w_ptrs, mask=r_mask[:, None] & n_mask[None, :], other=0)
-        zm, s = _group_params(scales_ptr, zeros_ptr, k0, offs_r, r_mask, offs_n, n_mask, N, G, ONE_GROUP)
         if BLOCK_M == 1:
-            x_mask = r_mask[:, None] & m_mask[None, :]  # [BLOCK_K/8, 1]
-            if ONE_GROUP:
-                part = tl.zeros([BLOCK_K // 8, BLOCK_N], dtype=tl.float32)
-                for j in tl.static_range(8):
-                    x_j = tl.load(x_ptrs + j, mask=x_mask, other=0.0).to(tl.float32)  # [BLOCK_K/8, 1]
-                    part += _nibble(words, zm, j) * x_j
-                acc += part * s  # the group's scale, [1, BLOCK_N]
-            else:
-                for j in tl.static_range(8):
-                    x_j = tl.load(x_ptrs + j, mask=x_mask, other=0.0).to(tl.float32)
-                    acc += (_nibble(words, zm, j) * s) * x_j
+            x = tl.load(x_ptrs, mask=k0 + offs_k < k_hi, other=0.0)  # [BLOCK_K/8, 8, 1]
         else:
-            x_mask = m_mask[:, None] & r_mask[None, :]
-            if ONE_GROUP:
-                part = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-                for j in tl.static_range(8):
-                    x_j = tl.load(x_ptrs + j, mask=x_mask, other=0.0)  # [BLOCK_M, BLOCK_K/8]
-                    part = tl.dot(x_j, _nibble(words, zm, j).to(x_j.dtype), part, input_precision=PRECISION)
-                acc += part * s  # the group's scale, [1, BLOCK_N]
+            x = tl.load(x_ptrs, mask=m_mask[:, None] & (k0 + offs_k < k_hi), other=0.0)  # [BLOCK_M, BLOCK_K]
+        z, s = _group_params(scales_ptr, zeros_ptr, k0, offs_r, r_mask, offs_n, n_mask, N, G, ONE_GROUP)
+        q = _nibbles(words)  # [BLOCK_K/8, 8, BLOCK_N]
+        if BLOCK_M == 1:  # float32 multiply-add over the whole tile, one sum at the end
+            acc += (_exact_float(q, z) * s.to(tl.float32)) * x.to(tl.float32)
+        else:
+            w = tl.reshape(_dequantize(q, z, s, x.dtype, ONE_GROUP), (BLOCK_K, BLOCK_N))
+            if SWAP_AB:  # [BLOCK_N, BLOCK_M]: the weight on the MMA's M side (a wgmma on sm_90 from BLOCK_N = 64)
+                if ONE_GROUP:
+                    acc += tl.dot(tl.trans(w), tl.trans(x), input_precision=PRECISION) * tl.trans(tl.reshape(
+                        s.to(tl.float32), (1, BLOCK_N)))
+                else:
+                    acc = tl.dot(tl.trans(w), tl.trans(x), acc, input_precision=PRECISION)
+            elif ONE_GROUP:
+                acc += tl.dot(x, w, input_precision=PRECISION) * tl.reshape(s.to(tl.float32), (1, BLOCK_N))
             else:
-                for j in tl.static_range(8):
-                    x_j = tl.load(x_ptrs + j, mask=x_mask, other=0.0)
-                    w_j = (_nibble(words, zm, j) * s).to(x_j.dtype)  # rounds W to x's dtype
-                    acc = tl.dot(x_j, w_j, acc, input_precision=PRECISION)
+                acc = tl.dot(x, w, acc, input_precision=PRECISION)
         w_ptrs += (BLOCK_K // 8) * N
         x_ptrs += BLOCK_K
     if BLOCK_M == 1:
-        acc = tl.sum(acc, 0)[None, :]  # [1, BLOCK_N]
+        acc = tl.sum(tl.sum(acc, 1), 0)[None, :]  # [1, BLOCK_N]
+    elif SWAP_AB:
+        acc = tl.trans(acc)
     finish_tile(acc, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
                 stride_om, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)
 
 
+def decode_split(n: int, k: int, block_n: int, block_k: int, device: torch.device) -> int:
+    """K splits for a one-row-tile grid: about four programs per SM (the H200 sweep: 4 splits of qkv's 96
+    column tiles beat 2 and 3 by 1.2-1.6x), at most 8, at least four K steps per split."""
+    split = min(8, triton.cdiv(4 * sm_count(device), triton.cdiv(n, block_n)))
+    return max(1, min(split, k // (4 * block_k)))
+
+
 def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
-    """Measured configs first (CONFIGS), else (unmeasured guesses): one row in [128, 64] multiply-add tiles
-    (4 KB of words per program and step; 64 columns to 4 warps keeps x's broadcast in shuffles), 2..16
-    rows in one 16-row dot tile of [128, 64] (one group of 128 per step), both with decode_split_k's K
-    splits; more rows in 64 x 128 GEMM tiles."""
+    """Measured configs first (CONFIGS), else (guesses from the H200 sweep of the previous kernel): 1..16
+    rows in one 16-row dot tile of [128, 64] (one group of 128 per step, 4 KB of words per program and
+    step) with decode_split's K splits; more rows in 64 x 128 GEMM tiles."""
     if (m_bucket(m), n, k) in CONFIGS:
         return CONFIGS[(m_bucket(m), n, k)]
     if m <= MAX_ROWS:
-        return {"BLOCK_M": 1 if m == 1 else 16, "BLOCK_N": 64, "BLOCK_K": 128, "num_warps": 4,
-                "num_stages": 3 if m == 1 else 4, "SPLIT_K": decode_split_k(n, k, 64, 128, device)}
+        return {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SWAP_AB": False, "num_warps": 4, "num_stages": 4,
+                "SPLIT_K": decode_split(n, k, 64, 128, device)}
     return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
 
 
@@ -158,8 +187,8 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
                 bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
     """int4_linear_reference(x, qweight, scales, zeros, bias) for x: [M, K] (last-dim stride 1), qweight:
     int32 [K/8, N], scales and zeros: [K/G, N] (all contiguous), bias: [N] or None -> a new contiguous
-    [M, N] in x's dtype. config: default_config's keys (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, GROUP_M,
-    num_warps, num_stages); dot tiles (BLOCK_M > 1) take BLOCK_K >= 128."""
+    [M, N] in x's dtype. config: default_config's keys (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB, GROUP_M,
+    num_warps, num_stages); dot tiles (BLOCK_M > 1) take BLOCK_K >= DOT_MIN_BLOCK_K."""
     m, k = x.shape
     n = qweight.shape[1]
     group_size = k // scales.shape[0]
@@ -177,7 +206,8 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
         m, n, k, plan.k_split, group_size, x.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=plan.block_m, BLOCK_N=config["BLOCK_N"], BLOCK_K=plan.block_k,
-        SPLIT_K=plan.split_k, GROUP_M=config.get("GROUP_M", 8), EVEN_N=n % config["BLOCK_N"] == 0,
-        EVEN_K=plan.k_split * plan.split_k == k, ONE_GROUP=group_size % plan.block_k == 0,
+        SPLIT_K=plan.split_k, GROUP_M=config.get("GROUP_M", 8), SWAP_AB=config.get("SWAP_AB", False),
+        EVEN_N=n % config["BLOCK_N"] == 0, EVEN_K=plan.k_split * plan.split_k == k,
+        ONE_GROUP=group_size % plan.block_k == 0,
         PRECISION=dot_precision(x.dtype), num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out

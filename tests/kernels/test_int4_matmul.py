@@ -1,5 +1,5 @@
 """int4_matmul equals int4_linear_reference within rounding, for group sizes 32, 128 and per-channel (G = K),
-every tile path (one-row multiply-add, 16-row dot tiles, GEMM tiles), K split and ragged edge. Where a dot
+every tile path (one-row multiply-add, 16-row dot tiles on either MMA side, GEMM tiles), K split and ragged edge. Where a dot
 tile's K step spans groups the kernel rounds the dequantized weight to x's dtype (int4_matmul's docstring):
 there it must equal the reference with that weight tightly, and the float32 reference within the weight's
 rounding."""
@@ -63,7 +63,9 @@ def tiles(**overrides) -> dict:
     (1, 64, tiles(BLOCK_M=1, BLOCK_K=32, SPLIT_K=2), False),  # steps inside groups (per-step scale)
     (1, 64, tiles(BLOCK_M=16, SPLIT_K=2), True),  # one row in a 16-row dot tile, steps across groups
     (4, 128, tiles(BLOCK_M=16, SPLIT_K=2), False),  # steps inside groups: scale after the dot, exact
-    (4, 32, tiles(BLOCK_M=16, BLOCK_K=16), True),  # dot tiles never take K steps below 128
+    (4, 32, tiles(BLOCK_M=16, BLOCK_K=16), False),  # dot tiles take K steps of at least 32: one group each
+    (3, 128, tiles(BLOCK_M=16, SWAP_AB=True, SPLIT_K=2), False),  # the weight on the MMA's M side, one group
+    (3, 32, tiles(BLOCK_M=16, BLOCK_K=64, SWAP_AB=True), True),  # ... steps across groups
     (40, 64, tiles(BLOCK_M=16, GROUP_M=2), True),  # three row tiles, grouped
     (40, 128, tiles(BLOCK_M=32, BLOCK_N=64), False),
 ])
