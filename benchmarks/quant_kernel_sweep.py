@@ -4,11 +4,11 @@ bf16 cuBLAS, skinny_matmul, row-wise _scaled_mm and tinygemm, at the Llama-3-8B 
     python benchmarks/quant_kernel_sweep.py OUT.json [BUDGET_S]     (H100 / H200; about 4 minutes)
 
 For each shape (qkv, o_proj, gate_up, down, lm_head) and M in MS, each kernel runs its default config
-(CONFIGS or default_config) and the candidates of its M class; every result is checked against the
-quant_layout reference on the first weight copy before it is timed (a config that fails to compile, to
-launch or to match is recorded and skipped). Timings replay a CUDA graph of calls over distinct weight
-copies, together STREAM_BYTES (8x the H200's L2), so every call streams its weight from HBM: the median
-of TRIALS replays. GB/s counts the weight-side bytes one call must read (int4: words, scales and zeros);
+(CONFIGS or default_config) and the candidates of its M class (int4 past 16 rows: the default only);
+every result is checked against the quant_layout reference on the first weight copy before it is timed
+(a config that fails to compile, to launch or to match is recorded and skipped). Timings replay a CUDA
+graph of calls over distinct weight copies, together STREAM_BYTES (8x the H200's L2), so every call
+streams its weight from HBM: the median of TRIALS replays. GB/s counts the weight-side bytes one call must read (int4: words, scales and zeros);
 % of copy divides by a device-to-device copy's bandwidth (read + write) measured in the same run.
 
 First every candidate is compiled once on a small weight of the same specialisation (precompile, up to half
@@ -36,7 +36,7 @@ from graphllm.kernels import quant_layout as ql
 from graphllm.kernels.fp8_matmul import default_config as fp8_default
 from graphllm.kernels.fp8_matmul import fp8_matmul, fp8_quantize_rows
 from graphllm.kernels.int4_matmul import default_config as int4_default
-from graphllm.kernels.int4_matmul import int4_matmul, weight_rounds
+from graphllm.kernels.int4_matmul import DOT_MIN_BLOCK_K, int4_matmul, weight_rounds
 from graphllm.kernels.int8_matmul import default_config as int8_default
 from graphllm.kernels.int8_matmul import int8_matmul, m_bucket, tile_shape
 from graphllm.kernels.skinny_matmul import skinny_matmul
@@ -130,16 +130,20 @@ def int8_candidates(m: int) -> list[dict]:
 
 
 def int4_candidates(m: int) -> list[dict]:
+    """Up to 16 rows: the 16-row dot tile on either MMA side over tile shapes of 4 KB..8 KB of words per step
+    (16-byte loads along N), K splits 1..8 (the narrow shapes need 4..8 to fill the SMs, gate_up 1..2);
+    at one row also the float32 multiply-add tile. Past 16 rows only the default (the op routes those rows
+    to dequantize + cuBLAS)."""
     if m > 16:
-        return [{"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": w, "num_stages": 3}
-                for bm, bn, w in [(64, 128, 8), (128, 128, 8), (32, 128, 4), (64, 64, 4), (128, 64, 4)]]
+        return []
     out = []
-    for bn, bk, w, s, splits in [(64, 128, 4, 4, (1, 2, 4)), (128, 128, 4, 3, (1, 2)), (128, 128, 8, 3, (1, 2)),
-                                 (32, 128, 4, 4, (1, 4)), (64, 256, 4, 3, (1,))]:
-        out += configs({"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s}, SPLIT_K=splits)
+    for bn, bk, w, s, splits in [(64, 128, 4, 4, (2, 4, 8)), (128, 128, 4, 4, (1, 2, 4, 8)), (128, 64, 4, 5, (4, 8)),
+                                 (256, 64, 8, 4, (1, 2, 4)), (64, 256, 4, 3, (4,))]:
+        out += configs({"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s},
+                       SWAP_AB=(False, True), SPLIT_K=splits)
     if m == 1:
-        for bn, bk, w, splits in [(64, 128, 4, (1, 2, 4)), (128, 128, 8, (1, 2)), (64, 256, 4, (1,))]:
-            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": 3},
+        for bn, bk, w, splits in [(64, 128, 4, (4, 8)), (128, 64, 4, (4, 8)), (128, 128, 8, (1, 4))]:
+            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": 4},
                            SPLIT_K=splits)
     return out
 
@@ -173,7 +177,7 @@ KERNELS = [
     Kernel("int4", lambda w: ql.quantize_int4_weight(w, GROUP_SIZE),
            lambda x, q, c: int4_matmul(x, q[0], q[1], q[2], None, c),
            lambda x, q: ql.int4_linear_reference(x, q[0], q[1], q[2]), int4_candidates, int4_default,
-           lambda n, k: n * k // 2 + 2 * 2 * n * (k // GROUP_SIZE), dot_min_block_k=128),
+           lambda n, k: n * k // 2 + 2 * 2 * n * (k // GROUP_SIZE), dot_min_block_k=DOT_MIN_BLOCK_K),
 ]
 
 

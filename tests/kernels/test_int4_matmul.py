@@ -1,8 +1,8 @@
 """int4_matmul equals int4_linear_reference within rounding, for group sizes 32, 128 and per-channel (G = K),
-every tile path (one-row multiply-add, 16-row dot tiles on either MMA side, GEMM tiles), K split and ragged edge. Where a dot
-tile's K step spans groups the kernel rounds the dequantized weight to x's dtype (int4_matmul's docstring):
-there it must equal the reference with that weight tightly, and the float32 reference within the weight's
-rounding."""
+every tile path (one-row multiply-add, 16-row dot tiles on either MMA side, GEMM tiles), K split and ragged
+edge. Where a dot tile's K step spans groups the kernel rounds the dequantized weight to x's dtype
+(int4_matmul's docstring): there it must equal the reference with that weight tightly, and the float32
+reference within the weight's rounding."""
 
 import pytest
 import torch
