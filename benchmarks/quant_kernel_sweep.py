@@ -8,8 +8,9 @@ For each shape (qkv, o_proj, gate_up, down, lm_head) and M in MS, each kernel ru
 every result is checked against the quant_layout reference on the first weight copy before it is timed
 (a config that fails to compile, to launch or to match is recorded and skipped). Timings replay a CUDA
 graph of calls over distinct weight copies, together STREAM_BYTES (8x the H200's L2), so every call
-streams its weight from HBM: the median of TRIALS replays. GB/s counts the weight-side bytes one call must read (int4: words, scales and zeros);
-% of copy divides by a device-to-device copy's bandwidth (read + write) measured in the same run.
+streams its weight from HBM: the median of TRIALS replays. GB/s counts the weight-side bytes one call
+must read (int4: words, scales and zeros); % of copy divides by a device-to-device copy's bandwidth (read
++ write) measured in the same run.
 
 First every candidate is compiled once on a small weight of the same specialisation (precompile, up to half
 the budget), so compile time does not eat the timing slots. Candidates then run while the run is inside
