@@ -43,46 +43,34 @@ from graphllm.kernels.skinny_matmul import MAX_COLUMN_TILES, finish_tile, split_
 MAX_ROWS = 16  # decode rows: one M tile of 16 (or 1); more rows take GEMM tiles
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # rows are looked up at the next bucket up
 # (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25
-# (Llama-3-8B shapes); other shapes take default_config
+# (Llama-3-8B shapes), up to 16 rows (past that graphllm.int8_linear dequantizes for cuBLAS); other
+# shapes take default_config
 CONFIGS: dict[tuple[int, int, int], dict] = {
     (1, 6144, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (2, 6144, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (4, 6144, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (8, 6144, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (16, 6144, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
-    (32, 6144, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': False, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    (64, 6144, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': False, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
     (1, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (2, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (4, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (8, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (16, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
-    (32, 4096, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    (64, 4096, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    (256, 4096, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': False, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
     (1, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
     (2, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
     (4, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
     (8, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
     (16, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
-    (32, 28672, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    (64, 28672, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    (256, 28672, 4096): {'BLOCK_M': 128, 'BLOCK_N': 128, 'BLOCK_K': 64, 'SWAP_AB': False, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
     (1, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (2, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (4, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (8, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
     (16, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 4},
-    (32, 4096, 14336): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    (64, 4096, 14336): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
-    (256, 4096, 14336): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
     (1, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
     (2, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
     (4, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
     (8, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
     (16, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'SWAP_AB': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
-    (32, 128256, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'num_warps': 4, 'num_stages': 4},
-    (64, 128256, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'num_warps': 8, 'num_stages': 3},
 }
 
 

@@ -2,10 +2,14 @@
 quantized-matmul kernels, CUDA graphs) they stay close to the bf16 model.
 
 Teacher forcing over the same random histories as test_attention_backends (sharpened head, so
-the top-1 is well defined): each scheme's compiled engine against the eager bf16 engine. The
-printed agreements are the measurement; the bounds sit far below them and far above chance
-(1/2048), so a wrong kernel or a mis-wired weight fails. Plus: the quantized artifact's weights are
-smaller, and batch 1 runs through the CUDA graphs."""
+the top-1 is well defined): each scheme's compiled engine against the eager bf16 engine. This random
+model's logits are nearly flat, so quantization noise flips many top-1s: transformers in bf16 with
+the same weights quantized and dequantized (and, for fp8, the activations rounded per token) agrees
+with bf16 on 0.926 (int8), 0.636 (fp8) and 0.256 (int4) of the positions (CPU, 2026-11-25; the H200
+engine measured 0.916 / 0.624 / 0.253). The bounds sit 4-5 points below that and far above chance
+(1/2048), so a wrong kernel or a mis-wired weight fails; the demo eval (tests/test_demo_quantized.py)
+measures quality on a trained model. Plus: the quantized artifact's weights are smaller, and decode
+runs through the CUDA graphs."""
 
 import pytest
 import torch
@@ -18,7 +22,7 @@ from tests.gpu.test_attention_backends import (LIMITS, agreement, bf16_model, hi
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
-MIN_AGREEMENT = {"int8": 0.9, "fp8": 0.8, "int4": 0.6}
+MIN_AGREEMENT = {"int8": 0.88, "fp8": 0.58, "int4": 0.21}
 
 
 @pytest.mark.parametrize("scheme", sorted(MIN_AGREEMENT))

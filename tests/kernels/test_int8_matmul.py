@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm.kernels.int8_matmul import (  # noqa: E402
-    default_config, int8_matmul, int8_linear_reference, m_bucket, plan_launch)
+    CONFIGS, default_config, int8_matmul, int8_linear_reference, m_bucket, plan_launch)
 from graphllm.kernels.quant_layout import dequantize_per_channel, quantize_int8_weight  # noqa: E402
 from graphllm.kernels.skinny_matmul import split_k_counters  # noqa: E402
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, gpu_only, randn  # noqa: E402
@@ -92,9 +92,10 @@ def test_strided_rows_and_zero_rows():
 def test_default_config_routing():
     """One row: multiply-add tiles; 2..16 rows: one 16-row dot tile; more: GEMM tiles without K splits;
     K splits fill the GPU but keep four K steps each."""
-    assert default_config(1, 6144, 4096, DEVICE)["BLOCK_M"] == 1
-    assert default_config(16, 6144, 4096, DEVICE)["BLOCK_M"] == 16
-    assert default_config(17, 6144, 4096, DEVICE)["BLOCK_M"] >= 64
+    assert default_config(1, 6000, 4096, DEVICE)["BLOCK_M"] == 1
+    assert default_config(16, 6000, 4096, DEVICE)["BLOCK_M"] == 16
+    assert default_config(17, 6000, 4096, DEVICE)["BLOCK_M"] >= 64
+    assert default_config(1, 6144, 4096, DEVICE) == CONFIGS[(1, 6144, 4096)]  # measured entries win
     assert "SPLIT_K" not in default_config(17, 64, 64, DEVICE)
     assert default_config(8, 64, 256, DEVICE)["SPLIT_K"] == 1  # too short to split
     assert [m_bucket(m) for m in (1, 3, 16, 17, 300, 5000)] == [1, 4, 16, 32, 512, 1024]
@@ -106,6 +107,6 @@ def test_default_config_routing():
 @pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 14336), (28672, 4096), (128256, 4096)])
 def test_llama_8b_shapes(n, k):
     weight, scale = quantize_int8_weight(gpu_randn((n, k)) / k ** 0.5)
-    for m in (1, 2, 8, 16, 64, 256):
+    for m in (1, 2, 8, 16):  # past 16 rows graphllm.int8_linear dequantizes for cuBLAS (tests/ops)
         check_with(randn((m, k), torch.bfloat16, m), weight, scale, None)
     assert split_k_counters(DEVICE).count_nonzero() == 0
