@@ -129,7 +129,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         tests/kernels/test_int4_matmul.py tests/kernels/test_int8_matmul.py tests/kernels/test_int4_dequant.py \
         tests/ops/test_quantized_linear.py tests/passes/test_quantize_fp8.py tests/passes/test_quantize_int4.py \
         tests/passes/test_quantize_int8.py tests/passes/test_quantized_fusion.py tests/gpu/test_quantized.py 2>&1 \
-        | grep -v -E "^\.*$|DEBUG|^\s*$" | grep -E "FAILED|ERROR|Error|agreement|passed|failed|SKIPPED|^E " | head -60 ;;
+        | grep -v -E "^\.*$|DEBUG|^\s*$" | grep -E "FAILED|ERROR|Error|agreement|passed|failed|SKIPPED|^E " | tail -60 ;;
     qlat-none) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
         --json "$OUT/r/$stage.json" ;;
     qlat-*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
