@@ -101,6 +101,14 @@ def checkpoint_quantization(config: CompileConfig, loaded, model_dir: Path) -> P
     return Prequantized(found.scheme, loaded.quantized)
 
 
+def check_device_runs(scheme: str | None, device: torch.device) -> None:
+    """Refuse, with the reason, a scheme whose kernels this GPU cannot run (before any compiling)."""
+    if scheme == "fp8" and device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(f"fp8 (W8A8) needs float8 tensor cores, compute capability 8.9 or newer; this GPU "
+                         f"is {major}.{minor}: use --quantization int8 or int4")
+
+
 def quantization_record(config: CompileConfig, loaded, reports) -> dict | None:
     """What the manifest says about quantization: scheme, where it came from, what the pass changed."""
     found = loaded.quantization
@@ -180,6 +188,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
     with timer.phase("load"):
         loaded = load_checkpoint(model_dir, dtype, device)
         prequantized = checkpoint_quantization(config, loaded, model_dir)
+        check_device_runs(prequantized.scheme if prequantized else config.quantization, device)
     model_config = loaded.config
     with timer.phase("capture"):
         graph = capture(loaded.model, model_config, dtype, device, max_num_tokens=config.max_num_batched_tokens,
