@@ -85,6 +85,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     print(f"{art}: {manifest['model']['architecture']}, dtype {manifest['compile']['dtype']}, "
           f"buckets {manifest['compile']['buckets']}, compiled for {manifest['environment']['device_name']}\n")
     print(inspection.format_passes(manifest) + "\n")
+    if manifest.get("quantization"):
+        print(inspection.format_quantization(manifest) + "\n")
     print(inspection.format_kernels(inspection.kernels_with_sources(art)))
     return 0
 

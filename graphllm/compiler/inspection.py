@@ -42,6 +42,18 @@ def format_passes(manifest: dict) -> str:
     return "\n".join(rows)
 
 
+def format_quantization(manifest: dict) -> str:
+    """The scheme, where it came from, and each quantized linear shape's kernel per decode bucket ('' if none)."""
+    q = manifest.get("quantization")
+    if not q:
+        return ""
+    head = (f"quantization: {q['scheme']} ({q['source']}"
+            + (f", group {q['group_size']}" if q.get("group_size") else "") + f"), {q.get('quantized', 0)} linears")
+    rows = [f"  {shape:<22} " + "; ".join(f"{b}: {route}" for b, route in routes.items())
+            for shape, routes in q.get("kernels", {}).items()]
+    return "\n".join([head, *rows])
+
+
 def kernels_with_sources(art: Path) -> list[dict]:
     """Each kernel call with its fused nodes, ATen ops, module paths and source lines."""
     nodes = json.loads((art / "graphs" / "nodes.json").read_text())

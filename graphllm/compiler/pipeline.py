@@ -109,17 +109,37 @@ def check_device_runs(scheme: str | None, device: torch.device) -> None:
                          f"is {major}.{minor}: use --quantization int8 or int4")
 
 
-def quantization_record(config: CompileConfig, loaded, reports) -> dict | None:
-    """What the manifest says about quantization: scheme, where it came from, what the pass changed."""
+def quantization_record(config: CompileConfig, loaded, reports, kernels: dict) -> dict | None:
+    """What the manifest says about quantization: scheme, where it came from, what the pass changed,
+    and which kernel each quantized linear shape runs at each decode bucket."""
     found = loaded.quantization
     if found is None and config.quantization is None:
         return None
     counts = next((r.counts for r in reports if r.name.startswith("quantize_")), {})
     if found is not None:
-        return {"scheme": found.scheme, "source": found.method, "group_size": found.group_size, **counts}
+        return {"scheme": found.scheme, "source": found.method, "group_size": found.group_size, **counts,
+                "kernels": kernels}
     return {"scheme": config.quantization, "source": "graphllm compile",
             "group_size": config.quantization_group_size if config.quantization == "int4" else None,
-            "lm_head": config.quantize_lm_head, **counts}
+            "lm_head": config.quantize_lm_head, **counts, "kernels": kernels}
+
+
+QUANTIZED_OPS = {"fp8_linear": "fp8", "int8_linear": "int8", "int4_linear": "int4"}
+
+
+def kernel_plan(graph, buckets) -> dict[str, dict[str, str]]:
+    """{"<scheme> <N>x<K>": {bucket: kernel}} over the graph's quantized linears (the choice is the op's,
+    graphllm/ops/quantized_linear.py kernel_route, from tables measured offline)."""
+    from graphllm.ops.quantized_linear import kernel_route
+    shapes = set()
+    for node in graph.graph.nodes:
+        scheme = QUANTIZED_OPS.get(getattr(node.target, "__name__", "").removesuffix(".default"))
+        if scheme:
+            qweight = graph.gm.get_parameter(node.args[1].target)
+            n, k = (qweight.shape[1], qweight.shape[0] * 8) if scheme == "int4" else tuple(qweight.shape)
+            shapes.add((scheme, n, k))
+    return {f"{scheme} {n}x{k}": {str(b): kernel_route(scheme, b, n, k, graph.device) for b in buckets}
+            for scheme, n, k in sorted(shapes)}
 
 
 class PhaseTimer:
@@ -225,7 +245,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
                   "weight_fingerprints": {f.name: A.quick_fingerprint(f) for f in weight_files(model_dir)}},
         "compile": {**dataclasses.asdict(config), "dtype": str(dtype).removeprefix("torch."),
                     "buckets": list(config.decode_buckets)},
-        "quantization": quantization_record(config, loaded, reports),
+        "quantization": quantization_record(config, loaded, reports, kernel_plan(graph, config.decode_buckets)),
         "kv_scales": {str(layer): list(scales) for layer, scales in sorted(loaded.kv_scales.items())},
         "weight_aliases": aliases,
         "lowering": lowered,

@@ -220,6 +220,11 @@ def fp8_quantize_rows(x: torch.Tensor, input_scale: torch.Tensor | None = None) 
     return xq, x_scale
 
 
+def takes_scaled_mm(m: int) -> bool:
+    """Rows past the small-M tiles go to torch._scaled_mm (where no measured config says otherwise)."""
+    return m > MAX_ROWS
+
+
 def scaled_mm_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """torch._scaled_mm with row-wise scales serves this product: bfloat16 out (the output every torch
     build's row-wise path gives), bias absent or bfloat16, N and K multiples of 16, an sm_89+ GPU."""
@@ -240,7 +245,7 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     assert weight.dtype == torch.float8_e4m3fn and weight.shape == (n, k) and weight.is_contiguous()
     assert weight_scale.shape == (n,) and weight_scale.dtype == torch.float32 and x.stride(-1) == 1
     config = config or CONFIGS.get((m_bucket(m), n, k))
-    if config is None and m > MAX_ROWS and scaled_mm_takes(x, weight, bias):
+    if config is None and takes_scaled_mm(m) and scaled_mm_takes(x, weight, bias):
         xq, x_scale = fp8_quantize_rows(x, input_scale)
         return torch._scaled_mm(xq, weight.t(), scale_a=x_scale.view(m, 1), scale_b=weight_scale.view(1, n),
                                 bias=bias, out_dtype=x.dtype)

@@ -93,3 +93,29 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
 @int4_linear.register_fake
 def _(x, qweight, scales, zeros, bias=None):
     return x.new_empty((*x.shape[:-1], qweight.shape[1]))
+
+
+def kernel_route(scheme: str, rows: int, n: int, k: int, device: torch.device) -> str:
+    """What a call of `rows` rows to the scheme's linear of weight [N, K] runs on `device` (bfloat16
+    activations): the compiler records it per decode bucket in the artifact's manifest."""
+    if device.type != "cuda":
+        return "reference (dequantize, float32 matmul)"
+    if scheme == "fp8":
+        from graphllm.kernels import fp8_matmul as kernel
+        config = kernel.CONFIGS.get((kernel.m_bucket(rows), n, k))
+        if config is None and kernel.takes_scaled_mm(rows):
+            return "torch._scaled_mm row-wise"
+        return f"fp8_matmul {_tiles(config or kernel.default_config(rows, n, k, device))}"
+    if rows > SMALL_M:
+        return "dequantize + cuBLAS"
+    if scheme == "int8":
+        from graphllm.kernels import int8_matmul as kernel
+    else:
+        from graphllm.kernels import int4_matmul as kernel
+    return f"{scheme}_matmul {_tiles(kernel.default_config(rows, n, k, device))}"
+
+
+def _tiles(config: dict) -> str:
+    """A config as BLOCK_MxBLOCK_NxBLOCK_K/SPLIT_K (+ swap)."""
+    text = f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}/{config.get('SPLIT_K', 1)}"
+    return text + (" swap" if config.get("SWAP_AB") else "")

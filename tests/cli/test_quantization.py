@@ -21,11 +21,19 @@ def int4_artifact(tiny_model_dir, tmp_path_factory):
 
 def test_compile_int4_records_the_scheme_and_inspect_shows_the_pass(int4_artifact):
     manifest = json.loads((int4_artifact / "manifest.json").read_text())
-    assert manifest["quantization"] == {"scheme": "int4", "source": "graphllm compile", "group_size": 32,
-                                        "lm_head": False, "quantized": 14, "kept": 0}
+    record = manifest["quantization"]
+    kernels = record.pop("kernels")
+    assert record == {"scheme": "int4", "source": "graphllm compile", "group_size": 32, "lm_head": False,
+                      "quantized": 14, "kept": 0}
+    # fused qkv [128, 64] and gate_up [256, 64], o [64, 64], down [64, 128]; on CPU every bucket dequantizes
+    assert sorted(kernels) == ["int4 128x64", "int4 256x64", "int4 64x128", "int4 64x64"]
+    assert kernels["int4 64x64"] == {str(b): "reference (dequantize, float32 matmul)" for b in (1, 2, 4)}
     assert "int4_linear" in (int4_artifact / "graphs" / "02_quantize_int4.diff").read_text()
     shown = run_cli("inspect", str(int4_artifact)).stdout
     assert "quantize_int4" in shown and "quantized=14" in shown
+    assert "quantization: int4 (graphllm compile, group 32), 14 linears" in shown
+    line = next(line for line in shown.splitlines() if line.strip().startswith("int4 64x64"))
+    assert line.split(maxsplit=2)[2].startswith("1: reference (dequantize, float32 matmul); 2: ")
 
 
 def test_an_unknown_scheme_lists_the_choices():

@@ -11,6 +11,8 @@ engine measured 0.916 / 0.624 / 0.253). The bounds sit 4-5 points below that and
 measures quality on a trained model. Plus: the quantized artifact's weights are smaller, and decode
 runs through the CUDA graphs."""
 
+import json
+
 import pytest
 import torch
 
@@ -32,6 +34,8 @@ def test_quantized_teacher_forced_agreement(scheme, bf16_model, histories_and_re
     art = compile_cached(config, bf16_model)
     bf16_art = compile_cached(EngineConfig(model=str(bf16_model), dtype="bfloat16", **LIMITS), bf16_model)
     assert (art / "weights.safetensors").stat().st_size < 0.75 * (bf16_art / "weights.safetensors").stat().st_size
+    kernels = json.loads((art / "manifest.json").read_text())["quantization"]["kernels"]
+    assert all(routes["1"].startswith(f"{scheme}_matmul ") for routes in kernels.values())  # the small-M kernel
     engine = Engine.load(art, async_scheduling=False)
     got = teacher_forced_top1(engine, histories)
     assert engine.runner.graphs.replays > 0
