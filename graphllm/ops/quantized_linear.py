@@ -103,7 +103,7 @@ def kernel_route(scheme: str, rows: int, n: int, k: int, device: torch.device) -
     if scheme == "fp8":
         from graphllm.kernels import fp8_matmul as kernel
         config = kernel.CONFIGS.get((kernel.m_bucket(rows), n, k))
-        if config is None and kernel.takes_scaled_mm(rows):
+        if config is None and kernel.takes_scaled_mm(rows) and n % 16 == 0 and k % 16 == 0:  # scaled_mm_takes
             return "torch._scaled_mm row-wise"
         return f"fp8_matmul {_tiles(config or kernel.default_config(rows, n, k, device))}"
     if rows > SMALL_M:
