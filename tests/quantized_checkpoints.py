@@ -303,7 +303,8 @@ def write_ct_fp8_folder(path, arch: str = "llama", weight_strategy: str = "chann
             out["input_scale"] = torch.tensor([0.02 + 0.001 * len(f"{parent}.{reads.get(proj, proj)}")])
         attention, _, proj = prefix.rpartition(".")
         if kv_scales and proj in ("k_proj", "v_proj"):
-            kv_extra[f"{attention}.{proj[0]}_scale"] = torch.tensor([0.5 if proj == "k_proj" else 0.25])
+            layer = int(attention.split(".")[2])  # model.layers.<i>.self_attn: k 0.5, 0.75, ..., v half of k
+            kv_extra[f"{attention}.{proj[0]}_scale"] = torch.tensor([(0.5 + 0.25 * layer) / (1 if proj == "k_proj" else 2)])
         return with_bias(out, bias)
     acts = dict(strategy="token", dynamic=True) if dynamic else dict(strategy="tensor", dynamic=False)
     kv = dict(strategy="tensor") if kv_scales else None

@@ -11,7 +11,7 @@ scope (graphllm.ops.attention.use_backend).
               decode uses one fixed-buffer wrapper per batch bucket
 
 The torch and triton backends write and read a cache of the model's dtype or a float8_e4m3fn one,
-the latter with the per-tensor KVScales given to select_backend (graphllm/kernels/kv_quant.py).
+the latter with per-tensor KVScales per layer (graphllm/kernels/kv_quant.py; AttentionBackend.scales_for).
 FlashInfer is refused with an fp8 cache: its fp8 prefill kernel failed to build on the H200.
 
 This room sits between the kernels (below) and the ops (above): it imports kernels/ only.

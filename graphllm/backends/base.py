@@ -56,7 +56,10 @@ class AttentionBackend:
 
     `plan` runs on the host before every step (and before every CUDA-graph replay, with the
     metadata padded to the bucket); `forward` runs inside the op, possibly under capture.
-    A float8 cache is written and read with `kv_scales` (graphllm.kernels.kv_quant.KVScales).
+    A float8 cache is written and read with its layer's scales (graphllm.kernels.kv_quant.KVScales):
+    `scales_for(kv_cache)`, the scales bound to that layer's cache tensor by `bind_layer_scales`, else
+    `kv_scales`. The op hands the backend each layer's own cache tensor, so its storage names the layer
+    (the lookup runs in Python, so a CUDA graph captures each layer's scales as constants).
     """
 
     name = "base"
@@ -65,6 +68,16 @@ class AttentionBackend:
 
     def __init__(self, kv_scales: KVScales = KVScales()):
         self.kv_scales = kv_scales
+        self.layer_scales: dict[int, KVScales] = {}  # cache tensor's data_ptr -> its layer's scales
+
+    def bind_layer_scales(self, kv_caches: list[torch.Tensor], scales: list[KVScales]) -> None:
+        """Layer i's cache (kv_caches[i]) is written and read with scales[i] (a checkpoint's per-layer
+        k_scale / v_scale, or a calibration's)."""
+        assert len(kv_caches) == len(scales), "one KVScales per layer"
+        self.layer_scales = {cache.data_ptr(): s for cache, s in zip(kv_caches, scales)}
+
+    def scales_for(self, kv_cache: torch.Tensor) -> KVScales:
+        return self.layer_scales.get(kv_cache.data_ptr(), self.kv_scales)
 
     def plan(self, host: HostMeta, graph_bucket: int | None = None) -> None:
         """Prepare for the next step; graph_bucket: the CUDA-graph bucket about to be captured or replayed."""

@@ -26,6 +26,7 @@ class FlashInferBackend(AttentionBackend):
     plans_on_host = True
 
     def __init__(self, shape: AttentionShape, dtype: torch.dtype, device: torch.device, block_size: int):
+        super().__init__()  # model-dtype caches only (fp8 is refused at selection): the default scales
         import flashinfer
         self.flashinfer = flashinfer
         self.heads = (shape.num_heads, shape.num_kv_heads, shape.head_dim)

@@ -14,7 +14,7 @@ class TorchBackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                 scale, sliding_window):
-        write_kv_cache(k, v, kv_cache, slot_mapping, self.kv_scales)
+        write_kv_cache(k, v, kv_cache, slot_mapping, self.scales_for(kv_cache))
         out = reference_attention(q, kv_cache, positions, block_tables, query_start_loc, scale, sliding_window,
-                                  self.kv_scales)
+                                  self.scales_for(kv_cache))
         return out.to(q.dtype)

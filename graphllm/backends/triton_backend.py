@@ -17,17 +17,17 @@ class TritonBackend(AttentionBackend):
 
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                 scale, sliding_window):
-        store_kv(k, v, kv_cache, slot_mapping, self.kv_scales)
+        store_kv(k, v, kv_cache, slot_mapping, self.scales_for(kv_cache))
         return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window)
 
     def rope_forward(self, q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens,
                      query_start_loc, scale, sliding_window):
-        q = rope_store_kv(q, k, v, cos, sin, kv_cache, slot_mapping, self.kv_scales)
+        q = rope_store_kv(q, k, v, cos, sin, kv_cache, slot_mapping, self.scales_for(kv_cache))
         return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window)
 
     def _attend(self, q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window):
         if q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
-                                          sliding_window, kv_scales=self.kv_scales)
+                                          sliding_window, kv_scales=self.scales_for(kv_cache))
         return paged_prefill_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
-                                       scale, sliding_window, kv_scales=self.kv_scales)
+                                       scale, sliding_window, kv_scales=self.scales_for(kv_cache))

@@ -18,8 +18,9 @@ class KVScales(NamedTuple):
     """Per-tensor scales of a float8 KV cache: stored = saturate(x / k), read = float(stored) * k.
 
     The defaults, 1.0 for keys and values, are vLLM's without calibration (k_scale = v_scale =
-    1.0): K and V of ordinary models lie well inside float8_e4m3fn's +-448. Calibrated scales
-    (a checkpoint's k_scale / v_scale) would come in here.
+    1.0): K and V of ordinary models lie well inside float8_e4m3fn's +-448. Calibrated scales (a
+    checkpoint's k_scale / v_scale, or --calculate-kv-scales) come one per layer
+    (AttentionBackend.bind_layer_scales).
     """
 
     k: float = 1.0

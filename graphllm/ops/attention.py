@@ -21,7 +21,7 @@ tokens 0..positions[t] of its own sequence.
 
 The cache's element type is the model's dtype, or float8_e4m3fn (EngineConfig.kv_cache_dtype
 "fp8"): then K and V are stored as saturate(x / scale) and read as stored * scale, with the
-per-tensor KVScales the runtime hands the backend (graphllm/kernels/kv_quant.py). Neither the scales
+per-tensor KVScales of each layer the runtime binds in the backend (graphllm/kernels/kv_quant.py). Neither the scales
 nor the element type are in the op's signature, so one compiled graph serves every cache dtype.
 """
 

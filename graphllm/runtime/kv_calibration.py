@@ -4,8 +4,8 @@ vLLM computes k_scale = amax(K) / 200 and v_scale = amax(V) / 100 from the first
 (K_SCALE_CONSTANT, V_SCALE_CONSTANT: the headroom left for later tokens whose K/V run larger).
 graphllm's decode steps are CUDA graphs with the scales baked in, captured before the first
 request, so the pass runs at start-up instead: CALIBRATION_TEXT through the step (compiled or
-eager, the same callable that serves) into a temporary KV cache in the model's dtype, then the
-amax of everything written, over all layers (graphllm's fp8 cache has one scale per tensor kind).
+eager, the same callable that serves) into a temporary KV cache in the model's dtype, then each
+layer's amax of what it wrote: one KVScales per layer, as vLLM keeps them.
 """
 
 import torch
@@ -39,8 +39,8 @@ def calibration_ids(tokenizer, vocab_size: int) -> list[int]:
 
 @torch.inference_mode()
 def calculate_kv_scales(step, model_config: ModelConfig, tokenizer, shape: AttentionShape, dtype: torch.dtype,
-                        device: torch.device, block_size: int) -> KVScales:
-    """KVScales(amax(K) / 200, amax(V) / 100) over one prefill of the calibration text."""
+                        device: torch.device, block_size: int) -> list[KVScales]:
+    """Per layer, KVScales(amax(K) / 200, amax(V) / 100) over one prefill of the calibration text."""
     ids = calibration_ids(tokenizer, model_config.vocab_size)
     num_blocks = max(2, -(-len(ids) // block_size))
     caches = allocate_kv_caches(model_config, num_blocks, block_size, dtype, device)  # [2, blocks, bs, Hkv, D]
@@ -51,6 +51,5 @@ def calculate_kv_scales(step, model_config: ModelConfig, tokenizer, shape: Atten
     with use_backend(backend):
         backend.plan(host.attention)
         step(*host.to_device(caches, device).flat())
-    k_amax = max(c[0].abs().amax().item() for c in caches)
-    v_amax = max(c[1].abs().amax().item() for c in caches)
-    return KVScales(max(k_amax, 1e-6) / K_SCALE_CONSTANT, max(v_amax, 1e-6) / V_SCALE_CONSTANT)
+    amax = [(max(c[0].abs().amax().item(), 1e-6), max(c[1].abs().amax().item(), 1e-6)) for c in caches]
+    return [KVScales(k / K_SCALE_CONSTANT, v / V_SCALE_CONSTANT) for k, v in amax]

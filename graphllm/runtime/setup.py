@@ -69,7 +69,7 @@ def resolve_model_path(model: str | None) -> Path:
 
 
 def resolve_kv_cache_dtype(config: EngineConfig, dtype: torch.dtype) -> torch.dtype:
-    """auto: the model's dtype; fp8: float8_e4m3fn, K/V stored with per-tensor KVScales (vLLM's)."""
+    """auto: the model's dtype; fp8: float8_e4m3fn, K/V stored with per-tensor KVScales per layer (vLLM's)."""
     return FP8_KV_DTYPE if config.kv_cache_dtype == "fp8" else dtype
 
 
@@ -173,14 +173,10 @@ def check_quantization_matches(config: EngineConfig, manifest: dict, art: Path) 
                          f"{config.quantization}: recompile with graphllm compile --quantization {config.quantization}")
 
 
-def checkpoint_kv_scales(manifest: dict) -> KVScales:
-    """The checkpoint's k_scale / v_scale (compressed-tensors kv_cache_scheme) as per-tensor scales:
-    graphllm's fp8 cache has one scale for K and one for V over all layers, so the largest layer's
-    (no layer saturates; the others lose a little resolution). 1.0 when the checkpoint has none."""
-    scales = list(manifest.get("kv_scales", {}).values())
-    if not scales:
-        return KVScales()
-    return KVScales(max(k for k, _ in scales), max(v for _, v in scales))
+def checkpoint_kv_scales(manifest: dict) -> list[KVScales] | None:
+    """The checkpoint's per-layer k_scale / v_scale (compressed-tensors kv_cache_scheme), None without."""
+    scales = manifest.get("kv_scales") or {}
+    return [KVScales(*scales[str(i)]) for i in range(len(scales))] or None
 
 
 def resolve_limits(config: EngineConfig, built: dict | None = None) -> Limits:
@@ -200,7 +196,7 @@ def resolve_limits(config: EngineConfig, built: dict | None = None) -> Limits:
 
 def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module | None,
              model_config: ModelConfig, step, dtype: torch.dtype, device: torch.device,
-             buckets: tuple[int, ...] | None = None, kv_scales: KVScales = KVScales()) -> Runtime:
+             buckets: tuple[int, ...] | None = None, layer_kv_scales: list[KVScales] | None = None) -> Runtime:
     """The parts eager and compiled engines share: tokenizer, KV cache, scheduler, runner.
 
     The compiled step takes a KV cache of any element type (the attention op, an opaque call in
@@ -222,9 +218,14 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
                            model_config.head_dim, model_config.sliding_window)
     if config.calculate_kv_scales and kv_dtype != dtype:  # ignored unless the cache is fp8 (as vLLM)
         from graphllm.runtime.kv_calibration import calculate_kv_scales
-        kv_scales = calculate_kv_scales(step, model_config, tokenizer, shape, dtype, device, limits.block_size)
-        logger.info("fp8 KV cache scales from a calibration prefill: k %.4g, v %.4g", kv_scales.k, kv_scales.v)
-    backend = select_backend(config.attention_backend, shape, dtype, device, limits.block_size, kv_dtype, kv_scales)
+        layer_kv_scales = calculate_kv_scales(step, model_config, tokenizer, shape, dtype, device, limits.block_size)
+        logger.info("fp8 KV cache scales from a calibration prefill, per layer: k %s, v %s",
+                    [round(s.k, 4) for s in layer_kv_scales], [round(s.v, 4) for s in layer_kv_scales])
+    # the largest scales for a cache no layer claims (none in practice: the step hands each layer's own)
+    widest = KVScales(*(max(s) for s in zip(*layer_kv_scales))) if layer_kv_scales else KVScales()
+    backend = select_backend(config.attention_backend, shape, dtype, device, limits.block_size, kv_dtype, widest)
+    if layer_kv_scales is not None:
+        backend.bind_layer_scales(kv_caches, layer_kv_scales)
     logger.info("attention backend: %s", backend.name)
     graphs = None
     if device.type == "cuda" and config.cuda_graphs:

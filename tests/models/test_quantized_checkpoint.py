@@ -307,7 +307,7 @@ def test_gptq_modules_in_block_to_quantize():
 
 def test_kv_scales_are_read(tmp_path):
     loaded = load_checkpoint(qc.write_ct_fp8_folder(tmp_path / "kv", kv_scales=True))
-    assert loaded.quantization.kv_cache_fp8 and loaded.kv_scales == {0: (0.5, 0.25), 1: (0.5, 0.25)}
+    assert loaded.quantization.kv_cache_fp8 and loaded.kv_scales == {0: (0.5, 0.25), 1: (0.75, 0.375)}
 
 
 def test_older_output_scale_names_are_read(tmp_path):
@@ -318,7 +318,7 @@ def test_older_output_scale_names_are_read(tmp_path):
             attention = f"model.layers.{layer}.self_attn"
             t[f"{attention}.{kv}_proj.output_scale"] = t.pop(f"{attention}.{kv}_scale")
     rewrite(folder, rename)
-    assert load_checkpoint(folder).kv_scales == {0: (0.5, 0.25), 1: (0.5, 0.25)}
+    assert load_checkpoint(folder).kv_scales == {0: (0.5, 0.25), 1: (0.75, 0.375)}
 
 
 def test_missing_kv_scale_is_named(tmp_path):
