@@ -1,0 +1,177 @@
+"""ShardTP: the captured step of the unmodified model -> rank r's step of an N-way tensor-parallel one.
+
+Megatron's split, applied to the graph's linears by their module names (before any fusion), with the
+weights sliced in the graph's weight dict. Per attention layer (Hq query heads, Hkv KV heads, head
+size D, N ranks) and MLP (intermediate size I):
+
+    before (rank-independent)                          after (rank r)
+    q = linear(x, q_proj.weight[Hq*D, H])              q = linear(x, q_proj.weight[Hq/N*D, H])   # heads r*Hq/N ..
+    k = linear(x, k_proj.weight[Hkv*D, H])             k = linear(x, k_proj.weight[Hkv'*D, H])   # Hkv' = max(Hkv/N, 1)
+    v = linear(x, v_proj.weight[Hkv*D, H])             v = linear(x, v_proj.weight[Hkv'*D, H])
+    a = attention(q, k, v, kv_cache)                   a = attention(q, k, v, kv_cache)          # cache: Hkv' heads
+    o = linear(a, o_proj.weight[H, Hq*D])              p = linear(a, o_proj.weight[H, Hq/N*D])
+                                                       s = _c10d_functional.all_reduce(p, "sum", group)
+                                                       o = _c10d_functional.wait_tensor(s)
+    g = linear(x, gate_proj.weight[I, H])              g = linear(x, gate_proj.weight[I/N, H])   (up_proj alike)
+    d = linear(m, down_proj.weight[H, I])              d = wait_tensor(all_reduce(linear(m, down_proj.weight[H, I/N])))
+
+Column-parallel linears keep their bias slice; a row-parallel linear's bias is added by rank 0 only
+(the other ranks' is zeroed), so the all-reduce adds it once. With fewer KV heads than ranks each
+KV head is replicated on N/Hkv ranks: rank r reads KV head r // (N / Hkv), which serves its query
+heads (GQA groups stay whole). The graph reads head counts from tensor shapes (views keep -1), so no
+constant changes; the KV-cache inputs of rank r have Hkv' heads. Embedding, norms and lm_head stay
+replicated (every rank computes the full logits: a first step; vocab-parallel lm_head is to come).
+
+The pass drops export's input guards (written for the full head count) and narrows the example KV
+caches, for re-export; it runs before the fusions.
+
+Refused with the numbers: heads or the intermediate size not divisible by N, N not a multiple of Hkv
+when Hkv < N, quantized linears (not sharded yet).
+"""
+
+import torch
+from torch import fx
+
+from graphllm.ir.graph import StepGraph, copy_source_meta
+from graphllm.passes.base import GraphPass
+
+LINEAR = torch.ops.aten.linear.default
+COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW = ("o_proj", "down_proj")
+QUANTIZED = ("fp8_linear", "int8_linear", "int4_linear")
+
+
+class ShardTP(GraphPass):
+    """rank's shard of an N-way tensor-parallel step; counts {"column": n, "row": n, "all_reduce": n}."""
+
+    name = "shard_tp"
+    version = 1
+
+    def __init__(self, rank: int, world_size: int, group_name: str, num_heads: int, num_kv_heads: int,
+                 head_dim: int, intermediate_size: int):
+        check_divisible(world_size, num_heads, num_kv_heads, intermediate_size)
+        self.rank, self.world_size, self.group_name = rank, world_size, group_name
+        self.heads = (num_heads, num_kv_heads, head_dim)
+        self.intermediate_size = intermediate_size
+
+    def apply(self, graph: StepGraph) -> dict[str, int]:
+        counts = {"column": 0, "row": 0, "all_reduce": 0}
+        _drop_input_guards(graph)
+        for node in list(graph.graph.nodes):
+            if node.op == "call_function" and getattr(node.target, "__name__", "").split(".")[0] in QUANTIZED:
+                raise ValueError("tensor parallelism over quantized linears is not supported yet: "
+                                 "shard before quantizing, or use --tensor-parallel-size 1")
+            member = _member(node)
+            if member in COLUMN:
+                self._shard_column(graph, node, member)
+                counts["column"] += 1
+            elif member in ROW:
+                self._shard_row(graph, node)
+                self._all_reduce_after(graph, node)
+                counts["row"] += 1
+                counts["all_reduce"] += 1
+        *inputs, caches = graph.example_inputs  # rank r's caches hold its KV heads (for re-export)
+        graph.example_inputs = (*inputs, [self.local_kv(c) for c in caches])
+        return counts
+
+    def local_kv(self, cache: torch.Tensor) -> torch.Tensor:
+        """Rank r's heads of a full [2, blocks, block_size, Hkv, D] cache (a copy)."""
+        num_kv_heads, n, r = self.heads[1], self.world_size, self.rank
+        if num_kv_heads >= n:
+            per = num_kv_heads // n
+            return cache[:, :, :, r * per:(r + 1) * per].clone()
+        head = r // (n // num_kv_heads)
+        return cache[:, :, :, head:head + 1].clone()
+
+    def _rows_of(self, member: str) -> slice:
+        """The output rows (of a column-parallel weight) rank r keeps."""
+        num_heads, num_kv_heads, d = self.heads
+        n, r = self.world_size, self.rank
+        if member == "q_proj":
+            per = num_heads // n
+            return slice(r * per * d, (r + 1) * per * d)
+        if member in ("k_proj", "v_proj"):
+            if num_kv_heads >= n:
+                per = num_kv_heads // n
+                return slice(r * per * d, (r + 1) * per * d)
+            head = r // (n // num_kv_heads)  # replicated: the KV head of this rank's query heads
+            return slice(head * d, (head + 1) * d)
+        per = self.intermediate_size // n
+        return slice(r * per, (r + 1) * per)
+
+    def _shard_column(self, graph: StepGraph, node: fx.Node, member: str) -> None:
+        rows = self._rows_of(member)
+        _replace_weight(graph, node.args[1], lambda w: w[rows].contiguous())
+        if len(node.args) > 2 and node.args[2] is not None:
+            _replace_weight(graph, node.args[2], lambda b: b[rows].contiguous())
+
+    def _shard_row(self, graph: StepGraph, node: fx.Node) -> None:
+        member = _member(node)
+        width = self.heads[0] * self.heads[2] if member == "o_proj" else self.intermediate_size
+        per = width // self.world_size
+        cols = slice(self.rank * per, (self.rank + 1) * per)
+        _replace_weight(graph, node.args[1], lambda w: w[:, cols].contiguous())
+        if len(node.args) > 2 and node.args[2] is not None and self.rank != 0:
+            _replace_weight(graph, node.args[2], torch.zeros_like)
+
+    def _all_reduce_after(self, graph: StepGraph, node: fx.Node) -> None:
+        users = list(node.users)
+        with graph.graph.inserting_after(node):
+            reduced = graph.graph.call_function(torch.ops._c10d_functional.all_reduce.default,
+                                                (node, "sum", self.group_name))
+        with graph.graph.inserting_after(reduced):
+            waited = graph.graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (reduced,))
+        for new in (reduced, waited):
+            copy_source_meta(new, node)
+            if "val" in node.meta:
+                new.meta["val"] = node.meta["val"]
+        for user in users:
+            user.replace_input_with(node, waited)
+
+
+def check_divisible(world_size: int, num_heads: int, num_kv_heads: int, intermediate_size: int) -> None:
+    """The shapes an N-way split can hold, else a ValueError with the numbers."""
+    problems = []
+    if num_heads % world_size:
+        problems.append(f"{num_heads} attention heads")
+    if num_kv_heads >= world_size and num_kv_heads % world_size:
+        problems.append(f"{num_kv_heads} KV heads")
+    if num_kv_heads < world_size and world_size % num_kv_heads:
+        problems.append(f"{num_kv_heads} KV heads (fewer than the ranks: the ranks must be a multiple)")
+    if intermediate_size % world_size:
+        problems.append(f"intermediate size {intermediate_size}")
+    if problems:
+        raise ValueError(f"tensor-parallel size {world_size} does not divide {', '.join(problems)}")
+
+
+def local_kv_heads(num_kv_heads: int, world_size: int) -> int:
+    """KV heads in each rank's cache."""
+    return max(num_kv_heads // world_size, 1)
+
+
+def _drop_input_guards(graph: StepGraph) -> None:
+    """torch.export's `_guards_fn` checks the inputs against the full model's shapes (the KV caches'
+    head count): rank r's caches differ, and a re-export writes the guards anew."""
+    for node in list(graph.graph.nodes):
+        if node.op == "call_module" and node.target == "_guards_fn":
+            graph.graph.erase_node(node)
+            delattr(graph.gm, "_guards_fn")
+
+
+def _member(node: fx.Node) -> str | None:
+    """'q_proj' for node = aten.linear(x, get_attr <p>.q_proj.weight, ...), else None."""
+    if node.op != "call_function" or node.target is not LINEAR or len(node.args) < 2:
+        return None
+    weight = node.args[1]
+    if not isinstance(weight, fx.Node) or weight.op != "get_attr" or not weight.target.endswith(".weight"):
+        return None
+    return weight.target.removesuffix(".weight").rpartition(".")[2]
+
+
+def _replace_weight(graph: StepGraph, attr: fx.Node, shard) -> None:
+    """Swap the parameter a get_attr node reads for shard(parameter) (a tied weight is left alone:
+    the split linears never share theirs)."""
+    path, _, name = attr.target.rpartition(".")
+    owner = graph.gm.get_submodule(path)
+    old = getattr(owner, name)
+    owner.register_parameter(name, torch.nn.Parameter(shard(old.detach()), requires_grad=False))

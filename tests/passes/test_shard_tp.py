@@ -1,0 +1,70 @@
+"""ShardTP: N gloo processes each run their shard of the captured step; every rank's logits equal the
+unsharded step's, and every rank's KV cache holds exactly its heads of the unsharded cache. Tiny
+random configs in float32, including GQA with fewer KV heads than ranks and q/k/v bias (Qwen2)."""
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from graphllm.passes.parallel.shard_tp import ShardTP, check_divisible, local_kv_heads
+
+pytestmark = pytest.mark.slow  # spawns processes
+
+
+def run_rank(rank: int, world_size: int, port: int, folder: str, results: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        from graphllm.ir import capture
+        from graphllm.models import load_model
+        from tests.passes.harness import clone_inputs, copy_graph, on_reference, random_step_inputs
+        model, config = load_model(folder)
+        full = capture(model, config, torch.float32, torch.device("cpu"))
+        shard = copy_graph(full)
+        tp = ShardTP(rank, world_size, dist.group.WORLD.group_name, config.num_attention_heads,
+                     config.num_key_value_heads, config.head_dim, config.intermediate_size)
+        counts = tp(shard)
+        inputs = random_step_inputs(config, seed=7)
+        full_in = clone_inputs(inputs)
+        local_caches = [tp.local_kv(c) for c in inputs[-1]]
+        with on_reference():
+            expected = full(*full_in)
+            got = shard(*inputs[:-1], local_caches)
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+        for mine, whole in zip(local_caches, full_in[-1]):
+            torch.testing.assert_close(mine, tp.local_kv(whole), atol=1e-5, rtol=1e-5)  # a narrower matmul
+        assert [c.shape[3] for c in shard.example_inputs[-1]] == [local_kv_heads(config.num_key_value_heads,
+                                                                                  world_size)] * 2
+        results[rank] = counts
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("arch, world_size", [("llama", 2), ("qwen2", 2), ("llama", 4)])
+def test_every_rank_computes_the_unsharded_step(arch, world_size, tiny_model_dir):
+    # tiny configs: 4 query heads, 2 KV heads: N = 4 replicates each KV head on two ranks
+    results = mp.Manager().dict()
+    folder = str(tiny_model_dir(arch)[0])
+    mp.spawn(run_rank, args=(world_size, free_port(), folder, results), nprocs=world_size, join=True)
+    assert sorted(results) == list(range(world_size))
+    assert results[0] == {"column": 5 * 2, "row": 2 * 2, "all_reduce": 2 * 2}  # 2 layers
+
+
+def test_shapes_that_do_not_divide_are_refused_with_the_numbers():
+    with pytest.raises(ValueError, match=r"size 3 does not divide 4 attention heads, 2 KV heads \(fewer than the "
+                                         r"ranks: the ranks must be a multiple\), intermediate size 128"):
+        check_divisible(3, 4, 2, 128)
+    with pytest.raises(ValueError, match="size 2 does not divide 3 KV heads$"):
+        check_divisible(2, 6, 3, 64)  # 6 query heads and 64 divide: only the KV heads fail
+    check_divisible(4, 8, 2, 64)  # 2 KV heads, each on two of the 4 ranks
+    assert local_kv_heads(2, 4) == 1 and local_kv_heads(8, 2) == 4
