@@ -59,6 +59,9 @@ class EngineConfig:
     # fp8 KV cache: scales from the K and V amax of one calibration prefill at start-up (vLLM's
     # --calculate-kv-scales), instead of a checkpoint's k_scale / v_scale or 1.0
     calculate_kv_scales: bool = False
+    # ranks of a tensor-parallel engine on this node (vLLM's --tensor-parallel-size); for now eager on
+    # CPU only (graphllm/runtime/tensor_parallel.py)
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
         check_quantization(self.quantization, self.quantization_group_size)
@@ -77,6 +80,8 @@ class EngineConfig:
             raise ValueError(f"num_decode_steps must be >= 1, got {self.num_decode_steps}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
 
     def compile_config(self) -> "CompileConfig":
         """What compile=True compiles with: these limits (where given) and pass switches."""

@@ -56,6 +56,8 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                         help="read back each step's tokens before scheduling the next (no host/GPU overlap)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto: the model's dtype; fp8: float8_e4m3fn (half the KV bytes)")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                        help="ranks of a tensor-parallel engine on this node (for now: eager, CPU, gloo)")
     parser.add_argument("--calculate-kv-scales", action="store_true",
                         help="fp8 KV cache: scales from the K/V amax of a calibration prefill at start-up "
                              "(default: the checkpoint's k_scale/v_scale, else 1.0)")
@@ -79,7 +81,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                         attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
                         async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
-                        calculate_kv_scales=args.calculate_kv_scales,
+                        calculate_kv_scales=args.calculate_kv_scales, tensor_parallel_size=args.tensor_parallel_size,
                         cache_dir=getattr(args, "cache_dir", None), **pass_switches(args))
 
 

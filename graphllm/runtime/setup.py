@@ -133,6 +133,8 @@ def build_runtime(config: EngineConfig) -> Runtime:
         return build_compiled_runtime(config, Path(config.artifact))
     path = resolve_model_path(config.model)
     device = resolve_device(config.device)
+    if config.tensor_parallel_size > 1:
+        return build_tensor_parallel_runtime(config, path, device)
     if config.compile or is_quantized(config, path):  # quantization is a compiler pass: no eager path
         if not config.compile:
             logger.info("%s: quantized models run compiled; compiling (or reusing the cached artifact)", path)
@@ -143,6 +145,25 @@ def build_runtime(config: EngineConfig) -> Runtime:
     model, model_config = load_model(path, dtype, device)
     return assemble(config, resolve_limits(config), path, model, model_config, StepModule(model), dtype, device)
 
+
+
+def build_tensor_parallel_runtime(config: EngineConfig, path: Path, device: torch.device) -> Runtime:
+    """Rank 0 of an N-way tensor-parallel engine: eager on the CPU for now (the compiled, quantized and
+    GPU paths are not wired yet: refused by name)."""
+    unsupported = [why for cond, why in ((device.type != "cpu", f"device {device.type}"),
+                                         (config.artifact is not None, "an artifact"),
+                                         (config.compile, "compile=True"),
+                                         (is_quantized(config, path), "quantization"),
+                                         (config.kv_cache_dtype != "auto", "an fp8 KV cache")) if cond]
+    if unsupported:
+        raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} runs eager on the CPU for now; "
+                         f"not with {', '.join(unsupported)}")
+    from graphllm.runtime.tensor_parallel import local_model_config, start_tensor_parallel
+    dtype = resolve_dtype(config.dtype, read_hf_config(path), device)
+    model, model_config = load_model(path, dtype, device)
+    step = start_tensor_parallel(config.tensor_parallel_size, str(path), model, model_config, dtype, dtype)
+    local = local_model_config(model_config, config.tensor_parallel_size)
+    return assemble(config, resolve_limits(config), path, model, local, step, dtype, device)
 
 
 def is_quantized(config: EngineConfig, path: Path) -> bool:

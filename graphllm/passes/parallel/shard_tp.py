@@ -156,6 +156,9 @@ def _drop_input_guards(graph: StepGraph) -> None:
         if node.op == "call_module" and node.target == "_guards_fn":
             graph.graph.erase_node(node)
             delattr(graph.gm, "_guards_fn")
+    hooks = graph.gm._forward_pre_hooks  # the unlifted module's input-constraint check, the same guards
+    for key in [k for k, hook in hooks.items() if "input_constraints" in getattr(hook, "__name__", "")]:
+        del hooks[key]
 
 
 def _member(node: fx.Node) -> str | None:

@@ -1,0 +1,151 @@
+"""Tensor parallelism on one node (EngineConfig.tensor_parallel_size = N): the engine's process is rank
+0 and starts ranks 1..N-1 as worker processes (torch.multiprocessing, spawn) joined by torch.distributed.
+
+Every rank runs its own shard of the captured step (graphllm/passes/parallel/shard_tp.py: its heads and
+its slice of the MLP, all-reduces after o_proj and down_proj) over its own KV cache, which holds its
+KV heads with the same block layout. Rank 0 alone schedules and samples. Each step it broadcasts the
+step's flat int64 inputs: a header [T, B, M, N, cache blocks, block size] then one buffer holding
+input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc and logits_indices; the
+workers run their shard on them, and the shard's all-reduces keep the ranks in step. A header of
+STOP ends the workers; so does the engine's process exiting (they are daemons, and a finalizer stops
+them when the step is dropped).
+
+For now: eager (the captured graph run as is, no Inductor), CPU with gloo, the torch attention
+backend; every rank loads the whole checkpoint before slicing it.
+"""
+
+import dataclasses
+import logging
+import socket
+import weakref
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from graphllm.backends import TorchBackend
+from graphllm.ir import capture
+from graphllm.models.config import ModelConfig
+from graphllm.ops.attention import use_backend
+from graphllm.passes.parallel.shard_tp import ShardTP, check_divisible, local_kv_heads
+from graphllm.runtime.kv_cache import allocate_kv_caches
+
+logger = logging.getLogger(__name__)
+STOP = -1
+HEADER = 6  # T, B, M, N, cache blocks, block size
+TIMEOUT = timedelta(seconds=120)  # a collective waiting longer than this means a rank is gone
+
+
+def local_model_config(config: ModelConfig, world_size: int) -> ModelConfig:
+    """The config each rank's KV cache is shaped by: its KV heads."""
+    return dataclasses.replace(config, num_key_value_heads=local_kv_heads(config.num_key_value_heads, world_size))
+
+
+def shard_step(model: torch.nn.Module, config: ModelConfig, rank: int, world_size: int, dtype: torch.dtype,
+               device: torch.device) -> torch.fx.GraphModule:
+    """This rank's step: the model's captured step, sharded."""
+    graph = capture(model, config, dtype, device)
+    ShardTP(rank, world_size, dist.group.WORLD.group_name, config.num_attention_heads, config.num_key_value_heads,
+            config.head_dim, config.intermediate_size)(graph)
+    return graph.gm
+
+
+def send_step(inputs: tuple, num_blocks: int, block_size: int) -> None:
+    """Broadcast one step's inputs (rank 0)."""
+    input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc, logits_indices = inputs
+    t, (b, m), n = input_ids.shape[0], block_tables.shape, logits_indices.shape[0]
+    dist.broadcast(torch.tensor([t, b, m, n, num_blocks, block_size], dtype=torch.int64), src=0)
+    dist.broadcast(torch.cat([x.reshape(-1).to(torch.int64) for x in inputs]), src=0)
+
+
+def receive_step() -> tuple[tuple, int, int] | None:
+    """One step's inputs (ranks 1..N-1), their cache block count and block size; None: stop."""
+    header = torch.empty(HEADER, dtype=torch.int64)
+    dist.broadcast(header, src=0)
+    t, b, m, n, num_blocks, block_size = header.tolist()
+    if t == STOP:
+        return None
+    flat = torch.empty(3 * t + b * m + b + (b + 1) + n, dtype=torch.int64)
+    dist.broadcast(flat, src=0)
+    ids, pos, slots, tables, lens, starts, sampled = flat.split([t, t, t, b * m, b, b + 1, n])
+    return (ids, pos, slots, tables.view(b, m), lens, starts, sampled), num_blocks, block_size
+
+
+class TensorParallelStep:
+    """Rank 0's step: broadcast the inputs, then run its own shard (same signature as the step)."""
+
+    def __init__(self, shard: torch.fx.GraphModule, workers: list):
+        self.shard, self.workers = shard, workers
+        self._finalizer = weakref.finalize(self, stop_workers, workers)
+
+    def __call__(self, input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
+                 logits_indices, kv_caches):
+        inputs = (input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc, logits_indices)
+        send_step(inputs, kv_caches[0].shape[1], kv_caches[0].shape[2])
+        return self.shard(*inputs, kv_caches)
+
+    def stop(self) -> None:
+        self._finalizer()
+
+
+def stop_workers(workers: list) -> None:
+    """Tell the workers to stop, wait a little, then make sure they are gone."""
+    try:
+        dist.broadcast(torch.tensor([STOP] + [0] * (HEADER - 1), dtype=torch.int64), src=0)
+    except Exception:  # a worker already gone: the group is broken; the terminate below still runs
+        pass
+    for proc in workers:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def worker_main(rank: int, world_size: int, port: int, path: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
+    """Ranks 1..N-1: load, shard, then run every step rank 0 broadcasts until it says stop."""
+    from graphllm.models.loader import load_model
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
+                            timeout=TIMEOUT)
+    try:
+        device = torch.device("cpu")
+        model, config = load_model(path, dtype, device)
+        shard, local = shard_step(model, config, rank, world_size, dtype, device), local_model_config(config, world_size)
+        backend, caches = TorchBackend(), None
+        with torch.inference_mode(), use_backend(backend):
+            while (step := receive_step()) is not None:
+                inputs, num_blocks, block_size = step
+                if caches is None or caches[0].shape[1] != num_blocks:
+                    caches = allocate_kv_caches(local, num_blocks, block_size, kv_dtype, device)
+                shard(*inputs, caches)
+    finally:
+        dist.destroy_process_group()
+
+
+def start_tensor_parallel(world_size: int, path: str, model: torch.nn.Module, config: ModelConfig,
+                          dtype: torch.dtype, kv_dtype: torch.dtype) -> TensorParallelStep:
+    """Start ranks 1..N-1, join them as rank 0, and return rank 0's step (the shapes are checked before
+    any process starts; a failure after that stops the workers before it propagates)."""
+    check_divisible(world_size, config.num_attention_heads, config.num_key_value_heads, config.intermediate_size)
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    workers = [ctx.Process(target=worker_main, args=(rank, world_size, port, path, dtype, kv_dtype), daemon=True)
+               for rank in range(1, world_size)]
+    for proc in workers:
+        proc.start()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world_size,
+                            timeout=TIMEOUT)
+    logger.info("tensor parallel: %d ranks (gloo), rank 0 schedules", world_size)
+    try:
+        return TensorParallelStep(shard_step(model, config, 0, world_size, dtype, torch.device("cpu")), workers)
+    except BaseException:
+        stop_workers(workers)
+        raise
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
