@@ -8,7 +8,8 @@ step's flat int64 inputs: a header [T, B, M, N, cache blocks, block size] then o
 input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc and logits_indices; the
 workers run their shard on them, and the shard's all-reduces keep the ranks in step. A header of
 STOP ends the workers; so does the engine's process exiting (they are daemons, and a finalizer stops
-them when the step is dropped).
+them when the step is dropped). A worker that exits fails rank 0's next step at once, naming it (the
+engine then reports itself dead); a rank lost inside a collective fails it after TIMEOUT.
 
 For now: eager (the captured graph run as is, no Inductor), CPU with gloo, the torch attention
 backend; every rank loads the whole checkpoint before slicing it.
@@ -82,8 +83,16 @@ class TensorParallelStep:
     def __call__(self, input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                  logits_indices, kv_caches):
         inputs = (input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc, logits_indices)
+        self.check_workers()
         send_step(inputs, kv_caches[0].shape[1], kv_caches[0].shape[2])
         return self.shard(*inputs, kv_caches)
+
+    def check_workers(self) -> None:
+        """A worker that has exited fails the step at once (not after the collective's timeout)."""
+        for rank, proc in enumerate(self.workers, start=1):
+            if not proc.is_alive():
+                raise RuntimeError(f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with code "
+                                   f"{proc.exitcode}; the engine cannot run without it")
 
     def stop(self) -> None:
         self._finalizer()

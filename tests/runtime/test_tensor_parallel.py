@@ -60,3 +60,62 @@ def test_the_check_comes_before_any_worker_starts(tiny_model_dir):
     with pytest.raises(ValueError, match="does not divide"):
         Engine.from_pretrained(path, tensor_parallel_size=3)
     assert not dist.is_initialized()  # no group was formed, so none is left behind
+
+
+def test_a_dead_worker_fails_the_next_step_at_once_naming_it(tiny_model_dir):
+    import time
+    path, _ = tiny_model_dir("llama")
+    engine = Engine.from_pretrained(path, tensor_parallel_size=2)
+    step = engine.runner.step
+    try:
+        worker = step.workers[0]
+        worker.kill()
+        worker.join(timeout=10)
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"worker rank 1 \(pid \d+\) exited with code -9"):
+            engine.generate([[1, 2, 3]], GREEDY)
+        assert time.monotonic() - start < 5
+    finally:
+        step.stop()
+    import torch.distributed as dist
+    assert not dist.is_initialized()
+
+
+def test_the_server_at_tp2_answers_the_openai_client_and_exits_cleanly(tiny_model_dir):
+    """`graphllm serve --eager -tp 2`: a completion equals the TP = 1 engine's; SIGTERM ends the server
+    and its worker with exit code 0, leaving no process behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import openai
+    import psutil
+
+    from tests.cli.test_serve import _healthy
+    from tests.server.conftest import free_port
+    path, _ = tiny_model_dir("llama")
+    expected = Engine.from_pretrained(path).generate([[1, 5, 9, 17]], GREEDY)[0].outputs[0].text
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "graphllm.cli", "serve", "--model", str(path), "--eager", "-tp", "2",
+                             "--port", str(port), "--log-level", "warning"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+        while not _healthy(base):
+            assert proc.poll() is None and time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.2)
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        assert workers  # the rank-1 worker (and multiprocessing's helper)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
+        got = client.completions.create(model=client.models.list().data[0].id, prompt=[1, 5, 9, 17], max_tokens=16,
+                                        temperature=0, extra_body={"ignore_eos": True})
+        assert got.choices[0].text == expected
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        _, alive = psutil.wait_procs(workers, timeout=15)
+        assert not alive, f"left behind: {alive}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
