@@ -1,6 +1,7 @@
 """ShardTP: N gloo processes each run their shard of the captured step; every rank's logits equal the
 unsharded step's, and every rank's KV cache holds exactly its heads of the unsharded cache. Tiny
-random configs in float32, including GQA with fewer KV heads than ranks and q/k/v bias (Qwen2)."""
+random configs in float32, including GQA with fewer KV heads than ranks, q/k/v bias (Qwen2), per-head
+q/k norms (Qwen3) and a sliding window (Mistral)."""
 
 import os
 import socket
@@ -50,7 +51,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("arch, world_size", [("llama", 2), ("qwen2", 2), ("llama", 4)])
+@pytest.mark.parametrize("arch, world_size", [("llama", 2), ("qwen2", 2), ("llama", 4), ("qwen3", 2), ("mistral", 4)])
 def test_every_rank_computes_the_unsharded_step(arch, world_size, tiny_model_dir):
     # tiny configs: 4 query heads, 2 KV heads: N = 4 replicates each KV head on two ranks
     results = mp.Manager().dict()
