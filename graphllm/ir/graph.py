@@ -32,6 +32,14 @@ def new_node(graph: fx.Graph, target, args: tuple, like: fx.Node) -> fx.Node:
     return node
 
 
+def attr_tensor(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
+    """The parameter or buffer a get_attr node reads."""
+    obj = gm
+    for attr in node.target.split("."):
+        obj = getattr(obj, attr)
+    return obj
+
+
 @dataclass
 class StepGraph:
     gm: fx.GraphModule

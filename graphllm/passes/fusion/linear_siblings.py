@@ -39,7 +39,7 @@ from torch import fx, nn
 from torch._guards import detect_fake_mode
 
 import graphllm.ops.quantized_linear  # noqa: F401  (registers the quantized linears, KINDS below)
-from graphllm.ir.graph import StepGraph, copy_source_meta
+from graphllm.ir.graph import StepGraph, attr_tensor, copy_source_meta
 from graphllm.passes.base import source_uuid
 
 LINEAR = torch.ops.aten.linear.default
@@ -149,7 +149,7 @@ def _owns_operands(gm: fx.GraphModule, node: fx.Node, shared: set[int]) -> bool:
     """The linear is the only user of its weights (and bias), and none is tied to another name."""
     params = [p for p in _operand_nodes(node) if p is not None]
     return all(isinstance(p, fx.Node) and p.op == "get_attr" and len(p.users) == 1
-               and id(_tensor(gm, p)) not in shared for p in params)
+               and id(attr_tensor(gm, p)) not in shared for p in params)
 
 
 def _shared_tensor_ids(gm: fx.GraphModule) -> set[int]:
@@ -157,7 +157,7 @@ def _shared_tensor_ids(gm: fx.GraphModule) -> set[int]:
     seen, shared = set(), set()
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            key = id(_tensor(gm, node))
+            key = id(attr_tensor(gm, node))
             (shared if key in seen else seen).add(key)
     return shared
 
@@ -169,7 +169,7 @@ def _compatible(gm: fx.GraphModule, group: LinearGroup) -> bool:
         return False
     kind = KINDS[group.linears[0].target]
     for j, (_, dim) in enumerate(kind.weights):
-        ts = [_tensor(gm, _operand_nodes(n)[j]) for n in group.linears]
+        ts = [attr_tensor(gm, _operand_nodes(n)[j]) for n in group.linears]
         if any((j == 0 and t.dim() != 2) or t.dim() <= dim for t in ts):  # the first is the [N, K]-like weight
             return False
         if len({(t.shape[:dim] + t.shape[dim + 1:], t.dtype, t.device) for t in ts}) != 1:
@@ -178,14 +178,14 @@ def _compatible(gm: fx.GraphModule, group: LinearGroup) -> bool:
         return False
     for node, n_out in zip(group.linears, _output_sizes(gm, group)):
         bias = _operand_nodes(node)[-1]
-        if bias is not None and _tensor(gm, bias).shape != (n_out,):
+        if bias is not None and attr_tensor(gm, bias).shape != (n_out,):
             return False
     return True
 
 
 def _output_sizes(gm: fx.GraphModule, group: LinearGroup) -> list[int]:
     index, dim = KINDS[group.linears[0].target].weights[0]
-    return [_tensor(gm, n.args[index]).shape[dim] for n in group.linears]
+    return [attr_tensor(gm, n.args[index]).shape[dim] for n in group.linears]
 
 
 def _fused_operands(graph: StepGraph, group: LinearGroup, fused: str, first: fx.Node) -> tuple[list, list[int]]:
@@ -201,26 +201,19 @@ def _fused_operands(graph: StepGraph, group: LinearGroup, fused: str, first: fx.
         args[index - 1] = graph.add_weight(f"{group.prefix}.{fused}.{attr}", tensor, like=first)
 
     for index, dim in kind.weights:
-        add(index, first.args[index], torch.cat([_tensor(gm, n.args[index]) for n in group.linears], dim=dim))
+        add(index, first.args[index], torch.cat([attr_tensor(gm, n.args[index]) for n in group.linears], dim=dim))
     if kind.shared is not None and _arg(first, kind.shared) is not None:
-        scales = [_tensor(gm, n.args[kind.shared]) for n in group.linears]
+        scales = [attr_tensor(gm, n.args[kind.shared]) for n in group.linears]
         add(kind.shared, first.args[kind.shared], torch.stack(scales).amax(dim=0))
     biases = [_arg(n, kind.bias) for n in group.linears]
     present = [b for b in biases if b is not None]
     if present:
-        like = _tensor(gm, present[0])
-        parts = [_tensor(gm, b) if b is not None else like.new_zeros(n) for b, n in zip(biases, sizes)]
+        like = attr_tensor(gm, present[0])
+        parts = [attr_tensor(gm, b) if b is not None else like.new_zeros(n) for b, n in zip(biases, sizes)]
         add(kind.bias, present[0], torch.cat([p.to(like.dtype) for p in parts]))
     while args and args[-1] is None:  # aten.linear(x, w), not aten.linear(x, w, None)
         args.pop()
     return args, sizes
-
-
-def _tensor(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
-    obj = gm
-    for attr in node.target.split("."):
-        obj = getattr(obj, attr)
-    return obj
 
 
 def _ensure_module(gm: fx.GraphModule, path: str) -> None:
@@ -253,7 +246,7 @@ def _set_vals(gm: fx.GraphModule, group: LinearGroup, params: list[fx.Node], out
     with fake_mode:
         out.meta["val"] = torch.cat(vals, dim=-1)  # [T, sum N_i]
     for param in params:
-        param.meta["val"] = fake_mode.from_tensor(_tensor(gm, param).detach(), static_shapes=True)
+        param.meta["val"] = fake_mode.from_tensor(attr_tensor(gm, param).detach(), static_shapes=True)
     split.meta["val"] = list(vals)
     for part, val in zip(parts, vals):
         part.meta["val"] = val

@@ -74,14 +74,19 @@ class ShardTP(GraphPass):
         graph.example_inputs = (*inputs, [self.local_kv(c) for c in caches])
         return counts
 
-    def local_kv(self, cache: torch.Tensor) -> torch.Tensor:
-        """Rank r's heads of a full [2, blocks, block_size, Hkv, D] cache (a copy)."""
+    def kv_heads(self) -> slice:
+        """The KV heads rank r holds: its share, or with fewer KV heads than ranks the one (replicated)
+        that serves its query heads."""
         num_kv_heads, n, r = self.heads[1], self.world_size, self.rank
         if num_kv_heads >= n:
             per = num_kv_heads // n
-            return cache[:, :, :, r * per:(r + 1) * per].clone()
+            return slice(r * per, (r + 1) * per)
         head = r // (n // num_kv_heads)
-        return cache[:, :, :, head:head + 1].clone()
+        return slice(head, head + 1)
+
+    def local_kv(self, cache: torch.Tensor) -> torch.Tensor:
+        """Rank r's heads of a full [2, blocks, block_size, Hkv, D] cache (a copy)."""
+        return cache[:, :, :, self.kv_heads()].clone()
 
     def _rows_of(self, member: str) -> slice:
         """The output rows (of a column-parallel weight) rank r keeps."""
@@ -91,11 +96,8 @@ class ShardTP(GraphPass):
             per = num_heads // n
             return slice(r * per * d, (r + 1) * per * d)
         if member in ("k_proj", "v_proj"):
-            if num_kv_heads >= n:
-                per = num_kv_heads // n
-                return slice(r * per * d, (r + 1) * per * d)
-            head = r // (n // num_kv_heads)  # replicated: the KV head of this rank's query heads
-            return slice(head * d, (head + 1) * d)
+            heads = self.kv_heads()
+            return slice(heads.start * d, heads.stop * d)
         per = self.intermediate_size // n
         return slice(r * per, (r + 1) * per)
 

@@ -26,7 +26,7 @@ import torch
 from torch import fx
 
 import graphllm.ops.quantized_linear  # noqa: F401  (registers the quantized-linear ops)
-from graphllm.ir.graph import StepGraph, copy_source_meta
+from graphllm.ir.graph import StepGraph, attr_tensor, copy_source_meta
 from graphllm.passes.base import source_uuid
 
 LINEAR = torch.ops.aten.linear.default
@@ -61,7 +61,7 @@ def quantize_linears(graph: StepGraph, scheme: Scheme, include_lm_head: bool,
         else:
             if name.rpartition(".")[2] == "lm_head" and not include_lm_head:
                 continue
-            weight = _tensor(graph.gm, node.args[1])
+            weight = attr_tensor(graph.gm, node.args[1])
             why = scheme.cannot_hold(weight)
             if why:
                 log.info("%s stays %s: %s", name, str(weight.dtype).removeprefix("torch."), why)
@@ -108,10 +108,3 @@ def _replace(graph: StepGraph, node: fx.Node, prefix: str, scheme: Scheme, tenso
         new.meta["val"] = node.meta["val"]
     node.replace_all_uses_with(new)
     graph.graph.erase_node(node)
-
-
-def _tensor(gm: fx.GraphModule, node: fx.Node) -> torch.Tensor:
-    obj = gm
-    for attr in node.target.split("."):
-        obj = getattr(obj, attr)
-    return obj
