@@ -124,7 +124,8 @@ def quantization_record(config: CompileConfig, loaded, reports, kernels: dict) -
             "lm_head": config.quantize_lm_head, **counts, "kernels": kernels}
 
 
-QUANTIZED_OPS = {"fp8_linear": "fp8", "int8_linear": "int8", "int4_linear": "int4"}
+QUANTIZED_OPS = {"fp8_linear": ("fp8", 1), "fp8_linear_quantized": ("fp8", 2), "int8_linear": ("int8", 1),
+                 "int4_linear": ("int4", 1)}  # op -> (scheme, index of its weight argument)
 
 
 def kernel_plan(graph, buckets) -> dict[str, dict[str, str]]:
@@ -133,9 +134,10 @@ def kernel_plan(graph, buckets) -> dict[str, dict[str, str]]:
     from graphllm.ops.quantized_linear import kernel_route
     shapes = set()
     for node in graph.graph.nodes:
-        scheme = QUANTIZED_OPS.get(getattr(node.target, "__name__", "").removesuffix(".default"))
+        scheme, weight_arg = QUANTIZED_OPS.get(getattr(node.target, "__name__", "").removesuffix(".default"),
+                                               (None, 0))
         if scheme:
-            qweight = graph.gm.get_parameter(node.args[1].target)
+            qweight = graph.gm.get_parameter(node.args[weight_arg].target)
             n, k = (qweight.shape[1], qweight.shape[0] * 8) if scheme == "int4" else tuple(qweight.shape)
             shapes.add((scheme, n, k))
     return {f"{scheme} {n}x{k}": {str(b): kernel_route(scheme, b, n, k, graph.device) for b in buckets}

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from graphllm.kernels.int8_matmul import MAX_ROWS, decode_split_k, m_bucket, plan_launch, tile_ids
-from graphllm.kernels.quant_layout import fp8_linear_reference  # noqa: F401 - the oracle of the tests
+from graphllm.kernels.quant_layout import fp8_linear_reference, fp8_quantized_linear_reference  # noqa: F401 - oracles
 from graphllm.kernels.skinny_matmul import finish_tile
 
 # (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25
@@ -225,12 +225,12 @@ def takes_scaled_mm(m: int) -> bool:
     return m > MAX_ROWS
 
 
-def scaled_mm_takes(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def scaled_mm_takes(out_dtype: torch.dtype, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """torch._scaled_mm with row-wise scales serves this product: bfloat16 out (the output every torch
     build's row-wise path gives), bias absent or bfloat16, N and K multiples of 16, an sm_89+ GPU."""
     n, k = weight.shape
-    return (x.is_cuda and x.dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
-            and n % 16 == 0 and k % 16 == 0 and torch.cuda.get_device_capability(x.device) >= (8, 9))
+    return (weight.is_cuda and out_dtype == torch.bfloat16 and (bias is None or bias.dtype == torch.bfloat16)
+            and n % 16 == 0 and k % 16 == 0 and torch.cuda.get_device_capability(weight.device) >= (8, 9))
 
 
 def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -241,25 +241,56 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     bias: [N] or None -> a new contiguous [M, N] in x's dtype. config: default_config's keys; a config (given,
     or CONFIGS') also keeps more than MAX_ROWS rows off _scaled_mm."""
     m, k = x.shape
+    _check_weight(weight, weight_scale, k)
+    assert x.stride(-1) == 1
+    config = config or CONFIGS.get((m_bucket(m), weight.shape[0], k))
+    quantize_first = config is None and takes_scaled_mm(m) and scaled_mm_takes(x.dtype, weight, bias)
+    if not quantize_first and m:
+        config = config or default_config(m, weight.shape[0], k, x.device)
+        quantize_first = input_scale is None and not config.get("FUSE_QUANT")
+    if quantize_first:
+        xq, x_scale = fp8_quantize_rows(x, input_scale)
+        return fp8_matmul_quantized(xq, x_scale, weight, weight_scale, bias, x.dtype, config)
+    mode = X_STATIC if input_scale is not None else X_DYNAMIC
+    return _launch(x, weight_scale if input_scale is None else input_scale, mode, weight, weight_scale, bias,
+                   x.dtype, config)
+
+
+def fp8_matmul_quantized(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                         bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+                         config: dict | None = None) -> torch.Tensor:
+    """fp8_quantized_linear_reference for x already in float8: xq [M, K] (last-dim stride 1) with float32
+    x_scale [M] -> a new contiguous [M, N] in out_dtype; the dot tiles (X_MODE 2) up to MAX_ROWS rows or where
+    a config is measured, else row-wise torch._scaled_mm (where it serves the product)."""
+    m, k = xq.shape
+    _check_weight(weight, weight_scale, k)
+    assert xq.dtype == torch.float8_e4m3fn and xq.stride(-1) == 1 and x_scale.shape == (m,)
+    config = config or CONFIGS.get((m_bucket(m), weight.shape[0], k))
+    if config is None and takes_scaled_mm(m) and scaled_mm_takes(out_dtype, weight, bias):
+        n = weight.shape[0]
+        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale.view(m, 1), scale_b=weight_scale.view(1, n),
+                                bias=bias, out_dtype=out_dtype)
+    return _launch(xq, x_scale, X_QUANTIZED, weight, weight_scale, bias, out_dtype,
+                   config or default_config(m, weight.shape[0], k, xq.device))
+
+
+def _check_weight(weight: torch.Tensor, weight_scale: torch.Tensor, k: int) -> None:
     n = weight.shape[0]
     assert weight.dtype == torch.float8_e4m3fn and weight.shape == (n, k) and weight.is_contiguous()
-    assert weight_scale.shape == (n,) and weight_scale.dtype == torch.float32 and x.stride(-1) == 1
-    config = config or CONFIGS.get((m_bucket(m), n, k))
-    if config is None and takes_scaled_mm(m) and scaled_mm_takes(x, weight, bias):
-        xq, x_scale = fp8_quantize_rows(x, input_scale)
-        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale.view(m, 1), scale_b=weight_scale.view(1, n),
-                                bias=bias, out_dtype=x.dtype)
-    out = x.new_empty((m, n))
+    assert weight_scale.shape == (n,) and weight_scale.dtype == torch.float32
+
+
+def _launch(x: torch.Tensor, x_scale: torch.Tensor, mode: int, weight: torch.Tensor, weight_scale: torch.Tensor,
+            bias: torch.Tensor | None, out_dtype: torch.dtype, config: dict) -> torch.Tensor:
+    """One _fp8_matmul_kernel launch (with its K-split plan) over x in the given X_MODE."""
+    m, k = x.shape
+    n = weight.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
-    config = config or default_config(m, n, k, x.device)
-    mode = X_STATIC if input_scale is not None else X_DYNAMIC if config.get("FUSE_QUANT") else X_QUANTIZED
-    x_scale = input_scale
-    if mode == X_QUANTIZED:
-        x, x_scale = fp8_quantize_rows(x, None)
     plan = plan_launch(m, n, k, config, x.device)
     _fp8_matmul_kernel[plan.grid](
-        x, weight_scale if x_scale is None else x_scale, weight, weight_scale, weight_scale if bias is None else bias,
+        x, x_scale, weight, weight_scale, weight_scale if bias is None else bias,
         out, out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
         m, n, k, plan.k_split, x.stride(0), weight.stride(0), out.stride(0),
         X_MODE=mode, HAS_BIAS=bias is not None, BLOCK_M=plan.block_m, BLOCK_N=config["BLOCK_N"],

@@ -108,21 +108,26 @@ def dequantize_per_channel(weight: torch.Tensor, weight_scale: torch.Tensor) -> 
     return weight.float() * weight_scale.float()[:, None]
 
 
-def quantize_fp8_rows(x: torch.Tensor, input_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] -> (float8 [M, K], float32 scale [M, 1]): per row, or the static input_scale."""
+def quantize_fp8_rows(x: torch.Tensor, input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] -> (float8 [..., K], float32 scale [..., 1]): per row, or the static input_scale."""
     xf = x.float()
     if input_scale is None:
-        scale = _div(xf.abs().amax(dim=1, keepdim=True), FP8_MAX).clamp(min=MIN_SCALE)
+        scale = _div(xf.abs().amax(dim=-1, keepdim=True), FP8_MAX).clamp(min=MIN_SCALE)
     else:
-        scale = input_scale.float().reshape(1, 1).expand(x.shape[0], 1)
+        scale = input_scale.float().reshape([1] * x.dim()).expand(*x.shape[:-1], 1)
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
 def fp8_linear_reference(x, weight, weight_scale, input_scale=None, bias=None) -> torch.Tensor:
     """W8A8: x [M, K] quantized per row (or with input_scale), float32 product, in x's dtype."""
     xq, x_scale = quantize_fp8_rows(x, input_scale)
+    return fp8_quantized_linear_reference(xq, x_scale, weight, weight_scale, bias, x.dtype)
+
+
+def fp8_quantized_linear_reference(xq, x_scale, weight, weight_scale, bias, out_dtype) -> torch.Tensor:
+    """The product half of fp8_linear_reference: xq float8 [M, K] with x_scale float32 [M, 1] -> [M, N]."""
     y = (xq.float() @ weight.float().t()) * x_scale * weight_scale.float()[None, :]
-    return (y if bias is None else y + bias.float()).to(x.dtype)
+    return (y if bias is None else y + bias.float()).to(out_dtype)
 
 
 def int8_linear_reference(x, weight, weight_scale, bias=None) -> torch.Tensor:

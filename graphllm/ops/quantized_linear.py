@@ -53,6 +53,41 @@ def _(x, weight, weight_scale, input_scale=None, bias=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+@torch.library.custom_op("graphllm::fp8_quantize", mutates_args=())
+def fp8_quantize(x: torch.Tensor, input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [..., K] -> (float8 [..., K], float32 scale [..., 1]): fp8_linear's activation quantization on its
+    own (quant_layout.quantize_fp8_rows), so that Inductor fuses it into the op that produced x."""
+    if _on_kernel(x):
+        from graphllm.kernels.fp8_matmul import fp8_quantize_rows
+        xq, scale = fp8_quantize_rows(_rows(x), input_scale)
+    else:
+        xq, scale = Q.quantize_fp8_rows(x, input_scale)
+    return xq.view(x.shape), scale.reshape(*x.shape[:-1], 1).contiguous()
+
+
+@fp8_quantize.register_fake
+def _(x, input_scale=None):
+    return x.new_empty(x.shape, dtype=Q.FP8_DTYPE), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+
+
+@torch.library.custom_op("graphllm::fp8_linear_quantized", mutates_args=())
+def fp8_linear_quantized(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                         bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """fp8_linear after fp8_quantize: xq float8 [..., K], x_scale f32 [..., 1] -> [..., N] in out_dtype."""
+    rows, scales = _rows(xq), x_scale.reshape(-1)
+    if xq.is_cuda and out_dtype in HALF_DTYPES and xq.numel() > 0:
+        from graphllm.kernels.fp8_matmul import fp8_matmul_quantized
+        out = fp8_matmul_quantized(rows, scales.contiguous(), weight, weight_scale, bias, out_dtype)
+    else:
+        out = Q.fp8_quantized_linear_reference(rows, scales[:, None], weight, weight_scale, bias, out_dtype)
+    return out.view(*xq.shape[:-1], weight.shape[0])
+
+
+@fp8_linear_quantized.register_fake
+def _(xq, x_scale, weight, weight_scale, bias, out_dtype):
+    return xq.new_empty((*xq.shape[:-1], weight.shape[0]), dtype=out_dtype)
+
+
 @torch.library.custom_op("graphllm::int8_linear", mutates_args=())
 def int8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                 bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -3,7 +3,8 @@
 Order matters: quantization comes first (the fusions concatenate quantized weights as they do
 float ones), gate/up must be fused before silu·mul can match its split, and skinny_linear
 comes after every pass that matches aten.linear, linear_prologue after it (it folds norms
-into graphllm.linear); clean-up (no-op elimination, then dead code) always runs last. A pass
+into graphllm.linear), and for fp8 quantize_fp8_activations after all of them (one activation
+quantization per fused linear); clean-up (no-op elimination, then dead code) always runs last. A pass
 meant for some devices only (`GraphPass.devices`) is skipped on other graphs, and its report
 says why. `uuid()` hashes the list and every pass's uuid,
 so an artifact's cache key changes whenever any pass changes.
@@ -61,6 +62,7 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
     from graphllm.passes.lowering.linear_prologue import LinearPrologue
     from graphllm.passes.lowering.skinny_linear import SkinnyLinear
+    from graphllm.passes.quantization.quantize_fp8_activations import QuantizeFP8Activations
     from graphllm.passes.utility.dce import DeadCodeElimination
     from graphllm.passes.utility.eliminate_noops import EliminateNoops
 
@@ -71,8 +73,10 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
               (config.skinny_linear, SkinnyLinear),
               (config.skinny_linear and config.linear_prologue, LinearPrologue)]
     quantize = quantization_pass(config, prequantized)
+    scheme = prequantized.scheme if prequantized is not None else config.quantization
+    late = [QuantizeFP8Activations()] if scheme == "fp8" else []  # after the fusions: one per fused linear
     return ([EliminateNoops()] + ([quantize] if quantize else []) + [cls() for wanted, cls in chosen if wanted]
-            + cleanup)
+            + late + cleanup)
 
 
 class PassManager:

@@ -42,3 +42,29 @@ def test_quantized_teacher_forced_agreement(scheme, bf16_model, histories_and_re
     value = agreement(reference, got)
     print(f"{scheme}: teacher-forced top-1 agreement with the eager bf16 engine {value:.4f}")
     assert value >= MIN_AGREEMENT[scheme]
+
+
+@pytest.mark.parametrize("rows", [1, 16, 300])
+def test_inductor_fp8_quantize_is_the_reference(rows):
+    """quantize_fp8_activations hands fp8_quantize to Inductor (its reference as the decomposition), fused
+    after a norm: the generated kernel's float8 bytes and scales equal the CPU reference's (correctly rounded
+    x / scale) and the Triton row kernel's, bit for bit."""
+    from graphllm.compiler.decompositions import inductor_decompositions
+    from graphllm.kernels import quant_layout as Q
+    from graphllm.kernels.fp8_matmul import fp8_quantize_rows
+
+    def norm_then_quantize(x, w):
+        normed = torch.ops.graphllm.rms_norm(x, w, 1e-5)
+        return normed, *torch.ops.graphllm.fp8_quantize(normed)
+
+    gen = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 4096, generator=gen) * 3).to(torch.bfloat16)
+    w = (1 + 0.1 * torch.randn(4096, generator=gen)).to(torch.bfloat16)
+    with inductor_decompositions():
+        compiled = torch.compile(norm_then_quantize, fullgraph=True, dynamic=False)
+        normed, xq, scale = compiled(x.cuda(), w.cuda())
+    want_q, want_scale = Q.quantize_fp8_rows(normed.cpu())
+    assert torch.equal(scale.cpu(), want_scale)
+    assert torch.equal(xq.cpu().view(torch.uint8), want_q.view(torch.uint8))
+    kernel_q, kernel_scale = fp8_quantize_rows(normed)
+    assert torch.equal(kernel_q.view(torch.uint8), xq.view(torch.uint8)) and torch.equal(kernel_scale, scale.view(-1))

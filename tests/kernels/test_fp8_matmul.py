@@ -15,7 +15,8 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm.kernels.fp8_matmul import (  # noqa: E402
-    default_config, fp8_linear_reference, fp8_matmul, fp8_quantize_rows, scaled_mm_takes)
+    default_config, fp8_linear_reference, fp8_matmul, fp8_matmul_quantized, fp8_quantize_rows,
+    fp8_quantized_linear_reference, scaled_mm_takes)
 from graphllm.kernels.quant_layout import (  # noqa: E402
     FP8_DTYPE, dequantize_per_channel, quantize_fp8_rows, quantize_fp8_weight)
 from graphllm.kernels.skinny_matmul import split_k_counters  # noqa: E402
@@ -92,14 +93,30 @@ def test_quantize_rows_equals_the_reference(static):
     assert torch.equal(x_scale, want_scale.reshape(-1))
 
 
+@pytest.mark.parametrize("m, config", [(1, tiles(BLOCK_M=1)), (5, tiles(BLOCK_M=16, SWAP_AB=True, SPLIT_K=2)),
+                                       (3, None), (40, None)])
+def test_prequantized_rows(m, config):
+    """fp8_matmul_quantized (what fp8_linear_quantized runs): x quantized before, here by the reference, gives
+    fp8_quantized_linear_reference, in the output dtype asked for; 40 rows take _scaled_mm on the GPU."""
+    x, _ = activations(m, 96, LOW_DTYPE, 4, static=False)
+    weight, weight_scale = quantize_fp8_weight(randn((80, 96), torch.float32, 5) / 96 ** 0.5)
+    b = randn((80,), LOW_DTYPE, 6)
+    xq, x_scale = quantize_fp8_rows(x)
+    got = fp8_matmul_quantized(xq, x_scale.reshape(-1), weight, weight_scale, b, LOW_DTYPE, config)
+    assert got.dtype == LOW_DTYPE and got.shape == (m, 80)
+    assert_within_rounding(got, fp8_quantized_linear_reference(xq, x_scale, weight, weight_scale, b, LOW_DTYPE),
+                           xq.float() * x_scale, dequantize_per_channel(weight, weight_scale), b,
+                           sum_unit=SUM_UNIT_FP8)
+
+
 def test_zero_rows_and_routing():
     weight, weight_scale = quantize_fp8_weight(randn((32, 64), torch.float32, 0))
     x = randn((0, 64), LOW_DTYPE, 1)
     assert fp8_matmul(x, weight, weight_scale).shape == (0, 32)
     assert default_config(16, 6144, 4096, DEVICE)["BLOCK_M"] == 16
     assert default_config(17, 6144, 4096, DEVICE)["FUSE_QUANT"] is False
-    assert scaled_mm_takes(x, weight, None) is (ON_GPU and torch.cuda.get_device_capability() >= (8, 9))
-    assert not scaled_mm_takes(x.half(), weight, None)  # row-wise _scaled_mm: bfloat16 out only
+    assert scaled_mm_takes(x.dtype, weight, None) is (ON_GPU and torch.cuda.get_device_capability() >= (8, 9))
+    assert not scaled_mm_takes(torch.float16, weight, None)  # row-wise _scaled_mm: bfloat16 out only
 
 
 @gpu_only
