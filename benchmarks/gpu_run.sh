@@ -27,7 +27,8 @@
 #              the call, so one server can take load across two calls), benchmarks/soak.py with 256 clients for
 #              S seconds against it, then SIGTERM and its exit code; the KV pool's state is read after each soak
 #   qsweep     benchmarks/quant_kernel_sweep.py (fp8 / int8 / int4 matmul kernels vs cuBLAS, 8B shapes, M 1..256)
-#   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests
+#   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests;
+#              qtests-fp8  the fp8 ones alone
 #   qlat-S     bench latency at batch 1 and 16 with --quantization S (none: bf16), the same limits and artifact cache;
 #              qlat-S-lmhead: with --quantize-lm-head;  qprof-S  profile-B's kernel table for scheme S (triton)
 #   qtput-S    bench throughput, 1,024 requests, with --quantization S (none: bf16)
@@ -129,8 +130,11 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     qtests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_fp8_matmul.py \
         tests/kernels/test_int4_matmul.py tests/kernels/test_int8_matmul.py tests/kernels/test_int4_dequant.py \
         tests/ops/test_quantized_linear.py tests/passes/test_quantize_fp8.py tests/passes/test_quantize_int4.py \
-        tests/passes/test_quantize_int8.py tests/passes/test_quantized_fusion.py tests/passes/test_quantize_fp8_activations.py tests/gpu/test_quantized.py 2>&1 \
+        tests/passes/test_quantize_int8.py tests/passes/test_quantized_fusion.py tests/passes/test_quantize_fp8_activations.py tests/kernels/test_silu_and_mul_fp8.py tests/gpu/test_quantized.py 2>tests/passes/test_quantize_fp8_activations.py tests/gpu/test_quantized.py 2>&11 \
         | grep -v -E "^\.*$|DEBUG|^\s*$" | grep -E "FAILED|ERROR|Error|agreement|passed|failed|SKIPPED|^E " | tail -60 ;;
+    qtests-fp8) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_fp8_matmul.py tests/kernels/test_silu_and_mul_fp8.py tests/passes/test_quantize_fp8_activations.py \
+        tests/gpu/test_quantized.py 2>&1 | grep -E "FAILED|ERROR|Error|agreement|rows|passed|failed|^E " | tail -40 ;;
     qlat-none) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
         --json "$OUT/r/$stage.json" ;;
     qprof-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 $LIMITS --work $WORK \

@@ -70,6 +70,26 @@ def _(x, input_scale=None):
     return x.new_empty(x.shape, dtype=Q.FP8_DTYPE), x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
 
 
+@torch.library.custom_op("graphllm::silu_and_mul_fp8", mutates_args=())
+def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8_quantize(silu_and_mul(x)) for x: [..., 2I]: (float8 [..., I], float32 scale [..., 1]), one kernel
+    on CUDA (graphllm/kernels/silu_and_mul_fp8.py)."""
+    if _on_kernel(x):
+        from graphllm.kernels.silu_and_mul_fp8 import silu_and_mul_fp8 as kernel
+        xq, scale = kernel(_rows(x))
+    else:
+        from graphllm.kernels.silu_and_mul_fp8 import silu_and_mul_fp8_reference
+        xq, scale = silu_and_mul_fp8_reference(x)
+    half = (*x.shape[:-1], x.shape[-1] // 2)
+    return xq.view(half), scale.reshape(*x.shape[:-1], 1).contiguous()
+
+
+@silu_and_mul_fp8.register_fake
+def _(x):
+    return (x.new_empty((*x.shape[:-1], x.shape[-1] // 2), dtype=Q.FP8_DTYPE),
+            x.new_empty((*x.shape[:-1], 1), dtype=torch.float32))
+
+
 @torch.library.custom_op("graphllm::fp8_linear_quantized", mutates_args=())
 def fp8_linear_quantized(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                          bias: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:

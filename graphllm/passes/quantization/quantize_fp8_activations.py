@@ -17,8 +17,10 @@ torch._scaled_mm. After, per distinct (x, input_scale) pair:
 Linears that read the same x with the same scale (unfused q/k/v) share one quantization. Inductor lowers
 fp8_quantize from its reference (graphllm/compiler/decompositions.py), so the norm's kernel writes float8
 and the scales instead of the bf16 row; fp8_linear_quantized is opaque, like fp8_linear (its kernel or
-row-wise _scaled_mm). Both compute quant_layout's fp8_linear_reference step by step, so the rewrite
-changes no value. Runs after the fusions (fused QKV and gate/up are single linears by then).
+row-wise _scaled_mm). Where x is a SwiGLU read only by such linears, graphllm.silu_and_mul_fp8(gate_up)
+takes the place of both (one kernel: Inductor made three of that reduction at decode sizes). All of them
+compute quant_layout's fp8_linear_reference step by step, so the rewrite changes no value (on the GPU,
+Inductor's lowering of fp8_quantize may round the scale differently by one unit in the last place). Runs after the fusions (fused QKV and gate/up are single linears by then).
 """
 
 import operator
@@ -42,13 +44,18 @@ class QuantizeFP8Activations(GraphPass):
     def apply(self, graph: StepGraph) -> dict[str, int]:
         g = graph.graph
         shared: dict[tuple, tuple[fx.Node, fx.Node]] = {}
+        swiglu = 0
         linears = [n for n in g.nodes if n.op == "call_function" and n.target == ops.fp8_linear.default]
         for lin in linears:
             x, weight, weight_scale, input_scale, bias = _arguments(lin)
             key = (x, input_scale)
             if key not in shared:
                 with g.inserting_before(lin):  # the first linear of the pair: before every other
-                    quant = new_node(g, ops.fp8_quantize.default, (x, input_scale), lin)
+                    if _is_silu_mul_for_fp8(x):
+                        quant = new_node(g, ops.silu_and_mul_fp8.default, x.args, lin)
+                        swiglu += 1
+                    else:
+                        quant = new_node(g, ops.fp8_quantize.default, (x, input_scale), lin)
                     xq = new_node(g, operator.getitem, (quant, 0), lin)
                     scale = new_node(g, operator.getitem, (quant, 1), lin)
                 shared[key] = xq, scale
@@ -59,7 +66,7 @@ class QuantizeFP8Activations(GraphPass):
             lin.replace_all_uses_with(out)
             g.erase_node(lin)
         graph.gm.recompile()
-        return {"linears": len(linears), "quantizations": len(shared)}
+        return {"linears": len(linears), "quantizations": len(shared), "silu_and_mul_fp8": swiglu}
 
 
 def _arguments(lin: fx.Node) -> tuple:
@@ -69,6 +76,12 @@ def _arguments(lin: fx.Node) -> tuple:
         if name in lin.kwargs:
             args[i] = lin.kwargs[name]
     return tuple(args)
+
+
+def _is_silu_mul_for_fp8(x: fx.Node) -> bool:
+    """x = silu_and_mul(...) read only by fp8 linears with dynamic scales: its quantization fuses into it."""
+    return (x.op == "call_function" and x.target == ops.silu_and_mul.default and not x.kwargs
+            and all(u.target == ops.fp8_linear.default and _arguments(u)[3] is None for u in x.users))
 
 
 def _dtype(lin: fx.Node, x: fx.Node) -> torch.dtype:
