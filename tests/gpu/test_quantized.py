@@ -47,9 +47,8 @@ def test_quantized_teacher_forced_agreement(scheme, bf16_model, histories_and_re
 @pytest.mark.parametrize("rows", [1, 16, 300])
 def test_inductor_fp8_quantize_is_the_reference(rows):
     """quantize_fp8_activations hands fp8_quantize to Inductor (its reference as the decomposition), fused
-    after a norm. Inductor's Triton code does not divide max|x| by 448 correctly rounded (the H200 run of
-    2026-11-25 found scales one unit in the last place off), so: each scale within one ulp of the CPU
-    reference's, and each float8 value within one float8 step of the reference quantization."""
+    after a norm. Each scale within one ulp of the CPU reference's (Inductor may not divide max|x| by 448
+    correctly rounded) and each float8 value within one float8 step of the reference quantization."""
     from graphllm.compiler.decompositions import inductor_decompositions
     from graphllm.kernels import quant_layout as Q
 
@@ -60,7 +59,9 @@ def test_inductor_fp8_quantize_is_the_reference(rows):
     gen = torch.Generator().manual_seed(rows)
     x = (torch.randn(rows, 4096, generator=gen) * 3).to(torch.bfloat16)
     w = (1 + 0.1 * torch.randn(4096, generator=gen)).to(torch.bfloat16)
-    with inductor_decompositions():
+    # the compile pipeline's setting (compiler/inductor_lowering.py): without it Inductor skips the norm's
+    # rounding to bfloat16 before the quantization (scales 0.1% off, measured on the H200)
+    with inductor_decompositions(), torch._inductor.config.patch(emulate_precision_casts=True):
         compiled = torch.compile(norm_then_quantize, fullgraph=True, dynamic=False)
         normed, xq, scale = compiled(x.cuda(), w.cuda())
     want_q, want_scale = Q.quantize_fp8_rows(normed.cpu())
