@@ -38,6 +38,9 @@ def run_rank(rank: int, world_size: int, port: int, folder: str, results: dict) 
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
         for mine, whole in zip(local_caches, full_in[-1]):
             torch.testing.assert_close(mine, tp.local_kv(whole), atol=1e-5, rtol=1e-5)  # a narrower matmul
+        assert got.shape == expected.shape  # the full vocabulary on every rank
+        lm_head = shard.weights["model.lm_head.weight"]
+        assert lm_head.shape[0] == -(-config.vocab_size // world_size)  # rank r's rows only
         assert [c.shape[3] for c in shard.example_inputs[-1]] == [local_kv_heads(config.num_key_value_heads,
                                                                                   world_size)] * 2
         results[rank] = counts
@@ -51,14 +54,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("arch, world_size", [("llama", 2), ("qwen2", 2), ("llama", 4), ("qwen3", 2), ("mistral", 4)])
-def test_every_rank_computes_the_unsharded_step(arch, world_size, tiny_model_dir):
-    # tiny configs: 4 query heads, 2 KV heads: N = 4 replicates each KV head on two ranks
+@pytest.mark.parametrize("arch, world_size", [("llama", 2), ("qwen2", 2), ("llama", 4), ("qwen3", 2), ("mistral", 4),
+                                              ("llama-vocab-126", 4)])
+def test_every_rank_computes_the_unsharded_step(arch, world_size, tiny_model_dir, tmp_path):
+    """tiny configs: 4 query heads, 2 KV heads (N = 4 replicates each KV head on two ranks); qwen2 ties its
+    embedding to lm_head; a vocabulary of 126 pads to 128 at N = 4 (the last rank holds two zero rows)."""
     results = mp.Manager().dict()
-    folder = str(tiny_model_dir(arch)[0])
+    if arch == "llama-vocab-126":
+        import transformers
+        from tests.tiny_models import COMMON, save_model_folder
+        torch.manual_seed(0)
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{**COMMON, "vocab_size": 126})).eval()
+        folder = str(save_model_folder(hf, tmp_path / "v126"))
+    else:
+        folder = str(tiny_model_dir(arch)[0])
     mp.spawn(run_rank, args=(world_size, free_port(), folder, results), nprocs=world_size, join=True)
     assert sorted(results) == list(range(world_size))
-    assert results[0] == {"column": 5 * 2, "row": 2 * 2, "all_reduce": 2 * 2}  # 2 layers
+    # 2 layers; vocab: the embedding and lm_head (one all-reduce more: the embedding's rows)
+    assert results[0] == {"column": 5 * 2, "row": 2 * 2, "all_reduce": 2 * 2 + 1, "vocab": 2}
 
 
 def test_shapes_that_do_not_divide_are_refused_with_the_numbers():
@@ -69,3 +82,16 @@ def test_shapes_that_do_not_divide_are_refused_with_the_numbers():
         check_divisible(2, 6, 3, 64)  # 6 query heads and 64 divide: only the KV heads fail
     check_divisible(4, 8, 2, 64)  # 2 KV heads, each on two of the 4 ranks
     assert local_kv_heads(2, 4) == 1 and local_kv_heads(8, 2) == 4
+
+
+def test_check_shapes_names_an_inconsistent_graph():
+    """The FakeTensor check ShardTP ends with: a weight sliced to a width the next op cannot take fails at
+    compile time, with the shapes, not in a rank's first step."""
+    from graphllm.passes.parallel.shard_tp import check_shapes
+    from tests.passes.harness import tiny_step_graph
+    graph, _ = tiny_step_graph("llama")
+    check_shapes(graph)  # the unsharded graph is consistent
+    owner = graph.gm.get_submodule("model.model.layers.0.self_attn.o_proj")
+    owner.register_parameter("weight", torch.nn.Parameter(owner.weight.detach()[:, :40], requires_grad=False))
+    with pytest.raises(ValueError, match="does not type-check with rank shapes"):
+        check_shapes(graph)

@@ -19,8 +19,21 @@ Column-parallel linears keep their bias slice; a row-parallel linear's bias is a
 (the other ranks' is zeroed), so the all-reduce adds it once. With fewer KV heads than ranks each
 KV head is replicated on N/Hkv ranks: rank r reads KV head r // (N / Hkv), which serves its query
 heads (GQA groups stay whole). The graph reads head counts from tensor shapes (views keep -1), so no
-constant changes; the KV-cache inputs of rank r have Hkv' heads. Embedding, norms and lm_head stay
-replicated (every rank computes the full logits: a first step; vocab-parallel lm_head is to come).
+constant changes; the KV-cache inputs of rank r have Hkv' heads. Norms stay replicated.
+
+Vocabulary-parallel (`vocab_parallel`, on by default; V padded up to a multiple of N, rows of V/N each):
+
+    before                                       after (rank r holds vocabulary rows [r*V/N, (r+1)*V/N))
+    e = embedding(embed_tokens.weight[V, H], ids)  i = ids - r*V/N;  out = i < 0 or i >= V/N
+                                                   e = masked_fill(embedding(W_r, masked_fill(i, out, 0)), out, 0)
+                                                   e = wait_tensor(all_reduce(e, "sum", group))
+    logits = linear(x, lm_head.weight[V, H])       l = linear(x, W_r[V/N, H])                     # [T, V/N]
+                                                   g = wait_tensor(all_gather_into_tensor(l, N, group))  # [N*T, V/N]
+                                                   logits = reshape(permute(reshape(g, [N, T, V/N]), [1, 0, 2]),
+                                                                    [T, V])        (sliced to V when padded)
+
+Every rank ends with the full logits (rank 0's sampler reads them); a tied embedding / lm_head weight is
+sliced once. After the rewrite, FakeTensor propagation of the rank's example inputs checks every shape.
 
 The pass drops export's input guards (written for the full head count) and narrows the example KV
 caches, for re-export; it runs before the fusions.
@@ -32,13 +45,14 @@ when Hkv < N, quantized linears (not sharded yet).
 import torch
 from torch import fx
 
-from graphllm.ir.graph import StepGraph, copy_source_meta
+from graphllm.ir.graph import StepGraph, attr_tensor, copy_source_meta, new_node
 from graphllm.passes.base import GraphPass
 
 LINEAR = torch.ops.aten.linear.default
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
 QUANTIZED = ("fp8_linear", "int8_linear", "int4_linear")
+VOCAB = ("lm_head", "embed_tokens")  # a linear over the vocabulary rows (embed_tokens: lm_head tied to it)
 
 
 class ShardTP(GraphPass):
@@ -48,15 +62,17 @@ class ShardTP(GraphPass):
     version = 1
 
     def __init__(self, rank: int, world_size: int, group_name: str, num_heads: int, num_kv_heads: int,
-                 head_dim: int, intermediate_size: int):
+                 head_dim: int, intermediate_size: int, vocab_parallel: bool = True):
         check_divisible(world_size, num_heads, num_kv_heads, intermediate_size)
         self.rank, self.world_size, self.group_name = rank, world_size, group_name
+        self.vocab_parallel = vocab_parallel
         self.heads = (num_heads, num_kv_heads, head_dim)
         self.intermediate_size = intermediate_size
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
-        counts = {"column": 0, "row": 0, "all_reduce": 0}
+        counts = {"column": 0, "row": 0, "all_reduce": 0, "vocab": 0}
         _drop_input_guards(graph)
+        self._sharded: dict[str, int] = {}  # get_attr target -> vocabulary size, once sliced
         for node in list(graph.graph.nodes):
             if node.op == "call_function" and getattr(node.target, "__name__", "").split(".")[0] in QUANTIZED:
                 raise ValueError("tensor parallelism over quantized linears is not supported yet: "
@@ -70,8 +86,17 @@ class ShardTP(GraphPass):
                 self._all_reduce_after(graph, node)
                 counts["row"] += 1
                 counts["all_reduce"] += 1
+            elif member in VOCAB and self.vocab_parallel:  # embed_tokens: a tied lm_head
+                self._shard_lm_head(graph, node)
+                counts["vocab"] += 1
+            elif _is_embedding(node) and self.vocab_parallel:
+                self._shard_embedding(graph, node)
+                counts["vocab"] += 1
+                counts["all_reduce"] += 1
         *inputs, caches = graph.example_inputs  # rank r's caches hold its KV heads (for re-export)
         graph.example_inputs = (*inputs, [self.local_kv(c) for c in caches])
+        graph.gm.recompile()
+        check_shapes(graph)
         return counts
 
     def kv_heads(self) -> slice:
@@ -130,6 +155,63 @@ class ShardTP(GraphPass):
         for user in users:
             user.replace_input_with(node, waited)
 
+    def vocab_rows(self, vocab_size: int) -> tuple[int, int]:
+        """(first row, rows) of the vocabulary rank r holds: the vocabulary padded up to a multiple of N,
+        split evenly; the last ranks' shares may run past vocab_size (their padding rows are zero)."""
+        per = -(-vocab_size // self.world_size)
+        return self.rank * per, per
+
+    def _vocab_shard(self, graph: StepGraph, attr: fx.Node) -> tuple[int, int, int]:
+        """Slice the [V, H] weight of attr to rank r's rows (zero-padded); returns (V, first row, rows)."""
+        if attr.target not in self._sharded:  # a tied weight comes here twice: slice it once
+            self._sharded[attr.target] = attr_tensor(graph.gm, attr).shape[0]
+            start, per = self.vocab_rows(self._sharded[attr.target])
+            _replace_weight(graph, attr, lambda w: _padded_rows(w, start, per))
+        vocab_size = self._sharded[attr.target]
+        return (vocab_size, *self.vocab_rows(vocab_size))
+
+    def _shard_lm_head(self, graph: StepGraph, node: fx.Node) -> None:
+        """logits = linear(x, W[V, H]) -> rank r's [T, V/N] logits, all-gathered into the full [T, V] on every
+        rank (the sampler reads rank 0's)."""
+        vocab_size, _, per = self._vocab_shard(graph, node.args[1])
+        n, g = self.world_size, graph.graph
+        users = list(node.users)
+        steps = [(torch.ops._c10d_functional.all_gather_into_tensor.default, (n, self.group_name)),  # [N*T, V/N]
+                 (torch.ops._c10d_functional.wait_tensor.default, ()),
+                 (torch.ops.aten.reshape.default, ([n, -1, per],)),
+                 (torch.ops.aten.permute.default, ([1, 0, 2],)),
+                 (torch.ops.aten.reshape.default, ([-1, n * per],))]  # [T, N*V/N]: rank 0's rows first
+        if n * per != vocab_size:
+            steps.append((torch.ops.aten.slice.Tensor, (1, 0, vocab_size)))
+        last = node
+        for target, rest in steps:  # no fake values yet: check_shapes propagates them over the rank's shapes
+            with g.inserting_after(last):
+                last = g.call_function(target, (last, *rest))
+            copy_source_meta(last, node)
+        for user in users:
+            user.replace_input_with(node, last)
+
+    def _shard_embedding(self, graph: StepGraph, node: fx.Node) -> None:
+        """embedding(W[V, H], ids) -> rank r looks up the ids in its rows (others read row 0 and are zeroed),
+        then an all-reduce sums the ranks' rows: each id's row comes from exactly one rank."""
+        weight, ids = node.args[:2]
+        _, start, per = self._vocab_shard(graph, weight)
+        g, aten = graph.graph, torch.ops.aten
+        users = list(node.users)
+        with g.inserting_before(node):
+            local = new_node(g, aten.sub.Tensor, (ids, start), node)
+            outside = new_node(g, aten.logical_or.default, (new_node(g, aten.lt.Scalar, (local, 0), node),
+                                                             new_node(g, aten.ge.Scalar, (local, per), node)), node)
+            safe = new_node(g, aten.masked_fill.Scalar, (local, outside, 0), node)
+        node.replace_input_with(ids, safe)
+        with g.inserting_after(node):
+            mask = new_node(g, aten.unsqueeze.default, (outside, -1), node)
+        with g.inserting_after(mask):
+            zeroed = new_node(g, aten.masked_fill.Scalar, (node, mask, 0.0), node)
+        for user in users:
+            user.replace_input_with(node, zeroed)
+        self._all_reduce_after(graph, zeroed)
+
 
 def check_divisible(world_size: int, num_heads: int, num_kv_heads: int, intermediate_size: int) -> None:
     """The shapes an N-way split can hold, else a ValueError with the numbers."""
@@ -161,6 +243,32 @@ def _drop_input_guards(graph: StepGraph) -> None:
     hooks = graph.gm._forward_pre_hooks  # the unlifted module's input-constraint check, the same guards
     for key in [k for k, hook in hooks.items() if "input_constraints" in getattr(hook, "__name__", "")]:
         del hooks[key]
+
+
+def check_shapes(graph: StepGraph) -> None:
+    """Propagate FakeTensors of the rank's example inputs through the sharded graph: a head count or width
+    the slices left inconsistent fails here, naming the node, not at run time."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = torch.utils._pytree.tree_map_only(torch.Tensor, mode.from_tensor, graph.example_inputs)
+    try:
+        FakeTensorProp(graph.gm, mode).propagate(*fake)
+    except Exception as exc:
+        raise ValueError(f"shard_tp: the sharded graph does not type-check with rank shapes: {exc}") from exc
+
+
+def _is_embedding(node: fx.Node) -> bool:
+    return (node.op == "call_function" and node.target is torch.ops.aten.embedding.default
+            and isinstance(node.args[0], fx.Node) and node.args[0].op == "get_attr")
+
+
+def _padded_rows(weight: torch.Tensor, start: int, rows: int) -> torch.Tensor:
+    """weight[start:start + rows], zero rows past its end."""
+    out = weight.new_zeros((rows, *weight.shape[1:]))
+    have = max(0, min(rows, weight.shape[0] - start))
+    out[:have] = weight[start:start + have]
+    return out
 
 
 def _member(node: fx.Node) -> str | None:
