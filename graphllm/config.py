@@ -59,8 +59,8 @@ class EngineConfig:
     # fp8 KV cache: scales from the K and V amax of one calibration prefill at start-up (vLLM's
     # --calculate-kv-scales), instead of a checkpoint's k_scale / v_scale or 1.0
     calculate_kv_scales: bool = False
-    # ranks of a tensor-parallel engine on this node (vLLM's --tensor-parallel-size); for now eager on
-    # CPU only (graphllm/runtime/tensor_parallel.py)
+    # ranks of a tensor-parallel engine on this node (vLLM's --tensor-parallel-size), eager or compiled
+    # (graphllm/runtime/tensor_parallel.py); an artifact compiled for N ranks runs at N
     tensor_parallel_size: int = 1
 
     def __post_init__(self):
@@ -90,7 +90,8 @@ class EngineConfig:
                              fuse_rope_attention=self.fuse_rope_attention, skinny_linear=self.skinny_linear,
                              linear_prologue=self.linear_prologue, quantization=self.quantization,
                              quantization_group_size=self.quantization_group_size,
-                             quantize_lm_head=self.quantize_lm_head, **limits)
+                             quantize_lm_head=self.quantize_lm_head,
+                             tensor_parallel_size=self.tensor_parallel_size, **limits)
 
     @property
     def artifact_cache(self) -> Path:
@@ -144,11 +145,15 @@ class CompileConfig:
     quantization: str | None = None
     quantization_group_size: int = 128  # int4: input columns per scale and zero point
     quantize_lm_head: bool = False  # quantize lm_head too (the embedding always stays in the model dtype)
+    # N > 1: the shard_tp pass makes one step per rank (their weights; the code is the same for all)
+    tensor_parallel_size: int = 1
 
     def __post_init__(self):
         check_quantization(self.quantization, self.quantization_group_size)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.buckets is not None and (not self.buckets or min(self.buckets) < 1
                                          or max(self.buckets) > self.max_num_seqs):
             raise ValueError(f"buckets must be batch sizes in [1, max_num_seqs={self.max_num_seqs}], "

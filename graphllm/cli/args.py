@@ -15,7 +15,7 @@ SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
 }
 # CompileConfig / EngineConfig fields that change the generated code
 PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue", "quantization",
-                 "quantization_group_size", "quantize_lm_head")
+                 "quantization_group_size", "quantize_lm_head", "tensor_parallel_size")
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +44,9 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
                         help="int4: input columns per scale and zero point (default 128)")
     parser.add_argument("--quantize-lm-head", action="store_true",
                         help="quantize lm_head too (by default it stays in the model dtype, as the embedding)")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                        help="shard the model over this many ranks (processes joined by torch.distributed; for "
+                             "now on the CPU, gloo); an artifact compiled for N ranks runs at N")
 
 
 def pass_switches(args: argparse.Namespace) -> dict[str, bool]:
@@ -56,8 +59,6 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                         help="read back each step's tokens before scheduling the next (no host/GPU overlap)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto: the model's dtype; fp8: float8_e4m3fn (half the KV bytes)")
-    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                        help="ranks of a tensor-parallel engine on this node (for now: eager, CPU, gloo)")
     parser.add_argument("--calculate-kv-scales", action="store_true",
                         help="fp8 KV cache: scales from the K/V amax of a calibration prefill at start-up "
                              "(default: the checkpoint's k_scale/v_scale, else 1.0)")
@@ -81,8 +82,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                         attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
                         async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
-                        calculate_kv_scales=args.calculate_kv_scales, tensor_parallel_size=args.tensor_parallel_size,
-                        cache_dir=getattr(args, "cache_dir", None), **pass_switches(args))
+                        calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
+                        **pass_switches(args))
 
 
 def compile_config(args: argparse.Namespace) -> CompileConfig:

@@ -24,11 +24,18 @@ import torch
 SCHEMA_VERSION = 2  # 2: a sha256 for every file (1 hashed files up to 256 MiB only)
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
+
+
 STEP_PACKAGE = "step.pt2"
 FILE_MODE, DIR_MODE = 0o644, 0o755
 FINGERPRINT_KEYS = ("torch", "triton", "cuda", "device_name", "capability", "machine", "cpu_isa")
 # CPU features Inductor's C++ kernels may be built for (a .so using them crashes without them)
 ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "asimd", "sve")
+
+
+def rank_weights(rank: int) -> str:
+    """The weights file of tensor-parallel rank `rank` (rank 0's, and a one-rank artifact's, is WEIGHTS)."""
+    return WEIGHTS if rank == 0 else f"weights.rank{rank}.safetensors"
 
 
 class ArtifactError(ValueError):

@@ -30,6 +30,7 @@ from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir import capture, diff_graphs, format_graph
 from graphllm.models.loader import ModelLoadError, load_checkpoint, read_hf_config, weight_files
 from graphllm.models.quantization import read_checkpoint_quantization
+from graphllm.passes.base import source_uuid
 from graphllm.passes.manager import PassManager, Prequantized
 from graphllm.version import __version__
 
@@ -45,7 +46,7 @@ COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
 COMPILER_MODULES = ("graphllm.ir.capture", "graphllm.ir.graph", "graphllm.compiler.lower",
                     "graphllm.compiler.inductor_lowering", "graphllm.compiler.decompositions",
                     "graphllm.compiler.pipeline", "graphllm.compiler.artifact",
-                    "graphllm.ops.attention", "graphllm.ops.linear", "graphllm.ops.rms_norm", "graphllm.ops.silu_and_mul",
+                    "graphllm.ops.attention", "graphllm.ops.collectives", "graphllm.ops.linear", "graphllm.ops.rms_norm", "graphllm.ops.silu_and_mul",
                     "graphllm.ops.quantized_linear", "graphllm.kernels.reference", "graphllm.kernels.rotary",
                     "graphllm.kernels.quant_layout",
                     "graphllm.models.llama", "graphllm.models.layers")
@@ -77,6 +78,9 @@ def cache_key(model_dir: Path, config: CompileConfig, device: torch.device) -> s
         "weights": {f.name: A.quick_fingerprint(f) for f in weight_files(model_dir)},
         "environment": A.environment_fingerprint(device),
     }
+    if config.tensor_parallel_size > 1:
+        from graphllm.passes.parallel.shard_tp import ShardTP
+        parts["shard_tp"] = source_uuid(ShardTP.__module__, f"{ShardTP.name}:{ShardTP.version}")
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
@@ -142,6 +146,29 @@ def kernel_plan(graph, buckets) -> dict[str, dict[str, str]]:
             shapes.add((scheme, n, k))
     return {f"{scheme} {n}x{k}": {str(b): kernel_route(scheme, b, n, k, graph.device) for b in buckets}
             for scheme, n, k in sorted(shapes)}
+
+
+def rank_graphs(graph, config: CompileConfig, model_config, prequantized: Prequantized | None,
+                dumps: "GraphDumps") -> list[tuple]:
+    """[(rank r's graph after the passes, their reports)] for r < tensor_parallel_size. One rank: the graph
+    itself. N ranks: shard_tp(r) then the passes over a copy each (weights shared until a pass swaps them);
+    every rank's code must come out the same as rank 0's, since one compiled step serves all of them."""
+    n = config.tensor_parallel_size
+    if n == 1:
+        return [(graph, PassManager(config, prequantized).run(graph, dumps.on_pass))]
+    from graphllm.passes.parallel.shard_tp import TP_GROUP, ShardTP
+    if prequantized is not None:
+        raise ValueError("tensor parallelism over a pre-quantized checkpoint is not supported yet: compile the "
+                         "float checkpoint with --quantization, or use --tensor-parallel-size 1")
+    ranks = []
+    for rank in range(n):
+        copy = graph.copy_sharing_weights()
+        shard = ShardTP.for_model(model_config, rank, n, TP_GROUP)
+        reports = PassManager(config, prequantized, shard).run(copy, dumps.on_pass if rank == 0 else None)
+        if rank and copy.gm.code != ranks[0][0].gm.code:
+            raise RuntimeError(f"shard_tp: rank {rank}'s step differs from rank 0's beyond its weights")
+        ranks.append((copy, reports))
+    return ranks
 
 
 class PhaseTimer:
@@ -219,7 +246,8 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
     del loaded.model  # the graph owns the weights now
     dumps = GraphDumps()
     with timer.phase("passes"):
-        reports = PassManager(config, prequantized).run(graph, dumps.on_pass)
+        ranks = rank_graphs(graph, config, model_config, prequantized, dumps)
+        graph, reports = ranks[0]
         after = format_graph(graph.gm), graph.gm.code
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -232,8 +260,10 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
             exported, names = lower_inductor(graph, staging / STEP_INDUCTOR)
             lowered = {"kind": "inductor", "weight_names": names}
     with timer.phase("write"):
-        weights = {**graph.weights, **{k: v for k, v in exported.constants.items() if isinstance(v, torch.Tensor)}}
-        aliases = save_weights(weights, staging / A.WEIGHTS)
+        constants = {k: v for k, v in exported.constants.items() if isinstance(v, torch.Tensor)}
+        # one compiled step; each rank's weights (tied names alike on every rank: rank 0's aliases)
+        aliases = [save_weights({**constants, **g.weights}, staging / A.rank_weights(r))
+                   for r, (g, _) in enumerate(ranks)][0]
         for name in COPIED_FILES:
             if (model_dir / name).is_file():
                 shutil.copy2(model_dir / name, staging / name)
@@ -249,6 +279,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
                     "buckets": list(config.decode_buckets)},
         "quantization": quantization_record(config, loaded, reports, kernel_plan(graph, config.decode_buckets)),
         "kv_scales": {str(layer): list(scales) for layer, scales in sorted(loaded.kv_scales.items())},
+        "tensor_parallel": {"size": config.tensor_parallel_size} if config.tensor_parallel_size > 1 else None,
         "weight_aliases": aliases,
         "lowering": lowered,
         "passes": [dataclasses.asdict(r) for r in reports],

@@ -5,6 +5,7 @@ that changes weights (concatenation, quantization, sharding) edits one object.
 """
 
 import collections
+import copy
 import difflib
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -89,6 +90,14 @@ class StepGraph:
     def recompile(self) -> None:
         self.graph.lint()
         self.gm.recompile()
+
+    def copy_sharing_weights(self) -> "StepGraph":
+        """A copy whose graph and modules are new but whose weight tensors are this graph's (passes swap
+        parameters for new tensors rather than writing into them, so the copy can be rewritten alone)."""
+        tensors = [t for _, t in (*self.gm.named_parameters(remove_duplicate=False),
+                                  *self.gm.named_buffers(remove_duplicate=False))]
+        memo = {id(t): t for t in tensors}
+        return StepGraph(copy.deepcopy(self.gm, memo), self.example_inputs, self.dynamic_shapes)
 
     def __call__(self, *inputs):
         return self.gm(*inputs)

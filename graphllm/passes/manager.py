@@ -80,8 +80,10 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
 
 
 class PassManager:
-    def __init__(self, config: CompileConfig, prequantized: Prequantized | None = None):
-        self.passes = build_pass_list(config, prequantized)
+    def __init__(self, config: CompileConfig, prequantized: Prequantized | None = None,
+                 shard: GraphPass | None = None):
+        """shard: a rank's shard_tp pass, run first (before quantization and the fusions)."""
+        self.passes = ([shard] if shard is not None else []) + build_pass_list(config, prequantized)
 
     def uuid(self) -> str:
         joined = ",".join(f"{p.name}:{p.uuid()}" for p in self.passes)

@@ -133,7 +133,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
         return build_compiled_runtime(config, Path(config.artifact))
     path = resolve_model_path(config.model)
     device = resolve_device(config.device)
-    if config.tensor_parallel_size > 1:
+    if config.tensor_parallel_size > 1 and not (config.compile or is_quantized(config, path)):
         return build_tensor_parallel_runtime(config, path, device)
     if config.compile or is_quantized(config, path):  # quantization is a compiler pass: no eager path
         if not config.compile:
@@ -148,22 +148,28 @@ def build_runtime(config: EngineConfig) -> Runtime:
 
 
 def build_tensor_parallel_runtime(config: EngineConfig, path: Path, device: torch.device) -> Runtime:
-    """Rank 0 of an N-way tensor-parallel engine: eager on the CPU for now (the compiled, quantized and
-    GPU paths are not wired yet: refused by name)."""
-    unsupported = [why for cond, why in ((device.type != "cpu", f"device {device.type}"),
-                                         (config.artifact is not None, "an artifact"),
-                                         (config.compile, "compile=True"),
-                                         (is_quantized(config, path), "quantization"),
-                                         (config.kv_cache_dtype != "auto", "an fp8 KV cache")) if cond]
-    if unsupported:
-        raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} runs eager on the CPU for now; "
-                         f"not with {', '.join(unsupported)}")
-    from graphllm.runtime.tensor_parallel import local_model_config, start_tensor_parallel
+    """Rank 0 of an N-way tensor-parallel engine run eager (compile=True and quantized models take the
+    compiled path: build_compiled_runtime)."""
+    check_tensor_parallel_runs(config, device)
+    from graphllm.passes.parallel.shard_tp import check_divisible
+    from graphllm.runtime.tensor_parallel import RankStep, local_model_config, shard_step, start_tensor_parallel
     dtype = resolve_dtype(config.dtype, read_hf_config(path), device)
     model, model_config = load_model(path, dtype, device)
-    step = start_tensor_parallel(config.tensor_parallel_size, str(path), model, model_config, dtype, dtype)
-    local = local_model_config(model_config, config.tensor_parallel_size)
+    n = config.tensor_parallel_size
+    check_divisible(n, model_config.num_attention_heads, model_config.num_key_value_heads,
+                    model_config.intermediate_size)  # before any process starts
+    rank0 = shard_step(model, model_config, 0, n, dtype, device), local_model_config(model_config, n)
+    step, local = start_tensor_parallel(n, RankStep(str(path), False, dtype), dtype, rank0)
     return assemble(config, resolve_limits(config), path, model, local, step, dtype, device)
+
+
+def check_tensor_parallel_runs(config: EngineConfig, device: torch.device) -> None:
+    """What tensor parallelism does not run with yet, refused by name."""
+    unsupported = [why for cond, why in ((device.type != "cpu", f"device {device.type} (NCCL is not wired yet)"),
+                                         (config.kv_cache_dtype != "auto", "an fp8 KV cache")) if cond]
+    if unsupported:
+        raise ValueError(f"tensor_parallel_size {config.tensor_parallel_size} runs on the CPU (gloo) for now; "
+                         f"not with {', '.join(unsupported)}")
 
 
 def is_quantized(config: EngineConfig, path: Path) -> bool:
@@ -182,8 +188,24 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
     check_quantization_matches(config, manifest, art)
     limits = resolve_limits(config, manifest["compile"])
     buckets = tuple(b for b in manifest["compile"]["buckets"] if b <= limits.max_num_seqs)
+    ranks = artifact_ranks(config, manifest, art)
+    if ranks > 1:  # rank 0 broadcasts each step's inputs from the host: no CUDA graphs yet
+        check_tensor_parallel_runs(config, device)
+        from graphllm.runtime.tensor_parallel import RankStep, local_model_config, start_tensor_parallel
+        step, model_config = start_tensor_parallel(ranks, RankStep(str(art), True, dtype), dtype,
+                                                   (step, local_model_config(model_config, ranks)))
     return assemble(config, limits, art, None, model_config, step, dtype, device, buckets,
                     checkpoint_kv_scales(manifest))
+
+
+def artifact_ranks(config: EngineConfig, manifest: dict, art: Path) -> int:
+    """The artifact's tensor-parallel size; asking for another one (other than the default 1) is an error."""
+    ranks = (manifest.get("tensor_parallel") or {}).get("size", 1)
+    asked = config.tensor_parallel_size
+    if asked != 1 and asked != ranks:
+        raise ValueError(f"artifact {art} was compiled for tensor_parallel_size {ranks}; it cannot run at {asked}: "
+                         f"recompile with graphllm compile --tensor-parallel-size {asked}")
+    return ranks
 
 
 def check_quantization_matches(config: EngineConfig, manifest: dict, art: Path) -> None:

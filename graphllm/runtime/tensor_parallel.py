@@ -20,6 +20,7 @@ import logging
 import socket
 import weakref
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -29,7 +30,7 @@ from graphllm.backends import TorchBackend
 from graphllm.ir import capture
 from graphllm.models.config import ModelConfig
 from graphllm.ops.attention import use_backend
-from graphllm.passes.parallel.shard_tp import ShardTP, check_divisible, local_kv_heads
+from graphllm.passes.parallel.shard_tp import TP_GROUP, ShardTP, local_kv_heads
 from graphllm.runtime.kv_cache import allocate_kv_caches
 
 logger = logging.getLogger(__name__)
@@ -47,8 +48,7 @@ def shard_step(model: torch.nn.Module, config: ModelConfig, rank: int, world_siz
                device: torch.device) -> torch.fx.GraphModule:
     """This rank's step: the model's captured step, sharded."""
     graph = capture(model, config, dtype, device)
-    ShardTP(rank, world_size, dist.group.WORLD.group_name, config.num_attention_heads, config.num_key_value_heads,
-            config.head_dim, config.intermediate_size)(graph)
+    ShardTP.for_model(config, rank, world_size, TP_GROUP)(graph)
     return graph.gm
 
 
@@ -113,42 +113,69 @@ def stop_workers(workers: list) -> None:
         dist.destroy_process_group()
 
 
-def worker_main(rank: int, world_size: int, port: int, path: str, dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
-    """Ranks 1..N-1: load, shard, then run every step rank 0 broadcasts until it says stop."""
-    from graphllm.models.loader import load_model
+@dataclasses.dataclass(frozen=True)
+class RankStep:
+    """How a rank builds its step: from the model folder (eager: load, capture, shard_tp) or from a
+    tensor-parallel artifact (its compiled step and the rank's own weights file)."""
+    source: str  # the model folder or the artifact
+    compiled: bool
+    dtype: torch.dtype
+
+    def build(self, rank: int, world_size: int, device: torch.device) -> tuple:
+        """(the step, the ModelConfig its KV cache is shaped by)."""
+        if self.compiled:
+            from graphllm.compiler.artifact import read_manifest
+            from graphllm.compiler.loading import load_compiled_step
+            model_config, _, step = load_compiled_step(Path(self.source), read_manifest(Path(self.source)), device,
+                                                       rank)
+            return step, local_model_config(model_config, world_size)
+        from graphllm.models.loader import load_model
+        model, config = load_model(self.source, self.dtype, device)
+        return shard_step(model, config, rank, world_size, self.dtype, device), local_model_config(config, world_size)
+
+
+def join_group(rank: int, world_size: int, port: int) -> None:
+    """Form the default group the shards' collectives name (TP_GROUP)."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
                             timeout=TIMEOUT)
+    if dist.group.WORLD.group_name != TP_GROUP:
+        raise RuntimeError(f"the default process group is named {dist.group.WORLD.group_name!r}, but the sharded "
+                           f"steps' collectives name {TP_GROUP!r}: was another group formed first?")
+
+
+def worker_main(rank: int, world_size: int, port: int, rank_step: RankStep, kv_dtype: torch.dtype) -> None:
+    """Ranks 1..N-1: build the rank's step, then run every step rank 0 broadcasts until it says stop."""
+    join_group(rank, world_size, port)
     try:
         device = torch.device("cpu")
-        model, config = load_model(path, dtype, device)
-        shard, local = shard_step(model, config, rank, world_size, dtype, device), local_model_config(config, world_size)
+        step, local = rank_step.build(rank, world_size, device)
         backend, caches = TorchBackend(), None
         with torch.inference_mode(), use_backend(backend):
-            while (step := receive_step()) is not None:
-                inputs, num_blocks, block_size = step
+            while (received := receive_step()) is not None:
+                inputs, num_blocks, block_size = received
                 if caches is None or caches[0].shape[1] != num_blocks:
                     caches = allocate_kv_caches(local, num_blocks, block_size, kv_dtype, device)
-                shard(*inputs, caches)
+                step(*inputs, caches)
     finally:
         dist.destroy_process_group()
 
 
-def start_tensor_parallel(world_size: int, path: str, model: torch.nn.Module, config: ModelConfig,
-                          dtype: torch.dtype, kv_dtype: torch.dtype) -> TensorParallelStep:
-    """Start ranks 1..N-1, join them as rank 0, and return rank 0's step (the shapes are checked before
-    any process starts; a failure after that stops the workers before it propagates)."""
-    check_divisible(world_size, config.num_attention_heads, config.num_key_value_heads, config.intermediate_size)
+def start_tensor_parallel(world_size: int, rank_step: RankStep, kv_dtype: torch.dtype,
+                          rank0: tuple | None = None) -> tuple[TensorParallelStep, ModelConfig]:
+    """Start ranks 1..N-1, join them as rank 0, and return rank 0's step with the ModelConfig of its KV
+    cache (rank0: its (step, config) when the caller already built it). A failure after the workers start
+    stops them before it propagates."""
     port = _free_port()
     ctx = mp.get_context("spawn")
-    workers = [ctx.Process(target=worker_main, args=(rank, world_size, port, path, dtype, kv_dtype), daemon=True)
+    workers = [ctx.Process(target=worker_main, args=(rank, world_size, port, rank_step, kv_dtype), daemon=True)
                for rank in range(1, world_size)]
     for proc in workers:
         proc.start()
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=world_size,
-                            timeout=TIMEOUT)
-    logger.info("tensor parallel: %d ranks (gloo), rank 0 schedules", world_size)
     try:
-        return TensorParallelStep(shard_step(model, config, 0, world_size, dtype, torch.device("cpu")), workers)
+        join_group(0, world_size, port)
+        logger.info("tensor parallel: %d ranks (gloo), rank 0 schedules", world_size)
+        step, local = rank0 or rank_step.build(0, world_size, torch.device("cpu"))
+        return TensorParallelStep(step, workers), local
     except BaseException:
         stop_workers(workers)
         raise

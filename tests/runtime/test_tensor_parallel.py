@@ -40,10 +40,63 @@ def test_greedy_tokens_equal_transformers(arch, world_size, tiny_model_dir):
     assert not any(p.is_alive() for p in step.workers) and all(p.exitcode == 0 for p in step.workers)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_compiled_greedy_tokens_equal_transformers(arch, tiny_model_dir, tmp_path):
+    """compile=True at N = 2: one compiled step, each rank with its own weights file (half the vocabulary
+    rows of lm_head each), gives transformers' greedy tokens."""
+    from safetensors import safe_open
+    path, hf = tiny_model_dir(arch)
+    engine = Engine.from_pretrained(path, tensor_parallel_size=2, compile=True, cache_dir=str(tmp_path))
+    step = engine.runner.step
+    try:
+        art = next((tmp_path / "artifacts").iterdir())
+        assert sorted(p.name for p in art.glob("weights*")) == ["weights.rank1.safetensors", "weights.safetensors"]
+        for name in ("weights.safetensors", "weights.rank1.safetensors"):
+            with safe_open(art / name, "pt") as f:
+                head = "model.lm_head.weight" if "model.lm_head.weight" in f.keys() else "model.model.embed_tokens.weight"
+                assert f.get_slice(head).get_shape()[0] == hf.config.vocab_size // 2
+        outs = engine.generate(PROMPTS, GREEDY)
+        assert [o.outputs[0].token_ids for o in outs] == transformers_tokens(hf)
+    finally:
+        step.stop()
+    assert all(p.exitcode == 0 for p in step.workers)
+
+
+def test_quantized_int4_at_tp2_generates_tp1s_tokens(tiny_model_dir, tmp_path):
+    """Quantization runs after shard_tp, on each rank's slices: int4 groups of 32 fall on the shard
+    boundaries here (K = 64 and 128 split in two), so rank weights quantize exactly as the whole ones."""
+    path, _ = tiny_model_dir("llama")
+    common = dict(compile=True, quantization="int4", quantization_group_size=32, cache_dir=str(tmp_path))
+    one = Engine.from_pretrained(path, **common)
+    want = [o.outputs[0].token_ids for o in one.generate(PROMPTS, GREEDY)]
+    two = Engine.from_pretrained(path, tensor_parallel_size=2, **common)
+    try:
+        assert [o.outputs[0].token_ids for o in two.generate(PROMPTS, GREEDY)] == want
+    finally:
+        two.runner.step.stop()
+
+
+def test_a_tensor_parallel_artifact_runs_at_its_size(tiny_model_dir, tmp_path):
+    from graphllm.compiler.pipeline import compile_model
+    from graphllm.config import CompileConfig
+    path, hf = tiny_model_dir("llama")
+    art = tmp_path / "art"
+    compile_model(path, art, CompileConfig(dtype="float32", tensor_parallel_size=2), "cpu", show_progress=False)
+    with pytest.raises(ValueError, match="compiled for tensor_parallel_size 2; it cannot run at 4"):
+        Engine.load(art, tensor_parallel_size=4)
+    engine = Engine.load(art)  # the artifact's size: 2 ranks
+    try:
+        assert len(engine.runner.step.workers) == 1
+        outs = engine.generate(PROMPTS[:1], GREEDY)
+        assert outs[0].outputs[0].token_ids == transformers_tokens(hf)[0]
+    finally:
+        engine.runner.step.stop()
+
+
 def test_what_is_not_wired_yet_is_refused_by_name(tiny_model_dir):
     path, _ = tiny_model_dir("llama")
-    with pytest.raises(ValueError, match="runs eager on the CPU for now; not with compile=True, quantization"):
-        Engine.from_pretrained(path, tensor_parallel_size=2, compile=True, quantization="int8")
+    with pytest.raises(ValueError, match="runs on the CPU .gloo. for now; not with an fp8 KV cache"):
+        Engine.from_pretrained(path, tensor_parallel_size=2, kv_cache_dtype="fp8")
     with pytest.raises(ValueError, match="tensor_parallel_size must be >= 1"):
         Engine.from_pretrained(path, tensor_parallel_size=0)
 

@@ -10,10 +10,9 @@ size D, N ranks) and MLP (intermediate size I):
     v = linear(x, v_proj.weight[Hkv*D, H])             v = linear(x, v_proj.weight[Hkv'*D, H])
     a = attention(q, k, v, kv_cache)                   a = attention(q, k, v, kv_cache)          # cache: Hkv' heads
     o = linear(a, o_proj.weight[H, Hq*D])              p = linear(a, o_proj.weight[H, Hq/N*D])
-                                                       s = _c10d_functional.all_reduce(p, "sum", group)
-                                                       o = _c10d_functional.wait_tensor(s)
+                                                       o = graphllm.all_reduce(p, group)
     g = linear(x, gate_proj.weight[I, H])              g = linear(x, gate_proj.weight[I/N, H])   (up_proj alike)
-    d = linear(m, down_proj.weight[H, I])              d = wait_tensor(all_reduce(linear(m, down_proj.weight[H, I/N])))
+    d = linear(m, down_proj.weight[H, I])              d = all_reduce(linear(m, down_proj.weight[H, I/N]), group)
 
 Column-parallel linears keep their bias slice; a row-parallel linear's bias is added by rank 0 only
 (the other ranks' is zeroed), so the all-reduce adds it once. With fewer KV heads than ranks each
@@ -24,27 +23,31 @@ constant changes; the KV-cache inputs of rank r have Hkv' heads. Norms stay repl
 Vocabulary-parallel (`vocab_parallel`, on by default; V padded up to a multiple of N, rows of V/N each):
 
     before                                       after (rank r holds vocabulary rows [r*V/N, (r+1)*V/N))
-    e = embedding(embed_tokens.weight[V, H], ids)  i = ids - r*V/N;  out = i < 0 or i >= V/N
+    e = embedding(embed_tokens.weight[V, H], ids)  i = ids - tp_vocab_ids[0];  out = i < 0 or i >= V/N
                                                    e = masked_fill(embedding(W_r, masked_fill(i, out, 0)), out, 0)
-                                                   e = wait_tensor(all_reduce(e, "sum", group))
+                                                   e = graphllm.all_reduce(e, group)
     logits = linear(x, lm_head.weight[V, H])       l = linear(x, W_r[V/N, H])                     # [T, V/N]
-                                                   g = wait_tensor(all_gather_into_tensor(l, N, group))  # [N*T, V/N]
+                                                   g = graphllm.all_gather(l, N, group)          # [N*T, V/N]
                                                    logits = reshape(permute(reshape(g, [N, T, V/N]), [1, 0, 2]),
                                                                     [T, V])        (sliced to V when padded)
 
 Every rank ends with the full logits (rank 0's sampler reads them); a tied embedding / lm_head weight is
-sliced once. After the rewrite, FakeTensor propagation of the rank's example inputs checks every shape.
+sliced once. r*V/N comes from a buffer (tp_vocab_ids), so the ranks' graphs differ only in their weights: one
+compiled step serves every rank. After the rewrite, FakeTensor propagation of the rank's example inputs
+checks every shape. The collectives are graphllm's ops (graphllm/ops/collectives.py says why).
 
 The pass drops export's input guards (written for the full head count) and narrows the example KV
-caches, for re-export; it runs before the fusions.
+caches, for re-export; it runs first, before quantization (which then quantizes each rank's slices) and
+the fusions.
 
 Refused with the numbers: heads or the intermediate size not divisible by N, N not a multiple of Hkv
-when Hkv < N, quantized linears (not sharded yet).
+when Hkv < N, already-quantized linears (a pre-quantized checkpoint's; not sharded yet).
 """
 
 import torch
 from torch import fx
 
+import graphllm.ops.collectives  # noqa: F401  (registers graphllm.all_reduce / all_gather)
 from graphllm.ir.graph import StepGraph, attr_tensor, copy_source_meta, new_node
 from graphllm.passes.base import GraphPass
 
@@ -53,6 +56,8 @@ COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
 QUANTIZED = ("fp8_linear", "int8_linear", "int4_linear")
 VOCAB = ("lm_head", "embed_tokens")  # a linear over the vocabulary rows (embed_tokens: lm_head tied to it)
+VOCAB_IDS = "tp_vocab_ids"  # the buffer of the token ids whose rows rank r holds
+TP_GROUP = "0"  # the name torch.distributed gives the default (WORLD) group, which the ranks form
 
 
 class ShardTP(GraphPass):
@@ -99,6 +104,12 @@ class ShardTP(GraphPass):
         check_shapes(graph)
         return counts
 
+    @classmethod
+    def for_model(cls, config, rank: int, world_size: int, group_name: str) -> "ShardTP":
+        """The pass for rank `rank` of a ModelConfig's model."""
+        return cls(rank, world_size, group_name, config.num_attention_heads, config.num_key_value_heads,
+                   config.head_dim, config.intermediate_size)
+
     def kv_heads(self) -> slice:
         """The KV heads rank r holds: its share, or with fewer KV heads than ranks the one (replicated)
         that serves its query heads."""
@@ -144,16 +155,12 @@ class ShardTP(GraphPass):
     def _all_reduce_after(self, graph: StepGraph, node: fx.Node) -> None:
         users = list(node.users)
         with graph.graph.inserting_after(node):
-            reduced = graph.graph.call_function(torch.ops._c10d_functional.all_reduce.default,
-                                                (node, "sum", self.group_name))
-        with graph.graph.inserting_after(reduced):
-            waited = graph.graph.call_function(torch.ops._c10d_functional.wait_tensor.default, (reduced,))
-        for new in (reduced, waited):
-            copy_source_meta(new, node)
-            if "val" in node.meta:
-                new.meta["val"] = node.meta["val"]
+            reduced = graph.graph.call_function(torch.ops.graphllm.all_reduce.default, (node, self.group_name))
+        copy_source_meta(reduced, node)
+        if "val" in node.meta:
+            reduced.meta["val"] = node.meta["val"]
         for user in users:
-            user.replace_input_with(node, waited)
+            user.replace_input_with(node, reduced)
 
     def vocab_rows(self, vocab_size: int) -> tuple[int, int]:
         """(first row, rows) of the vocabulary rank r holds: the vocabulary padded up to a multiple of N,
@@ -176,8 +183,7 @@ class ShardTP(GraphPass):
         vocab_size, _, per = self._vocab_shard(graph, node.args[1])
         n, g = self.world_size, graph.graph
         users = list(node.users)
-        steps = [(torch.ops._c10d_functional.all_gather_into_tensor.default, (n, self.group_name)),  # [N*T, V/N]
-                 (torch.ops._c10d_functional.wait_tensor.default, ()),
+        steps = [(torch.ops.graphllm.all_gather.default, (n, self.group_name)),  # [N*T, V/N]
                  (torch.ops.aten.reshape.default, ([n, -1, per],)),
                  (torch.ops.aten.permute.default, ([1, 0, 2],)),
                  (torch.ops.aten.reshape.default, ([-1, n * per],))]  # [T, N*V/N]: rank 0's rows first
@@ -198,8 +204,15 @@ class ShardTP(GraphPass):
         _, start, per = self._vocab_shard(graph, weight)
         g, aten = graph.graph, torch.ops.aten
         users = list(node.users)
+        if not hasattr(graph.gm, VOCAB_IDS):
+            # the ids rank r holds, as a weight, so every rank's code is the same; a 0-d start would be
+            # inlined into the code by Inductor (it inlines tensor constants of up to 8 elements)
+            graph.gm.register_buffer(VOCAB_IDS, torch.arange(start, start + per, dtype=torch.int64))
         with g.inserting_before(node):
-            local = new_node(g, aten.sub.Tensor, (ids, start), node)
+            rows = g.get_attr(VOCAB_IDS)
+            rows.meta["val"] = torch.empty((per,), dtype=torch.int64)
+            first = new_node(g, aten.select.int, (rows, 0, 0), node)
+            local = new_node(g, aten.sub.Tensor, (ids, first), node)
             outside = new_node(g, aten.logical_or.default, (new_node(g, aten.lt.Scalar, (local, 0), node),
                                                              new_node(g, aten.ge.Scalar, (local, per), node)), node)
             safe = new_node(g, aten.masked_fill.Scalar, (local, outside, 0), node)
