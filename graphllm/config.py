@@ -62,6 +62,9 @@ class EngineConfig:
     # ranks of a tensor-parallel engine on this node (vLLM's --tensor-parallel-size), eager or compiled
     # (graphllm/runtime/tensor_parallel.py); an artifact compiled for N ranks runs at N
     tensor_parallel_size: int = 1
+    # where ranks 1..N-1 started elsewhere (torchrun, on this node or others) meet rank 0, e.g.
+    # tcp://host:port; None: the engine starts them itself on this node
+    distributed_init_method: str | None = None
 
     def __post_init__(self):
         check_quantization(self.quantization, self.quantization_group_size)

@@ -1,6 +1,7 @@
 """Command-line flags shared by the commands (generate, serve, compile, bench), and the configs they build."""
 
 import argparse
+import dataclasses
 
 from graphllm.config import (ATTENTION_BACKENDS, CHECKPOINT_QUANTIZATIONS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS,
                              CompileConfig, EngineConfig)
@@ -77,13 +78,27 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(model=args.model, artifact=args.artifact, compile=not args.eager and not args.artifact,
-                        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                        attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
-                        async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
-                        calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
-                        **pass_switches(args))
+    config = EngineConfig(model=args.model, artifact=args.artifact, compile=not args.eager and not args.artifact,
+                          dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                          attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
+                          async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
+                          calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
+                          **pass_switches(args))
+    torchrun = getattr(args, "torchrun", None)
+    return config if torchrun is None else under_torchrun(config, torchrun)
+
+
+def under_torchrun(config: EngineConfig, torchrun) -> EngineConfig:
+    """The config of one rank of a torchrun launch: every torchrun process is a rank of one tensor-parallel
+    engine (rank 0 serves), meeting at torchrun's address."""
+    if config.tensor_parallel_size != torchrun.world_size:
+        raise ValueError(f"torchrun started {torchrun.world_size} processes; give --tensor-parallel-size "
+                         f"{torchrun.world_size} (got {config.tensor_parallel_size})")
+    if config.compile:
+        raise ValueError("under torchrun, compile first (graphllm compile --tensor-parallel-size N --out ART) "
+                         "and run --artifact ART, or run --eager")
+    return dataclasses.replace(config, distributed_init_method=torchrun.init_method)
 
 
 def compile_config(args: argparse.Namespace) -> CompileConfig:

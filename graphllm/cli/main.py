@@ -16,7 +16,7 @@ from graphllm.config import QUANTIZATIONS
 
 def build_parser(env: Environment = Environment()) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="graphllm", description=__doc__.splitlines()[0])
-    parser.set_defaults(cache_dir=env.cache_dir)
+    parser.set_defaults(cache_dir=env.cache_dir, torchrun=env.torchrun)
     sub = parser.add_subparsers(dest="command", required=True)
     add_serve_parser(sub, env)
     gen = sub.add_parser("generate", help="generate text for one prompt")
@@ -64,6 +64,11 @@ def add_bench_parsers(bench) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser(Environment.read()).parse_args(argv)
     try:
+        if args.torchrun is not None and args.torchrun.rank != 0 and args.command in ("generate", "serve"):
+            from graphllm.cli.args import engine_config
+            from graphllm.runtime.setup import run_worker_rank
+            run_worker_rank(engine_config(args), args.torchrun.rank)  # rank 0 generates / serves
+            return 0
         return args.func(args)
     except (ValueError, KeyError) as e:  # bad parameters, model folder or artifact: a message, not a traceback
         print(f"graphllm: error: {e}", file=sys.stderr)

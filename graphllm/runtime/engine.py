@@ -119,7 +119,10 @@ class Engine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model folder has no tokenizer: pass prompts as token id lists")
-            return prompt, self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(prompt)
+            if not ids:  # "" (without a BOS) or text the tokenizer drops: a step of no tokens cannot run
+                raise ValueError(f"the prompt {prompt[:40]!r} tokenizes to no tokens")
+            return prompt, ids
         if not prompt or not all(isinstance(t, int) for t in prompt):
             raise ValueError("a prompt must be a non-empty string or a non-empty list of token ids")
         vocab = self.state.model_config.vocab_size

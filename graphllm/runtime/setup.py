@@ -159,8 +159,30 @@ def build_tensor_parallel_runtime(config: EngineConfig, path: Path, device: torc
     check_divisible(n, model_config.num_attention_heads, model_config.num_key_value_heads,
                     model_config.intermediate_size)  # before any process starts
     rank0 = shard_step(model, model_config, 0, n, dtype, device), local_model_config(model_config, n)
-    step, local = start_tensor_parallel(n, RankStep(str(path), False, dtype), dtype, rank0)
+    step, local = start_tensor_parallel(n, RankStep(str(path), False, dtype), dtype, rank0,
+                                        config.distributed_init_method)
     return assemble(config, resolve_limits(config), path, model, local, step, dtype, device)
+
+
+def run_worker_rank(config: EngineConfig, rank: int) -> None:
+    """Rank `rank` (> 0) of a tensor-parallel engine whose rank 0 runs elsewhere (torchrun): build this rank's
+    step from the artifact (compiled) or the model folder (eager), then serve rank 0's steps until it stops."""
+    from graphllm.runtime.tensor_parallel import RankStep, worker_main
+    device = resolve_device(config.device)
+    check_tensor_parallel_runs(config, device)
+    if config.artifact is not None:
+        from graphllm.compiler.artifact import verify_artifact
+        manifest = verify_artifact(Path(config.artifact), device)
+        ranks = artifact_ranks(config, manifest, Path(config.artifact))
+        dtype = getattr(torch, manifest["compile"]["dtype"])
+        rank_step = RankStep(config.artifact, True, dtype)
+    elif not config.compile:
+        path = resolve_model_path(config.model)
+        ranks, dtype = config.tensor_parallel_size, resolve_dtype(config.dtype, read_hf_config(path), device)
+        rank_step = RankStep(str(path), False, dtype)
+    else:
+        raise ValueError("a worker rank runs an artifact or an eager (compile=False) model, not compile=True")
+    worker_main(rank, ranks, config.distributed_init_method, rank_step, dtype)
 
 
 def check_tensor_parallel_runs(config: EngineConfig, device: torch.device) -> None:
@@ -193,7 +215,8 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
         check_tensor_parallel_runs(config, device)
         from graphllm.runtime.tensor_parallel import RankStep, local_model_config, start_tensor_parallel
         step, model_config = start_tensor_parallel(ranks, RankStep(str(art), True, dtype), dtype,
-                                                   (step, local_model_config(model_config, ranks)))
+                                                   (step, local_model_config(model_config, ranks)),
+                                                   config.distributed_init_method)
     return assemble(config, limits, art, None, model_config, step, dtype, device, buckets,
                     checkpoint_kv_scales(manifest))
 

@@ -11,8 +11,12 @@ STOP ends the workers; so does the engine's process exiting (they are daemons, a
 them when the step is dropped). A worker that exits fails rank 0's next step at once, naming it (the
 engine then reports itself dead); a rank lost inside a collective fails it after TIMEOUT.
 
-For now: eager (the captured graph run as is, no Inductor), CPU with gloo, the torch attention
-backend; every rank loads the whole checkpoint before slicing it.
+Under torchrun (EngineConfig.distributed_init_method, from the CLI) the other ranks are torchrun's processes,
+on this node or others: each runs worker_main itself and they meet rank 0 at torchrun's address.
+
+A rank's step is compiled (an artifact compiled with --tensor-parallel-size N: one step, the rank's own
+weights file) or eager (the captured graph of the model folder, sharded: every rank then reads the whole
+checkpoint before slicing it). For now: CPU with gloo, the torch attention backend, no CUDA graphs.
 """
 
 import dataclasses
@@ -134,18 +138,17 @@ class RankStep:
         return shard_step(model, config, rank, world_size, self.dtype, device), local_model_config(config, world_size)
 
 
-def join_group(rank: int, world_size: int, port: int) -> None:
+def join_group(rank: int, world_size: int, init_method: str) -> None:
     """Form the default group the shards' collectives name (TP_GROUP)."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size,
-                            timeout=TIMEOUT)
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=TIMEOUT)
     if dist.group.WORLD.group_name != TP_GROUP:
         raise RuntimeError(f"the default process group is named {dist.group.WORLD.group_name!r}, but the sharded "
                            f"steps' collectives name {TP_GROUP!r}: was another group formed first?")
 
 
-def worker_main(rank: int, world_size: int, port: int, rank_step: RankStep, kv_dtype: torch.dtype) -> None:
+def worker_main(rank: int, world_size: int, init_method: str, rank_step: RankStep, kv_dtype: torch.dtype) -> None:
     """Ranks 1..N-1: build the rank's step, then run every step rank 0 broadcasts until it says stop."""
-    join_group(rank, world_size, port)
+    join_group(rank, world_size, init_method)
     try:
         device = torch.device("cpu")
         step, local = rank_step.build(rank, world_size, device)
@@ -161,19 +164,23 @@ def worker_main(rank: int, world_size: int, port: int, rank_step: RankStep, kv_d
 
 
 def start_tensor_parallel(world_size: int, rank_step: RankStep, kv_dtype: torch.dtype,
-                          rank0: tuple | None = None) -> tuple[TensorParallelStep, ModelConfig]:
-    """Start ranks 1..N-1, join them as rank 0, and return rank 0's step with the ModelConfig of its KV
-    cache (rank0: its (step, config) when the caller already built it). A failure after the workers start
-    stops them before it propagates."""
-    port = _free_port()
-    ctx = mp.get_context("spawn")
-    workers = [ctx.Process(target=worker_main, args=(rank, world_size, port, rank_step, kv_dtype), daemon=True)
-               for rank in range(1, world_size)]
-    for proc in workers:
-        proc.start()
+                          rank0: tuple | None = None, init_method: str | None = None
+                          ) -> tuple[TensorParallelStep, ModelConfig]:
+    """Join ranks 1..N-1 as rank 0 and return rank 0's step with the ModelConfig of its KV cache (rank0: its
+    (step, config) when the caller already built it). init_method None: start them here (spawned processes,
+    on a free local port); else they were started elsewhere (torchrun: worker_main on every other rank) and
+    meet at init_method. A failure after the workers start stops them before it propagates."""
+    workers = []
+    if init_method is None:
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        ctx = mp.get_context("spawn")
+        workers = [ctx.Process(target=worker_main, args=(rank, world_size, init_method, rank_step, kv_dtype),
+                               daemon=True) for rank in range(1, world_size)]
+        for proc in workers:
+            proc.start()
     try:
-        join_group(0, world_size, port)
-        logger.info("tensor parallel: %d ranks (gloo), rank 0 schedules", world_size)
+        join_group(0, world_size, init_method)
+        logger.info("tensor parallel: %d ranks (gloo, %s), rank 0 schedules", world_size, init_method)
         step, local = rank0 or rank_step.build(0, world_size, torch.device("cpu"))
         return TensorParallelStep(step, workers), local
     except BaseException:

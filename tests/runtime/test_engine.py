@@ -109,6 +109,10 @@ def test_text_prompts_and_prompt_too_long(engine):
     assert out.prompt == "w3 w4 w5" and out.prompt_token_ids[-3:] == [6, 7, 8]
     with pytest.raises(ValueError, match="max_model_len"):
         engine.add_request(list(range(3, 100)) * 3)
+    # text the tokenizer turns into nothing (this tiny one adds no BOS) is refused, not run as an empty step
+    with pytest.raises(ValueError, match="tokenizes to no tokens"):
+        engine.add_request("")
+    assert engine.generate("w3", SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))[0].outputs[0].token_ids
 
 
 def test_stream_deltas_add_up_to_generate(engine):
