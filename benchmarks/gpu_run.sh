@@ -31,7 +31,8 @@
 #              qtests-fp8  the fp8 ones alone
 #   qlat-S     bench latency at batch 1 and 16 with --quantization S (none: bf16), the same limits and artifact cache;
 #              qlat-S-lmhead: with --quantize-lm-head;  qprof-S  profile-B's kernel table for scheme S (triton)
-#   qtput-S    bench throughput, 1,024 requests, with --quantization S (none: bf16)
+#   qtput-S    bench throughput, 1,024 requests, with --quantization S (none: bf16); qtput-fp8kv: fp8 weights
+#              and an fp8 KV cache
 #   qagree     benchmarks/quant_agreement.py: teacher-forced top-1 agreement of every quantized artifact of the
 #              8B preset with the bf16 one, and each artifact's compile phases (run after the qlat stages)
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
@@ -143,6 +144,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         $LIMITS --work $WORK --quantization "${S%-lmhead}" --quantize-lm-head --json "$OUT/r/$stage.json" ;;
     qlat-*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
         --quantization "${stage#qlat-}" --json "$OUT/r/$stage.json" ;;
+    qtput-fp8kv) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --quantization fp8 \
+        --kv-cache-dtype fp8 --json "$OUT/r/$stage.json" ;;
     qtput-none) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     qtput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
         --quantization "${stage#qtput-}" --json "$OUT/r/$stage.json" ;;

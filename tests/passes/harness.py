@@ -129,3 +129,16 @@ def logits_relative_error(before: StepGraph, after: StepGraph, config, seed: int
     with on_reference():
         a, b = before(*clone_inputs(inputs)), after(*clone_inputs(inputs))
     return ((b - a).norm() / a.norm()).item()
+
+
+def static_fp8_checkpoint(graph: StepGraph, input_scale: float = 0.05) -> dict:
+    """What a compressed-tensors FP8 checkpoint with static activation scales unpacks to, for the graph's
+    linears: {module path: qweight, weight_scale, input_scale}."""
+    from graphllm.kernels import quant_layout as Q
+    checkpoint = {}
+    for name, w in graph.weights.items():
+        if name.endswith("_proj.weight"):
+            qweight, scale = Q.quantize_fp8_weight(w)
+            checkpoint[name.removeprefix("model.").removesuffix(".weight")] = {
+                "qweight": qweight, "weight_scale": scale, "input_scale": torch.tensor([input_scale])}
+    return checkpoint

@@ -14,7 +14,7 @@ from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
 from graphllm.passes.quantization.quantize_fp8 import QuantizeFP8
 from graphllm.passes.quantization.quantize_fp8_activations import QuantizeFP8Activations
 from graphllm.passes.utility.dce import DeadCodeElimination
-from tests.passes.harness import assert_same_function, copy_graph, tiny_step_graph
+from tests.passes.harness import assert_same_function, copy_graph, static_fp8_checkpoint, tiny_step_graph
 
 
 @pytest.mark.parametrize("fuse", [False, True], ids=["separate", "fused"])
@@ -41,13 +41,7 @@ def test_splits_quantization_out_and_computes_the_same(arch, fuse):
 
 def test_static_input_scales_stay_static():
     graph, config = tiny_step_graph("llama")
-    checkpoint = {}
-    for name, w in graph.weights.items():
-        if name.endswith("_proj.weight"):
-            qweight, scale = Q.quantize_fp8_weight(w)
-            checkpoint[name.removeprefix("model.").removesuffix(".weight")] = {
-                "qweight": qweight, "weight_scale": scale, "input_scale": torch.tensor([0.05])}
-    QuantizeFP8(checkpoint=checkpoint)(graph)
+    QuantizeFP8(checkpoint=static_fp8_checkpoint(graph))(graph)
     after = copy_graph(graph)
     counts = QuantizeFP8Activations()(after)
     # each linear has a scale of its own (get_attr nodes differ): one quantization per linear

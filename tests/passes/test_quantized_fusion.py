@@ -11,7 +11,7 @@ from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
 from graphllm.passes.quantization.quantize_fp8 import QuantizeFP8
 from graphllm.passes.quantization.quantize_int4 import QuantizeInt4
 from graphllm.passes.quantization.quantize_int8 import QuantizeInt8
-from tests.passes.harness import assert_same_function, copy_graph, tiny_step_graph
+from tests.passes.harness import assert_same_function, copy_graph, static_fp8_checkpoint, tiny_step_graph
 
 SCHEMES = {"fp8": (QuantizeFP8, "fp8_linear.default"), "int8": (QuantizeInt8, "int8_linear.default"),
            "int4": (lambda: QuantizeInt4(group_size=32), "int4_linear.default")}
@@ -46,14 +46,7 @@ def test_static_fp8_input_scales_are_shared():
     """A checkpoint's static activation scales: q/k/v observe one input, so their scales agree and the
     fused linear keeps that one (the largest, were they to differ)."""
     graph, config = tiny_step_graph("llama")
-    from graphllm.kernels import quant_layout as Q
-    checkpoint = {}
-    for name, w in graph.weights.items():
-        if name.endswith("_proj.weight"):
-            qweight, scale = Q.quantize_fp8_weight(w)
-            checkpoint[name.removeprefix("model.").removesuffix(".weight")] = {
-                "qweight": qweight, "weight_scale": scale, "input_scale": torch.tensor([0.05])}
-    counts = QuantizeFP8(checkpoint=checkpoint)(graph)
+    counts = QuantizeFP8(checkpoint=static_fp8_checkpoint(graph))(graph)
     assert counts == {"quantized": 7 * config.num_hidden_layers, "kept": 0}
     fused = copy_graph(graph)
     FuseQKV()(fused)
