@@ -26,7 +26,8 @@
 #   soak-start soak-S soak-stop  (issue 17) `graphllm serve` of the 8B preset as a daemon (setsid: it outlives
 #              the call, so one server can take load across two calls), benchmarks/soak.py with 256 clients for
 #              S seconds against it, then SIGTERM and its exit code; the KV pool's state is read after each soak
-#   qsweep     benchmarks/quant_kernel_sweep.py (fp8 / int8 / int4 matmul kernels vs cuBLAS, 8B shapes, M 1..256)
+#   qsweep     benchmarks/quant_kernel_sweep.py (fp8 / int8 / int4 matmul kernels vs cuBLAS, 8B shapes, M 1..256);
+#              qsweep-fp8q  the prequantized fp8 path alone, M 1..16
 #   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests;
 #              qtests-fp8  the fp8 ones alone
 #   qlat-S     bench latency at batch 1 and 16 with --quantization S (none: bf16), the same limits and artifact cache;
@@ -128,6 +129,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     soak-*) python3 benchmarks/soak.py --base-url http://127.0.0.1:8123/v1 --clients 256 --duration "${stage#soak-}" \
           --max-tokens 128 --chat-rate 0 --token-prompts 1 --server-pid "$(cat /tmp/soak-server.pid)" --json "$OUT/r/$stage.json" ;;
     qsweep) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep.json" ;;
+    qsweep-fp8q) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-fp8q.json" 240 fp8q 1,2,4,8,16 ;;
     qtests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_fp8_matmul.py \
         tests/kernels/test_int4_matmul.py tests/kernels/test_int8_matmul.py tests/kernels/test_int4_dequant.py \
         tests/ops/test_quantized_linear.py tests/passes/test_quantize_fp8.py tests/passes/test_quantize_int4.py \

@@ -1,7 +1,10 @@
 """Quantized decode linears on the GPU: fp8_matmul, int8_matmul, int4_matmul over candidate configs, against
 bf16 cuBLAS, skinny_matmul, row-wise _scaled_mm and tinygemm, at the Llama-3-8B linear shapes.
 
-    python benchmarks/quant_kernel_sweep.py OUT.json [BUDGET_S]     (H100 / H200; about 4 minutes)
+    python benchmarks/quant_kernel_sweep.py OUT.json [BUDGET_S [KERNELS [MS]]]   (H100 / H200; about 4 minutes)
+
+KERNELS: a comma list of fp8q, fp8, int8, int4 (default all); fp8q is fp8_matmul_quantized, x already
+float8 as quantize_fp8_activations leaves it (quantized once, outside the timing). MS: row counts, e.g. 1,16.
 
 For each shape (qkv, o_proj, gate_up, down, lm_head) and M in MS, each kernel runs its default config
 (CONFIGS or default_config) and the candidates of its M class (int4 past 16 rows: the default only);
@@ -35,7 +38,7 @@ import triton
 
 from graphllm.kernels import quant_layout as ql
 from graphllm.kernels.fp8_matmul import default_config as fp8_default
-from graphllm.kernels.fp8_matmul import fp8_matmul, fp8_quantize_rows
+from graphllm.kernels.fp8_matmul import fp8_matmul, fp8_matmul_quantized, fp8_quantize_rows
 from graphllm.kernels.int4_matmul import default_config as int4_default
 from graphllm.kernels.int4_matmul import DOT_MIN_BLOCK_K, int4_matmul, weight_rounds
 from graphllm.kernels.int8_matmul import default_config as int8_default
@@ -168,7 +171,28 @@ class Kernel:
         self.failed: dict[tuple, str] = {}  # effective launch -> why it could not run (compile, resources)
 
 
+_PREQUANTIZED: dict[int, tuple] = {}  # id(x) -> (x, xq, x_scale); x is kept so its id is not reused
+
+
+def prequantized(x: torch.Tensor) -> tuple:
+    """x's float8 rows and scales, made once outside the timed calls (what the graph's fused norm writes)."""
+    if id(x) not in _PREQUANTIZED:
+        _PREQUANTIZED[id(x)] = (x, *fp8_quantize_rows(x))
+    return _PREQUANTIZED[id(x)][1:]
+
+
+def fp8q_candidates(m: int) -> list[dict]:
+    """fp8_candidates without the in-kernel quantization (fp8q's x is float8 already)."""
+    return [c for c in fp8_candidates(m) if not c.get("FUSE_QUANT")] + (
+        [{"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": 4, "num_stages": 4}
+         for bn, bk, split in [(16, 512, 1), (32, 512, 1), (32, 256, 2), (64, 256, 2), (32, 512, 4)]] if m == 1 else [])
+
+
 KERNELS = [
+    Kernel("fp8q", ql.quantize_fp8_weight,
+           lambda x, q, c: fp8_matmul_quantized(*prequantized(x), q[0], q[1], None, x.dtype, c),
+           lambda x, q: ql.fp8_linear_reference(x, q[0], q[1]), fp8q_candidates, fp8_default,
+           lambda n, k: n * k + 4 * n),
     Kernel("fp8", ql.quantize_fp8_weight, lambda x, q, c: fp8_matmul(x, q[0], q[1], None, None, c),
            lambda x, q: ql.fp8_linear_reference(x, q[0], q[1]), fp8_candidates, fp8_default,
            lambda n, k: n * k + 4 * n),
@@ -297,7 +321,7 @@ def sweep_kernel(kernel: Kernel, name: str, n: int, k: int, w: torch.Tensor, bas
         default = "_scaled_mm" if kernel.name == "fp8" and m > 16 else kernel.default(m, n, k, x.device)
         row = {"kernel": kernel.name, "shape": name, "m": m, "n": n, "k": k, "weight_bytes": nbytes,
                "default_config": default, "candidates": [], **base[m]}
-        if kernel.name == "fp8":
+        if kernel.name == "fp8" or kernel.name == "fp8q" and m > 16:
             t, _, why = time_call(scaled_mm_call(x), weights, ref)
             row["scaled_mm_us"] = t * 1e6 if t else why
         if kernel.name == "int4":
@@ -360,6 +384,11 @@ def print_table(report: dict) -> None:
 
 def main() -> None:
     out_path, budget = sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 200.0
+    global KERNELS, MS
+    if len(sys.argv) > 3:  # kernels to sweep (default: all), e.g. fp8q
+        KERNELS = [k for k in KERNELS if k.name in sys.argv[3].split(",")]
+    if len(sys.argv) > 4:  # row counts (default: MS), e.g. 1,2,4,8,16
+        MS = tuple(int(m) for m in sys.argv[4].split(","))
     start = time.time()
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "stream_bytes": STREAM_BYTES, "group_size": GROUP_SIZE, "budget_s": budget, "rows": []}
