@@ -42,19 +42,20 @@ from graphllm.kernels.quant_layout import fp8_linear_reference, fp8_quantized_li
 from graphllm.kernels.skinny_matmul import finish_tile
 
 # (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25
-# (Llama-3-8B shapes); other shapes take default_config
+# (Llama-3-8B shapes; up to 16 rows from the fp8q sweep, x already float8, the path quantize_fp8_activations
+# leaves); other shapes take default_config
 CONFIGS: dict[tuple[int, int, int], dict] = {
-    (1, 6144, 4096): {'BLOCK_M': 1, 'BLOCK_N': 16, 'BLOCK_K': 512, 'SPLIT_K': 1, 'FUSE_QUANT': True, 'num_warps': 4, 'num_stages': 4},
+    (1, 6144, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
     (2, 6144, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
     (4, 6144, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
     (8, 6144, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
     (16, 6144, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
     (32, 6144, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
     (64, 6144, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
-    (1, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
-    (2, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
-    (4, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
-    (8, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
+    (1, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (2, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (4, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
+    (8, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
     (16, 4096, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
     (32, 4096, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
     (64, 4096, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
@@ -67,12 +68,12 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (64, 28672, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': False, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
     (1, 4096, 14336): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 4},
     (2, 4096, 14336): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 4},
-    (4, 4096, 14336): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 2},
+    (4, 4096, 14336): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 4},
     (8, 4096, 14336): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 4},
     (16, 4096, 14336): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 4},
     (1, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
-    (2, 128256, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
-    (4, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
+    (2, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4, 'SPLIT_K': 1},
+    (4, 128256, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
     (8, 128256, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
     (16, 128256, 4096): {'BLOCK_M': 16, 'SWAP_AB': True, 'FUSE_QUANT': False, 'num_warps': 4, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_stages': 4, 'SPLIT_K': 1},
     (32, 128256, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
