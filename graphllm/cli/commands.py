@@ -82,8 +82,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         written = inspection.dump(art, Path(args.dump), manifest)
         print(f"wrote {len(written)} files under {args.dump}")
         return 0
+    ranks = (manifest.get("tensor_parallel") or {}).get("size", 1)
     print(f"{art}: {manifest['model']['architecture']}, dtype {manifest['compile']['dtype']}, "
-          f"buckets {manifest['compile']['buckets']}, compiled for {manifest['environment']['device_name']}\n")
+          f"buckets {manifest['compile']['buckets']}, compiled for {manifest['environment']['device_name']}"
+          + (f", tensor parallel over {ranks} ranks (one step; weights.safetensors and weights.rankN.safetensors)"
+             if ranks > 1 else "") + "\n")
     print(inspection.format_passes(manifest) + "\n")
     if manifest.get("quantization"):
         print(inspection.format_quantization(manifest) + "\n")

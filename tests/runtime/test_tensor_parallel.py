@@ -76,12 +76,16 @@ def test_quantized_int4_at_tp2_generates_tp1s_tokens(tiny_model_dir, tmp_path):
         two.runner.step.stop()
 
 
-def test_a_tensor_parallel_artifact_runs_at_its_size(tiny_model_dir, tmp_path):
+def test_a_tensor_parallel_artifact_runs_at_its_size(tiny_model_dir, tmp_path, capsys):
+    from graphllm.cli.main import main
     from graphllm.compiler.pipeline import compile_model
     from graphllm.config import CompileConfig
     path, hf = tiny_model_dir("llama")
     art = tmp_path / "art"
     compile_model(path, art, CompileConfig(dtype="float32", tensor_parallel_size=2), "cpu", show_progress=False)
+    assert main(["inspect", str(art)]) == 0
+    shown = capsys.readouterr().out
+    assert "tensor parallel over 2 ranks" in shown and "shard_tp" in shown and "vocab=2" in shown
     with pytest.raises(ValueError, match="compiled for tensor_parallel_size 2; it cannot run at 4"):
         Engine.load(art, tensor_parallel_size=4)
     engine = Engine.load(art)  # the artifact's size: 2 ranks
