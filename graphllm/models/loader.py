@@ -13,7 +13,7 @@ quantization pass to put in place of the linear.
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from safetensors import safe_open
@@ -170,3 +170,68 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
                              "load_checkpoint reads them")
     loaded = load_checkpoint(path, dtype, device)
     return loaded.model, loaded.config
+
+
+class RankSlice(NamedTuple):
+    """A tensor-parallel rank's part of a weight: `length` entries of dimension `dim` from `start` (entries past
+    the tensor's end are zeros: a padded vocabulary), or, with `zeros`, nothing of it (a row-parallel bias
+    that rank 0 alone adds)."""
+    dim: int
+    start: int
+    length: int
+    zeros: bool = False
+
+
+def load_model_shapes(path: str | Path, dtype: torch.dtype = torch.float32,
+                      device: str | torch.device = "cpu") -> tuple[nn.Module, ModelConfig]:
+    """The model of an unquantized folder with every parameter a zero placeholder of its shape that holds no
+    memory (its buffers are real): enough to capture the step, then read only a rank's slices into it."""
+    path, device = Path(path), torch.device(device)
+    module_cls, config = resolve_architecture(read_hf_config(path))
+    with torch.device("meta"):
+        model = module_cls(config)
+    placeholders = {name: torch.zeros((), dtype=dtype, device=device).expand(p.shape)
+                    for name, p in model.named_parameters()}
+    return fill_model(model, config, placeholders, device), config
+
+
+def read_rank_tensors(path: str | Path, wanted: dict[str, RankSlice | None], dtype: torch.dtype,
+                      device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """{checkpoint name: the tensor, or its RankSlice} read with safetensors' get_slice: a rank reads its rows
+    or columns of a sharded weight and nothing else of it (None: the whole tensor)."""
+    where = {}
+    for file in weight_files(Path(path)):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            where.update({name: file for name in f.keys()})
+    missing = sorted(set(wanted) - set(where))
+    if missing:
+        raise ModelLoadError(f"checkpoint is missing tensor(s): {', '.join(missing[:10])}")
+    out = {}
+    for file in sorted(set(where[name] for name in wanted)):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in [n for n in wanted if where[n] == file]:
+                part = wanted[name]
+                if part is None:
+                    tensor = f.get_tensor(name)
+                else:
+                    tensor = _read_slice(f.get_slice(name), part)
+                out[name] = tensor.to(device=device, dtype=dtype)
+    return out
+
+
+def _read_slice(view, part: RankSlice) -> torch.Tensor:
+    """The RankSlice of a safetensors slice view, zero-padded past the tensor's end."""
+    shape = view.get_shape()
+    out_shape = list(shape)
+    out_shape[part.dim] = part.length
+    if part.zeros:
+        return torch.zeros(out_shape)
+    stop = min(part.start + part.length, shape[part.dim])
+    index = [slice(None)] * len(shape)
+    index[part.dim] = slice(part.start, stop)
+    have = view[tuple(index)]
+    if stop - part.start == part.length:
+        return have
+    out = have.new_zeros(out_shape)
+    out.narrow(part.dim, 0, stop - part.start).copy_(have)
+    return out

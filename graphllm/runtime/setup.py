@@ -148,20 +148,21 @@ def build_runtime(config: EngineConfig) -> Runtime:
 
 
 def build_tensor_parallel_runtime(config: EngineConfig, path: Path, device: torch.device) -> Runtime:
-    """Rank 0 of an N-way tensor-parallel engine run eager (compile=True and quantized models take the
-    compiled path: build_compiled_runtime)."""
+    """Rank 0 of an N-way tensor-parallel engine run eager, each rank reading its slices of the checkpoint
+    (compile=True and quantized models take the compiled path: build_compiled_runtime)."""
     check_tensor_parallel_runs(config, device)
     from graphllm.passes.parallel.shard_tp import check_divisible
-    from graphllm.runtime.tensor_parallel import RankStep, local_model_config, shard_step, start_tensor_parallel
-    dtype = resolve_dtype(config.dtype, read_hf_config(path), device)
-    model, model_config = load_model(path, dtype, device)
+    from graphllm.models.registry import resolve_architecture
+    from graphllm.runtime.tensor_parallel import RankStep, start_tensor_parallel
+    hf = read_hf_config(path)
+    dtype = resolve_dtype(config.dtype, hf, device)
+    _, model_config = resolve_architecture(hf)
     n = config.tensor_parallel_size
     check_divisible(n, model_config.num_attention_heads, model_config.num_key_value_heads,
                     model_config.intermediate_size)  # before any process starts
-    rank0 = shard_step(model, model_config, 0, n, dtype, device), local_model_config(model_config, n)
-    step, local = start_tensor_parallel(n, RankStep(str(path), False, dtype), dtype, rank0,
-                                        config.distributed_init_method)
-    return assemble(config, resolve_limits(config), path, model, local, step, dtype, device)
+    step, local = start_tensor_parallel(n, RankStep(str(path), False, dtype), dtype,
+                                        init_method=config.distributed_init_method)
+    return assemble(config, resolve_limits(config), path, None, local, step, dtype, device)
 
 
 def run_worker_rank(config: EngineConfig, rank: int) -> None:

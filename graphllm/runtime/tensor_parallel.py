@@ -15,8 +15,8 @@ Under torchrun (EngineConfig.distributed_init_method, from the CLI) the other ra
 on this node or others: each runs worker_main itself and they meet rank 0 at torchrun's address.
 
 A rank's step is compiled (an artifact compiled with --tensor-parallel-size N: one step, the rank's own
-weights file) or eager (the captured graph of the model folder, sharded: every rank then reads the whole
-checkpoint before slicing it). For now: CPU with gloo, the torch attention backend, no CUDA graphs.
+weights file) or eager (the step captured over placeholder weights, sharded, then given the rank's slices
+of the checkpoint: shard_step). Either way a rank reads only its part of the weights. For now: CPU with gloo, the torch attention backend, no CUDA graphs.
 """
 
 import dataclasses
@@ -33,6 +33,7 @@ import torch.multiprocessing as mp
 from graphllm.backends import TorchBackend
 from graphllm.ir import capture
 from graphllm.models.config import ModelConfig
+from graphllm.models.loader import load_model_shapes, read_rank_tensors
 from graphllm.ops.attention import use_backend
 from graphllm.passes.parallel.shard_tp import TP_GROUP, ShardTP, local_kv_heads
 from graphllm.runtime.kv_cache import allocate_kv_caches
@@ -48,12 +49,38 @@ def local_model_config(config: ModelConfig, world_size: int) -> ModelConfig:
     return dataclasses.replace(config, num_key_value_heads=local_kv_heads(config.num_key_value_heads, world_size))
 
 
-def shard_step(model: torch.nn.Module, config: ModelConfig, rank: int, world_size: int, dtype: torch.dtype,
-               device: torch.device) -> torch.fx.GraphModule:
-    """This rank's step: the model's captured step, sharded."""
+def shard_step(path: str | Path, rank: int, world_size: int, dtype: torch.dtype,
+               device: torch.device) -> tuple[torch.fx.GraphModule, ModelConfig]:
+    """This rank's eager step and the model's config. The step is captured over placeholder weights (no
+    memory), sharded, then given the rank's weights: its slices of the sharded ones (safetensors get_slice)
+    and the replicated ones whole. No rank reads the whole checkpoint."""
+    model, config = load_model_shapes(path, dtype, device)
     graph = capture(model, config, dtype, device)
-    ShardTP.for_model(config, rank, world_size, TP_GROUP)(graph)
-    return graph.gm
+    del model
+    shard = ShardTP.for_model(config, rank, world_size, TP_GROUP)
+    shard(graph)
+    graph.drop_unused_weights()  # a tied embedding's second name, which no node reads
+    graph.recompile()
+    read_rank_weights(graph, shard.plan, path, config, dtype, device)
+    return graph.gm, config
+
+
+def read_rank_weights(graph, plan: dict, path: str | Path, config: ModelConfig, dtype: torch.dtype,
+                      device: torch.device) -> None:
+    """Give the graph's parameters their checkpoint tensors, each as the RankSlice plan names (or whole)."""
+    params = dict(graph.gm.named_parameters(remove_duplicate=False))
+    names = {}  # graph name -> checkpoint name ("model." is the StepModule's attribute)
+    for name in params:
+        stored = name.removeprefix("model.")
+        names[name] = "model.embed_tokens.weight" if config.tie_word_embeddings and stored == "lm_head.weight" else stored
+    tensors = read_rank_tensors(path, {names[n]: plan.get(n) for n in params}, dtype, device)
+    for name, stored in names.items():
+        if tensors[stored].shape != params[name].shape:
+            raise RuntimeError(f"{stored}: read {tuple(tensors[stored].shape)}, the rank's step has "
+                               f"{tuple(params[name].shape)}")
+        owner, _, attr = name.rpartition(".")
+        graph.gm.get_submodule(owner).register_parameter(attr, torch.nn.Parameter(tensors[stored],
+                                                                                  requires_grad=False))
 
 
 def send_step(inputs: tuple, num_blocks: int, block_size: int) -> None:
@@ -133,9 +160,8 @@ class RankStep:
             model_config, _, step = load_compiled_step(Path(self.source), read_manifest(Path(self.source)), device,
                                                        rank)
             return step, local_model_config(model_config, world_size)
-        from graphllm.models.loader import load_model
-        model, config = load_model(self.source, self.dtype, device)
-        return shard_step(model, config, rank, world_size, self.dtype, device), local_model_config(config, world_size)
+        step, config = shard_step(self.source, rank, world_size, self.dtype, device)
+        return step, local_model_config(config, world_size)
 
 
 def join_group(rank: int, world_size: int, init_method: str) -> None:

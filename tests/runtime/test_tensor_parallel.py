@@ -176,3 +176,44 @@ def test_the_server_at_tp2_answers_the_openai_client_and_exits_cleanly(tiny_mode
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("arch, world_size", [("llama", 2), ("qwen2", 2), ("mistral", 4)])
+def test_an_eager_rank_reads_only_its_slices(arch, world_size, tiny_model_dir, monkeypatch):
+    """shard_step captures over placeholder weights and reads the rank's slices with get_slice: its weights
+    equal the full model's sharded by the pass, and get_tensor (a whole tensor) runs only for the weights
+    every rank holds whole (the norms)."""
+    import graphllm.models.loader as loader
+    from graphllm.ir import capture
+    from graphllm.models import load_model
+    from graphllm.passes.parallel.shard_tp import TP_GROUP, ShardTP
+    from graphllm.runtime.tensor_parallel import shard_step
+    path = tiny_model_dir(arch)[0]
+    whole_reads, opened = [], loader.safe_open
+
+    class Recording:
+        def __init__(self, *args, **kwargs):
+            self.file = opened(*args, **kwargs)
+
+        def __enter__(self):
+            file = self.file.__enter__()
+            self.get_slice, self.keys = file.get_slice, file.keys
+            self.get_tensor = lambda name: whole_reads.append(name) or file.get_tensor(name)
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+    model, config = load_model(path)
+    for rank in range(world_size):
+        want = capture(model, config, torch.float32, torch.device("cpu"))
+        ShardTP.for_model(config, rank, world_size, TP_GROUP)(want)
+        monkeypatch.setattr(loader, "safe_open", Recording)
+        whole_reads.clear()
+        got, _ = shard_step(path, rank, world_size, torch.float32, torch.device("cpu"))
+        monkeypatch.setattr(loader, "safe_open", opened)
+        want_weights, got_weights = want.weights, dict(got.named_parameters(remove_duplicate=False))
+        assert set(got_weights) <= set(want_weights)
+        for name, tensor in got_weights.items():
+            assert torch.equal(tensor, want_weights[name]), name
+        assert whole_reads and all("norm" in name for name in whole_reads), whole_reads

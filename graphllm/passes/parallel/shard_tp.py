@@ -36,6 +36,9 @@ sliced once. r*V/N comes from a buffer (tp_vocab_ids), so the ranks' graphs diff
 compiled step serves every rank. After the rewrite, FakeTensor propagation of the rank's example inputs
 checks every shape. The collectives are graphllm's ops (graphllm/ops/collectives.py says why).
 
+`plan` records, per weight name, the part rank r keeps (a RankSlice): what a rank reads from the checkpoint
+when the step was captured over placeholder weights (graphllm/runtime/tensor_parallel.py).
+
 The pass drops export's input guards (written for the full head count) and narrows the example KV
 caches, for re-export; it runs first, before quantization (which then quantizes each rank's slices) and
 the fusions.
@@ -49,6 +52,7 @@ from torch import fx
 
 import graphllm.ops.collectives  # noqa: F401  (registers graphllm.all_reduce / all_gather)
 from graphllm.ir.graph import StepGraph, attr_tensor, copy_source_meta, new_node
+from graphllm.models.loader import RankSlice
 from graphllm.passes.base import GraphPass
 
 LINEAR = torch.ops.aten.linear.default
@@ -78,6 +82,7 @@ class ShardTP(GraphPass):
         counts = {"column": 0, "row": 0, "all_reduce": 0, "vocab": 0}
         _drop_input_guards(graph)
         self._sharded: dict[str, int] = {}  # get_attr target -> vocabulary size, once sliced
+        self.plan: dict[str, RankSlice] = {}  # weight name -> the part of it this rank holds
         for node in list(graph.graph.nodes):
             if node.op == "call_function" and getattr(node.target, "__name__", "").split(".")[0] in QUANTIZED:
                 raise ValueError("tensor parallelism over quantized linears is not supported yet: "
@@ -139,18 +144,25 @@ class ShardTP(GraphPass):
 
     def _shard_column(self, graph: StepGraph, node: fx.Node, member: str) -> None:
         rows = self._rows_of(member)
-        _replace_weight(graph, node.args[1], lambda w: w[rows].contiguous())
+        part = RankSlice(0, rows.start, rows.stop - rows.start)
+        self._slice(graph, node.args[1], part, lambda w: w[rows].contiguous())
         if len(node.args) > 2 and node.args[2] is not None:
-            _replace_weight(graph, node.args[2], lambda b: b[rows].contiguous())
+            self._slice(graph, node.args[2], part, lambda b: b[rows].contiguous())
 
     def _shard_row(self, graph: StepGraph, node: fx.Node) -> None:
         member = _member(node)
         width = self.heads[0] * self.heads[2] if member == "o_proj" else self.intermediate_size
         per = width // self.world_size
         cols = slice(self.rank * per, (self.rank + 1) * per)
-        _replace_weight(graph, node.args[1], lambda w: w[:, cols].contiguous())
+        self._slice(graph, node.args[1], RankSlice(1, cols.start, per), lambda w: w[:, cols].contiguous())
         if len(node.args) > 2 and node.args[2] is not None and self.rank != 0:
-            _replace_weight(graph, node.args[2], torch.zeros_like)
+            bias = attr_tensor(graph.gm, node.args[2])
+            self._slice(graph, node.args[2], RankSlice(0, 0, bias.shape[0], zeros=True), torch.zeros_like)
+
+    def _slice(self, graph: StepGraph, attr: fx.Node, part: RankSlice, shard) -> None:
+        """Swap attr's weight for rank r's part of it, and note the part in `plan` (what a rank reads)."""
+        self.plan[attr.target] = part
+        _replace_weight(graph, attr, shard)
 
     def _all_reduce_after(self, graph: StepGraph, node: fx.Node) -> None:
         users = list(node.users)
@@ -173,7 +185,7 @@ class ShardTP(GraphPass):
         if attr.target not in self._sharded:  # a tied weight comes here twice: slice it once
             self._sharded[attr.target] = attr_tensor(graph.gm, attr).shape[0]
             start, per = self.vocab_rows(self._sharded[attr.target])
-            _replace_weight(graph, attr, lambda w: _padded_rows(w, start, per))
+            self._slice(graph, attr, RankSlice(0, start, per), lambda w: _padded_rows(w, start, per))
         vocab_size = self._sharded[attr.target]
         return (vocab_size, *self.vocab_rows(vocab_size))
 
