@@ -46,7 +46,8 @@ COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "toke
 COMPILER_MODULES = ("graphllm.ir.capture", "graphllm.ir.graph", "graphllm.compiler.lower",
                     "graphllm.compiler.inductor_lowering", "graphllm.compiler.decompositions",
                     "graphllm.compiler.pipeline", "graphllm.compiler.artifact",
-                    "graphllm.ops.attention", "graphllm.ops.collectives", "graphllm.ops.linear", "graphllm.ops.rms_norm", "graphllm.ops.silu_and_mul",
+                    "graphllm.ops.attention", "graphllm.ops.collectives", "graphllm.ops.linear",
+                    "graphllm.ops.rms_norm", "graphllm.ops.silu_and_mul",
                     "graphllm.ops.quantized_linear", "graphllm.kernels.reference", "graphllm.kernels.rotary",
                     "graphllm.kernels.quant_layout",
                     "graphllm.models.llama", "graphllm.models.layers")

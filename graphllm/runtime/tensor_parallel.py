@@ -16,7 +16,8 @@ on this node or others: each runs worker_main itself and they meet rank 0 at tor
 
 A rank's step is compiled (an artifact compiled with --tensor-parallel-size N: one step, the rank's own
 weights file) or eager (the step captured over placeholder weights, sharded, then given the rank's slices
-of the checkpoint: shard_step). Either way a rank reads only its part of the weights. For now: CPU with gloo, the torch attention backend, no CUDA graphs.
+of the checkpoint: shard_step). Either way a rank reads only its part of the weights. For now: CPU with
+gloo, the torch attention backend, no CUDA graphs.
 """
 
 import dataclasses
@@ -72,7 +73,8 @@ def read_rank_weights(graph, plan: dict, path: str | Path, config: ModelConfig, 
     names = {}  # graph name -> checkpoint name ("model." is the StepModule's attribute)
     for name in params:
         stored = name.removeprefix("model.")
-        names[name] = "model.embed_tokens.weight" if config.tie_word_embeddings and stored == "lm_head.weight" else stored
+        tied = config.tie_word_embeddings and stored == "lm_head.weight"  # the checkpoint stores it once
+        names[name] = "model.embed_tokens.weight" if tied else stored
     tensors = read_rank_tensors(path, {names[n]: plan.get(n) for n in params}, dtype, device)
     for name, stored in names.items():
         if tensors[stored].shape != params[name].shape:

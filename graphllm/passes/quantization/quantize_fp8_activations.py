@@ -20,7 +20,8 @@ and the scales instead of the bf16 row; fp8_linear_quantized is opaque, like fp8
 row-wise _scaled_mm). Where x is a SwiGLU read only by such linears, graphllm.silu_and_mul_fp8(gate_up)
 takes the place of both (one kernel: Inductor made three of that reduction at decode sizes). All of them
 compute quant_layout's fp8_linear_reference step by step, so the rewrite changes no value (on the GPU,
-Inductor's lowering of fp8_quantize may round the scale differently by one unit in the last place). Runs after the fusions (fused QKV and gate/up are single linears by then).
+Inductor's lowering of fp8_quantize may round the scale differently by one unit in the last place).
+Runs after the fusions (fused QKV and gate/up are single linears by then).
 """
 
 import operator
@@ -65,7 +66,6 @@ class QuantizeFP8Activations(GraphPass):
                                (xq, scale, weight, weight_scale, bias, _dtype(lin, x)), lin)
             lin.replace_all_uses_with(out)
             g.erase_node(lin)
-        graph.gm.recompile()
         return {"linears": len(linears), "quantizations": len(shared), "silu_and_mul_fp8": swiglu}
 
 
