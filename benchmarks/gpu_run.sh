@@ -27,7 +27,9 @@
 #              the call, so one server can take load across two calls), benchmarks/soak.py with 256 clients for
 #              S seconds against it, then SIGTERM and its exit code; the KV pool's state is read after each soak
 #   qsweep     benchmarks/quant_kernel_sweep.py (fp8 / int8 / int4 matmul kernels vs cuBLAS, 8B shapes, M 1..256);
-#              qsweep-fp8q  the prequantized fp8 path alone, M 1..16
+#              qsweep-fp8q  the prequantized fp8 path alone, M 1..16; qsweep-int4  int4 alone at M 1, then its
+#              best configs written into int4_matmul.CONFIGS on the device's copy (apply_sweep_configs.py), so
+#              that later stages of the same call (qlat-int4) run them; qtests-int4  the int4 kernel tests
 #   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests;
 #              qtests-fp8  the fp8 ones alone
 #   qlat-S     bench latency at batch 1 and 16 with --quantization S (none: bf16), the same limits and artifact cache;
@@ -129,6 +131,11 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     soak-*) python3 benchmarks/soak.py --base-url http://127.0.0.1:8123/v1 --clients 256 --duration "${stage#soak-}" \
           --max-tokens 128 --chat-rate 0 --token-prompts 1 --server-pid "$(cat /tmp/soak-server.pid)" --json "$OUT/r/$stage.json" ;;
     qsweep) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep.json" ;;
+    qsweep-int4) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-int4.json" 150 int4 1 \
+        && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-int4.json" int4 \
+        && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
+    qtests-int4) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py ;;
     qsweep-fp8q) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-fp8q.json" 240 fp8q 1,2,4,8,16 ;;
     qtests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_fp8_matmul.py \
         tests/kernels/test_int4_matmul.py tests/kernels/test_int8_matmul.py tests/kernels/test_int4_dequant.py \

@@ -136,19 +136,25 @@ def int8_candidates(m: int) -> list[dict]:
 def int4_candidates(m: int) -> list[dict]:
     """Up to 16 rows: the 16-row dot tile on either MMA side over tile shapes of 4 KB..8 KB of words per step
     (16-byte loads along N), K splits 1..8 (the narrow shapes need 4..8 to fill the SMs, gate_up 1..2);
-    at one row also the float32 multiply-add tile. Past 16 rows only the default (the op routes those rows
-    to dequantize + cuBLAS)."""
+    at one row first the float32 multiply-add tile, summed per word row (ROW_SUM) or whole (the budget may
+    run out before the last candidates). Past 16 rows only the default (the op routes those rows to
+    dequantize + cuBLAS)."""
     if m > 16:
         return []
     out = []
+    if m == 1:
+        for bn, bk, w, s, splits in [(128, 128, 4, 4, (2, 4, 8)), (64, 128, 4, 4, (2, 4, 8)), (256, 128, 8, 4, (1, 2, 4)),
+                                     (128, 256, 4, 3, (1, 2, 4)), (64, 256, 4, 4, (2, 4, 8)), (256, 64, 4, 6, (2, 4, 8)),
+                                     (128, 64, 4, 6, (4, 8)), (128, 128, 8, 3, (2, 4))]:
+            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s,
+                            "ROW_SUM": True}, SPLIT_K=splits)
+        for bn, bk, w, splits in [(64, 128, 4, (4, 8)), (128, 64, 4, (4, 8)), (128, 128, 8, (1, 4))]:
+            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": 4},
+                           SPLIT_K=splits)
     for bn, bk, w, s, splits in [(64, 128, 4, 4, (2, 4, 8)), (128, 128, 4, 4, (1, 2, 4, 8)), (128, 64, 4, 5, (4, 8)),
                                  (256, 64, 8, 4, (1, 2, 4)), (64, 256, 4, 3, (4,))]:
         out += configs({"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s},
                        SWAP_AB=(False, True), SPLIT_K=splits)
-    if m == 1:
-        for bn, bk, w, splits in [(64, 128, 4, (4, 8)), (128, 64, 4, (4, 8)), (128, 128, 8, (1, 4))]:
-            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": 4},
-                           SPLIT_K=splits)
     return out
 
 
@@ -305,7 +311,7 @@ def config_text(config: dict | None) -> str:
     c = config
     text = f"{c.get('BLOCK_M', '?')}x{c['BLOCK_N']}x{c['BLOCK_K']}/{c.get('SPLIT_K', 1)}"
     text += f" w{c['num_warps']}s{c['num_stages']}"
-    flags = [name for key, name in (("SWAP_AB", "swap"), ("FUSE_QUANT", "fuse")) if c.get(key)]
+    flags = [name for key, name in (("SWAP_AB", "swap"), ("FUSE_QUANT", "fuse"), ("ROW_SUM", "rowsum")) if c.get(key)]
     return " ".join([text, *flags] + ([f"g{c['GROUP_M']}"] if "GROUP_M" in c else []))
 
 

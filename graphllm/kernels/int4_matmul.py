@@ -122,7 +122,8 @@ def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
                         M, N, K, K_SPLIT, G, stride_xm, stride_om,
                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_N: tl.constexpr,
-                        EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, PRECISION: tl.constexpr):
+                        EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, PRECISION: tl.constexpr,
+                        ROW_SUM: tl.constexpr, NUM_STAGES: tl.constexpr):
     pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -136,7 +137,10 @@ def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
     if BLOCK_M == 1:
         offs_k = 8 * offs_r[:, None, None] + tl.arange(0, 8)[None, :, None]  # [BLOCK_K/8, 8, 1]: the nibbles' K
         x_ptrs = x_ptr + pid_m * stride_xm + k_lo + offs_k
-        acc = tl.zeros([BLOCK_K // 8, 8, BLOCK_N], dtype=tl.float32)
+        if ROW_SUM:
+            acc = tl.zeros([BLOCK_K // 8, BLOCK_N], dtype=tl.float32)
+        else:
+            acc = tl.zeros([BLOCK_K // 8, 8, BLOCK_N], dtype=tl.float32)
     else:
         offs_k = tl.arange(0, BLOCK_K)[None, :]  # [1, BLOCK_K]
         x_ptrs = x_ptr + offs_m[:, None] * stride_xm + k_lo + offs_k  # [BLOCK_M, BLOCK_K]
@@ -144,7 +148,8 @@ def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
             acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         else:
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    # num_stages named on the loop: Triton software-pipelines a loop without a dot (one row) only when told
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
         r_mask = (k0 + 8 * offs_r) < k_hi
         if EVEN_K and EVEN_N:
             words = tl.load(w_ptrs)
@@ -156,7 +161,9 @@ def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
             x = tl.load(x_ptrs, mask=m_mask[:, None] & (k0 + offs_k < k_hi), other=0.0)  # [BLOCK_M, BLOCK_K]
         z, s = _group_params(scales_ptr, zeros_ptr, k0, offs_r, r_mask, offs_n, n_mask, N, G, ONE_GROUP)
         q = _nibbles(words)  # [BLOCK_K/8, 8, BLOCK_N]
-        if BLOCK_M == 1:  # float32 multiply-add over the whole tile, one sum at the end
+        if BLOCK_M == 1 and ROW_SUM:  # sum each word's 8 products in its thread, then one scale per word row
+            acc += tl.sum(_exact_float(q, z) * x.to(tl.float32), 1) * tl.sum(s.to(tl.float32), 1)
+        elif BLOCK_M == 1:  # float32 multiply-add over the whole tile, one sum at the end
             acc += (_exact_float(q, z) * s.to(tl.float32)) * x.to(tl.float32)
         else:
             w = tl.reshape(_dequantize(q, z, s, x.dtype, ONE_GROUP), (BLOCK_K, BLOCK_N))
@@ -172,7 +179,9 @@ def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
                 acc = tl.dot(x, w, acc, input_precision=PRECISION)
         w_ptrs += (BLOCK_K // 8) * N
         x_ptrs += BLOCK_K
-    if BLOCK_M == 1:
+    if BLOCK_M == 1 and ROW_SUM:
+        acc = tl.sum(acc, 0)[None, :]  # [1, BLOCK_N]
+    elif BLOCK_M == 1:
         acc = tl.sum(tl.sum(acc, 1), 0)[None, :]  # [1, BLOCK_N]
     elif SWAP_AB:
         acc = tl.trans(acc)
@@ -232,5 +241,6 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         SPLIT_K=plan.split_k, GROUP_M=config.get("GROUP_M", 8), SWAP_AB=config.get("SWAP_AB", False),
         EVEN_N=n % config["BLOCK_N"] == 0, EVEN_K=plan.k_split * plan.split_k == k,
         ONE_GROUP=group_size % plan.block_k == 0,
-        PRECISION=dot_precision(x.dtype), num_warps=config["num_warps"], num_stages=config["num_stages"])
+        PRECISION=dot_precision(x.dtype), ROW_SUM=config.get("ROW_SUM", False), NUM_STAGES=config["num_stages"],
+        num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out

@@ -61,6 +61,8 @@ def tiles(**overrides) -> dict:
 @pytest.mark.parametrize("m, group_size, config, rounds", [
     (1, 32, tiles(BLOCK_M=1, BLOCK_K=64, SPLIT_K=3), False),  # one row, steps across groups, unequal splits
     (1, 64, tiles(BLOCK_M=1, BLOCK_K=32, SPLIT_K=2), False),  # steps inside groups (per-step scale)
+    (1, 32, tiles(BLOCK_M=1, BLOCK_K=64, SPLIT_K=3, ROW_SUM=True), False),  # per-word sums, steps across groups
+    (1, 64, tiles(BLOCK_M=1, BLOCK_K=32, ROW_SUM=True), False),  # ... steps inside groups
     (1, 64, tiles(BLOCK_M=16, SPLIT_K=2), True),  # one row in a 16-row dot tile, steps across groups
     (4, 128, tiles(BLOCK_M=16, SPLIT_K=2), False),  # steps inside groups: scale after the dot, exact
     (4, 32, tiles(BLOCK_M=16, BLOCK_K=16), False),  # dot tiles take K steps of at least 32: one group each
