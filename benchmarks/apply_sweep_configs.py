@@ -28,11 +28,17 @@ def merged_configs(report: dict, kernel: str, current: dict) -> dict:
 
 
 def rewrite(source: str, configs: dict) -> str:
-    """source with its CONFIGS literal replaced by configs (one entry per line, keys sorted by N, K, M)."""
-    lines = "".join(f"    {key!r}: {value!r},\n" for key, value in sorted(configs.items(), key=lambda kv: (
-        kv[0][1], kv[0][2], kv[0][0])))
-    if not HEADER.search(source):
+    """source with its CONFIGS literal replaced by configs (one entry per line, keys sorted by N, K, M); an
+    entry left as it was keeps its line, trailing comment included."""
+    block = HEADER.search(source)
+    if not block:
         raise ValueError("no `CONFIGS: dict[tuple[int, int, int], dict] = {` block to rewrite")
+    old_lines = {line.split(": {")[0].strip(): line for line in block.group(1).splitlines()}
+    lines = ""
+    for key, value in sorted(configs.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        line = f"    {key!r}: {value!r},"
+        kept = old_lines.get(repr(key), "")
+        lines += (kept if kept.split("  #")[0].rstrip() == line else line) + "\n"
     return HEADER.sub(lambda _: "CONFIGS: dict[tuple[int, int, int], dict] = {\n" + lines + "}\n", source, count=1)
 
 

@@ -11,7 +11,7 @@ import apply_sweep_configs  # noqa: E402
 SOURCE = '''"""doc"""
 CONFIGS: dict[tuple[int, int, int], dict] = {
     (1, 64, 32): {'BLOCK_M': 1, 'BLOCK_N': 32},
-    (16, 64, 32): {'BLOCK_M': 16, 'BLOCK_N': 64},
+    (16, 64, 32): {'BLOCK_M': 16, 'BLOCK_N': 64},  # a comment kept
 }
 OTHER = 1
 '''
@@ -31,6 +31,7 @@ def test_measured_entries_replace_and_others_stay():
     literal = ast.literal_eval(tree.body[1].value)
     assert literal == {(1, 64, 32): {"BLOCK_M": 1, "BLOCK_N": 128, "ROW_SUM": True}, (4, 8, 16): {"BLOCK_M": 16},
                        (16, 64, 32): {"BLOCK_M": 16, "BLOCK_N": 64}}
+    assert "{'BLOCK_M': 16, 'BLOCK_N': 64},  # a comment kept\n" in out
     assert out.startswith('"""doc"""\n') and out.endswith("}\nOTHER = 1\n")
 
 
