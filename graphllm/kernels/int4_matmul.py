@@ -12,6 +12,8 @@ unpacks the words it holds into a nibble tile [BLOCK_K/8, 8, BLOCK_N] ([r, j] is
 row-major reshape to [BLOCK_K, BLOCK_N] is K order and x is read contiguously):
 
     BLOCK_M == 1:   acc[BLOCK_K/8, 8, BLOCK_N] += W * x           (float32 multiply-add), one sum at the end
+      ROW_SUM:      acc[BLOCK_K/8, BLOCK_N] += s * sum_j (q - z) x   (a word's 8 products summed in its thread,
+                                                                   then its row's scale: fewer registers and ops)
     BLOCK_M >= 16:  acc[BLOCK_M, BLOCK_N] += x @ W                (ONE tl.dot per K step, BLOCK_K >= 32)
       SWAP_AB:      acc[BLOCK_N, BLOCK_M] += W^T @ x^T            (the weight on the MMA's M side)
 
@@ -21,6 +23,9 @@ I2F), then in 16 bits q | 0x4300 read as bfloat16 is 128 + q (0x6400: float16 10
 subtraction of 128 + z leaves q - z exactly, with no float32 round trip or F2F conversion. Scales and zeros
 are loaded once per K step as [1, BLOCK_N] where the step lies in one group (ONE_GROUP: G % BLOCK_K == 0,
 e.g. G = 128 with BLOCK_K 32..128), else per word row (a word's 8 rows share a group).
+
+The K loop names its num_stages (tl.range): Triton software-pipelines a loop whose loads feed no dot only
+when told, and the one-row path streamed at ~1 TB/s without it (run 11: 1.2-1.3x faster with it and ROW_SUM).
 
 Rows past 16 (prefill) take GEMM tiles of the same kernel (BLOCK_M 32..128, GROUP_M row tiles grouped,
 no K split): the weight is dequantized per tile in registers. SPLIT_K > 1 reduces as skinny_matmul does
