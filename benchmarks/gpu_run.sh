@@ -38,6 +38,10 @@
 #              and an fp8 KV cache
 #   qagree     benchmarks/quant_agreement.py: teacher-forced top-1 agreement of every quantized artifact of the
 #              8B preset with the bf16 one, and each artifact's compile phases (run after the qlat stages)
+#   pc-W-on / pc-W-off  (issue 18) bench throughput with prefix caching on / off, workload W: shared (1,024 requests,
+#              8 system prompts of 2,048 tokens + 128 of their own, 128 out) or random (the standard one); one
+#              artifact for all four (--max-model-len 2320);  pc-tests  tests/runtime/test_prefix_caching.py on
+#              the GPU (its engines then run the triton and the flashinfer attention backends)
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
 set -uo pipefail
@@ -47,6 +51,7 @@ export PYTHONUNBUFFERED=1 GRAPHLLM_CACHE_DIR=/tmp/graphllm-cache TORCHINDUCTOR_C
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/r"
 WORK=/tmp/bench-work
 LIMITS="--max-num-seqs 256 --max-model-len 2064 --max-num-batched-tokens 8192"  # one artifact for all stages
+PCLIMITS="--max-num-seqs 256 --max-model-len 2320 --max-num-batched-tokens 8192"  # the pc-* stages' one artifact
 bench() { python3 -m graphllm.cli bench "$@"; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/r/nvidia-smi.txt"
 date -u +%FT%TZ | tee "$OUT/r/run.txt"  # the device copy's .git is not the working tree: record the commit where you launch
@@ -158,6 +163,13 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     qtput-none) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     qtput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
         --quantization "${stage#qtput-}" --json "$OUT/r/$stage.json" ;;
+    pc-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        tests/runtime/test_prefix_caching.py ;;
+    pc-shared-*) bench throughput --preset llama-3-8b --workload shared-prefix --num-requests 1024 --num-prefixes 8 \
+        --prefix-len 2048 --suffix-len 128 --output-len 128 $PCLIMITS --work $WORK --json "$OUT/r/$stage.json" \
+        $( [ "${stage##*-}" = off ] && echo --no-enable-prefix-caching ) ;;
+    pc-random-*) bench throughput --preset llama-3-8b --num-requests 1024 $PCLIMITS --work $WORK --json "$OUT/r/$stage.json" \
+        $( [ "${stage##*-}" = off ] && echo --no-enable-prefix-caching ) ;;
     qagree) timeout 400 python3 benchmarks/quant_agreement.py "$GRAPHLLM_CACHE_DIR" $WORK/models/llama-3-8b "$OUT/r/qagree.json" ;;
     *) echo "unknown stage $stage" ;;
   esac 2>&1 | tee "$OUT/r/$stage.log" | grep -v "^\s*$" | tail -40

@@ -47,6 +47,9 @@ class EngineConfig:
     # schedule and launch step N + 1 before reading back step N's tokens, so the host's work
     # (scheduling, inputs, stop checks, detokenizing) overlaps the GPU's (see StepLoop)
     async_scheduling: bool = True
+    # automatic prefix caching (vLLM's): full KV blocks stay cached by a chained hash of their tokens,
+    # shared by reference count and evicted least recently freed first (graphllm/runtime/kv_cache.py)
+    enable_prefix_caching: bool = True
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     cache_dir: str | None = None  # where compile=True keeps its artifacts; None: DEFAULT_CACHE_DIR
     # compile=True: the CompileConfig switches of the same names (see there)

@@ -5,19 +5,28 @@ Input and output lengths are uniform in [--min-len, --max-len], drawn independen
 its output length (greedy, ignore_eos). The scheduler batches them as it would in serving
 (continuous batching, chunked prefill, preemption under KV pressure).
 
+`--workload shared-prefix` (the prefix-caching benchmark): every prompt is one of `--num-prefixes`
+random system prompts of `--prefix-len` tokens, then `--suffix-len` random tokens of its own, and
+asks for `--output-len` tokens; the report adds time to first token (submission to the first sampled
+token of each request: mean, median, p90) and the prefix cache's hit rate. Run it once with and once
+with `--no-enable-prefix-caching`, on the same machine, to compare.
+
 With `--compare transformers`, transformers runs the first `--compare-num-requests` of the same
 requests (it is slow), and the engine runs those same requests again, so the ratio compares
 like with like; the engine's full run is reported beside it.
 """
 
 import argparse
+import random
+import statistics
 import time
 from pathlib import Path
 
 from graphllm.bench import hf_compare, plots, profiling
 from graphllm.bench.workload import (BenchRequest, StepTimer, add_common_args, build_engine, engine_facts, fmt,
                                      format_rows, free_engine, make_requests, model_folder, params_for,
-                                     prepare_work, summarize_run, synchronizer, warm_up, write_report)
+                                     prepare_work, random_prompt, summarize_run, synchronizer, warm_up,
+                                     write_report)
 
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
@@ -31,6 +40,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--num-requests", type=int, default=1024)
     p.add_argument("--min-len", type=int, default=100, help="shortest input and output, in tokens")
     p.add_argument("--max-len", type=int, default=1024, help="longest input and output, in tokens")
+    p.add_argument("--workload", choices=("random", "shared-prefix"), default="random",
+                   help="random: lengths in [--min-len, --max-len]; shared-prefix: --num-prefixes system prompts "
+                        "of --prefix-len tokens, each request one of them + --suffix-len tokens of its own")
+    p.add_argument("--num-prefixes", type=int, default=8)
+    p.add_argument("--prefix-len", type=int, default=2048)
+    p.add_argument("--suffix-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128, help="shared-prefix: tokens each request generates")
     p.add_argument("--hf-batch-size", type=int, default=64, help="transformers generate batch (--compare)")
     p.add_argument("--compare-num-requests", type=int, default=256,
                    help="transformers runs only this many of the requests (the first ones)")
@@ -38,22 +54,55 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def run_requests(engine, requests: list[BenchRequest]) -> dict:
-    """Submit every request to one `generate`; wall time from submission to the last token."""
+def shared_prefix_requests(args: argparse.Namespace, vocab: int) -> list[BenchRequest]:
+    """--num-requests prompts, each one of --num-prefixes shared system prompts + its own suffix."""
+    if min(args.num_prefixes, args.prefix_len, args.suffix_len, args.output_len) < 1:
+        raise ValueError("--num-prefixes, --prefix-len, --suffix-len and --output-len must be positive")
+    rng = random.Random(args.seed)
+    prefixes = [random_prompt(rng, args.prefix_len, vocab) for _ in range(args.num_prefixes)]
+    return [BenchRequest(prefixes[rng.randrange(args.num_prefixes)] + random_prompt(rng, args.suffix_len, vocab),
+                         args.output_len) for _ in range(args.num_requests)]
+
+
+def run_requests(engine, requests: list[BenchRequest], first_token_times: bool = False) -> dict:
+    """Submit every request at once and step to the end; wall time from submission to the last token.
+    first_token_times: also each request's time to its first token (read from its sequence after every
+    step, which costs a pass over the requests still waiting for one)."""
     timer, sync = StepTimer(engine), synchronizer(engine.state.device)
-    preempted = engine.scheduler.num_preemptions
+    preempted, pool = engine.scheduler.num_preemptions, engine.pool
+    queries, hits = pool.prefix_cache_queries, pool.prefix_cache_hits
     try:
         sync()
         start = time.perf_counter()
-        outs = engine.generate([r.prompt for r in requests], [params_for(r.output_len) for r in requests])
+        ids = [engine.add_request(r.prompt, params_for(r.output_len)) for r in requests]
+        waiting = {i: engine.requests[i].seqs[0] for i in ids} if first_token_times else {}
+        for i in ids:  # only the final outputs are kept (as generate does)
+            engine.requests[i].report_progress = False
+        ttft, finished = [], {}
+        while len(finished) < len(ids):
+            for out in engine.step():
+                if out.finished:
+                    finished[out.request_id] = out
+            if waiting:
+                now = time.perf_counter() - start
+                for i in [i for i, seq in waiting.items() if seq.num_resolved_output_tokens]:
+                    ttft.append(now)
+                    del waiting[i]
         sync()
         wall = time.perf_counter() - start
     finally:
         timer.remove()
-    generated = [len(o.outputs[0].token_ids) for o in outs]
-    return summarize_run(requests, generated, wall) | {
+    generated = [len(finished[i].outputs[0].token_ids) for i in ids]
+    report = summarize_run(requests, generated, wall) | {
         "steps": len(timer.records), "preemptions": engine.scheduler.num_preemptions - preempted,
+        "prefix_cache": {"enabled": pool.enable_prefix_caching, "queried_tokens": pool.prefix_cache_queries - queries,
+                         "hit_tokens": pool.prefix_cache_hits - hits},
         "step_breakdown_ms": timer.summary(), "step_table": timer.step_table()}
+    if first_token_times:
+        ttft.sort()
+        report["ttft_s"] = {"mean": statistics.fmean(ttft), "median": statistics.median(ttft),
+                            "p90": ttft[int(0.9 * (len(ttft) - 1))]}
+    return report
 
 
 def profile_prompts(engine, requests: list[BenchRequest]) -> list[list[int]]:
@@ -78,6 +127,13 @@ def format_table(report: dict) -> str:
                      f"{len(report['requests'])} requests; the ratio compares the engine on those same requests")
     if "ratio" in report:
         lines.append("ours / transformers: " + ", ".join(f"{k} {fmt(v, '.2f')}" for k, v in report["ratio"].items()))
+    ours = report["ours"]
+    cache = ours["prefix_cache"]
+    lines.append(f"prefix cache {'on' if cache['enabled'] else 'off'}: {cache['hit_tokens']} of "
+                 f"{cache['queried_tokens']} prompt tokens hit")
+    if "ttft_s" in ours:
+        lines.append("time to first token: mean {mean:.3f} s, median {median:.3f} s, p90 {p90:.3f} s".format(
+            **ours["ttft_s"]))
     for phase, d in report["ours"]["step_breakdown_ms"].items():
         lines.append(f"{phase} steps: {d['steps']}, mean {d['total_ms']:.2f} ms = schedule {d['schedule_ms']:.2f} "
                      f"+ model {d['model_ms']:.2f} + sample {d['sample_ms']:.2f} + rest {d['rest_ms']:.2f}")
@@ -97,9 +153,12 @@ def main(args: argparse.Namespace) -> int:
         plots.require_matplotlib()  # fail before a long run, not after it
     work = prepare_work(args)
     model_dir = model_folder(args, work)
-    engine = build_engine(args, model_dir, DEFAULT_MAX_NUM_SEQS, 2 * args.max_len + 16, DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    requests = make_requests(args.num_requests, args.min_len, args.max_len,
-                             engine.state.model_config.vocab_size, args.seed)
+    shared = args.workload == "shared-prefix"
+    longest = args.prefix_len + args.suffix_len + args.output_len if shared else 2 * args.max_len
+    engine = build_engine(args, model_dir, DEFAULT_MAX_NUM_SEQS, longest + 16, DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    vocab = engine.state.model_config.vocab_size
+    requests = (shared_prefix_requests(args, vocab) if shared
+                else make_requests(args.num_requests, args.min_len, args.max_len, vocab, args.seed))
     longest = max(len(r.prompt) + r.output_len for r in requests)
     if longest > engine.state.max_model_len:
         raise ValueError(f"a request needs {longest} tokens; --max-model-len is {engine.state.max_model_len}")
@@ -107,7 +166,7 @@ def main(args: argparse.Namespace) -> int:
               "engine": engine_facts(engine),
               "requests": [{"input_len": len(r.prompt), "output_len": r.output_len} for r in requests]}
     warm_up(engine, min(engine.state.limits.max_num_seqs, 8), args.min_len)
-    report["ours"] = run_requests(engine, requests)
+    report["ours"] = run_requests(engine, requests, first_token_times=shared)
     print(f"engine: {report['ours']['output_tok_s']:.1f} output tok/s", flush=True)
     compared = requests[:args.compare_num_requests] if args.compare else requests
     if len(compared) < len(requests):

@@ -98,7 +98,7 @@ def build_engine(args: argparse.Namespace, model_dir: Path, max_num_seqs: int, m
         kv_cache_memory_gib=args.kv_cache_memory_gib, cuda_graphs=not args.no_cuda_graphs,
         attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
         async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
-        calculate_kv_scales=args.calculate_kv_scales,
+        calculate_kv_scales=args.calculate_kv_scales, enable_prefix_caching=args.enable_prefix_caching,
         cache_dir=cache_dir(args, Path(args.work)), **pass_switches(args))
     start = time.perf_counter()
     engine = Engine(config)

@@ -58,6 +58,9 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     """Engine options that the serving commands and the benchmarks share."""
     parser.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
                         help="read back each step's tokens before scheduling the next (no host/GPU overlap)")
+    parser.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                        help="reuse the KV blocks of prompt prefixes seen before (on by default; "
+                             "--no-enable-prefix-caching turns it off)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto: the model's dtype; fp8: float8_e4m3fn (half the KV bytes)")
     parser.add_argument("--calculate-kv-scales", action="store_true",
@@ -83,6 +86,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
                           async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
+                          enable_prefix_caching=args.enable_prefix_caching,
                           calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
                           **pass_switches(args))
     torchrun = getattr(args, "torchrun", None)

@@ -34,6 +34,8 @@ class EngineStats(NamedTuple):
     num_requests_waiting: int  # requests with a sequence waiting to be scheduled
     num_free_blocks: int  # KV-cache blocks free in the pool
     num_blocks: int  # KV-cache blocks the pool holds
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
+    prefix_cache_hits: int = 0  # of those, tokens found cached
 
 
 @runtime_checkable
@@ -66,3 +68,6 @@ class EngineClient(Protocol):
 
     def check_health(self) -> None:
         """Raise EngineDeadError once a step has failed (the step loop stopped); return otherwise."""
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (blocks in use keep their contents); the number of blocks forgotten."""

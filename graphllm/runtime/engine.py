@@ -234,4 +234,10 @@ class Engine:
         """Running and waiting requests and free KV blocks; read without the lock (a step may run)."""
         running = len({seq.request_id for seq in list(self.scheduler.running)})
         waiting = len({seq.request_id for seq in list(self.scheduler.waiting)})
-        return EngineStats(running, waiting, self.pool.num_free_blocks, self.pool.num_blocks)
+        return EngineStats(running, waiting, self.pool.num_free_blocks, self.pool.num_blocks,
+                           self.pool.prefix_cache_queries, self.pool.prefix_cache_hits)
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (vLLM's reset_prefix_cache); the number of cached blocks forgotten."""
+        with self.step_loop.lock:
+            return self.pool.reset_prefix_cache()

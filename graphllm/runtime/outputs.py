@@ -76,3 +76,4 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (the first sequence's admission)

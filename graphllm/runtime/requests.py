@@ -32,7 +32,8 @@ class Request:
         """
         finished = self.finished
         outputs = [self._completion(seq, finished) for seq in self.seqs]
-        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, finished)
+        cached = self.seqs[0].num_cached_tokens if self.seqs else None
+        return RequestOutput(self.request_id, self.prompt, self.prompt_token_ids, outputs, finished, cached or 0)
 
     def _completion(self, seq: Sequence, final: bool) -> CompletionOutput:
         delta = seq.detokenizer.next_delta(seq.is_finished) if seq.detokenizer else ""

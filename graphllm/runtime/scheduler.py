@@ -4,7 +4,9 @@ Every step is one flat batch in which each scheduled sequence contributes some n
 1 for a decoding sequence, up to the remaining token budget for one still in prefill. Running
 sequences are served first, oldest first; when the block pool runs dry the newest running
 sequence is preempted (its blocks freed, its tokens recomputed later) and goes back to the
-front of the waiting queue. Waiting sequences are admitted only when nobody was preempted.
+front of the waiting queue. Waiting sequences are admitted only when nobody was preempted; with
+prefix caching a waiting sequence first takes the cached blocks of its longest cached prefix
+(kv_cache.BlockPool), and only the rest of its tokens count against the step's budget.
 """
 
 from collections import deque
@@ -50,6 +52,7 @@ class Scheduler:
         scheduled, preempted, i = [], False, 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            self.pool.register_full_blocks(seq)  # what the steps before computed: cached for others from now
             if seq.stopping:  # its last token is still on the device: nothing more to compute
                 i += 1
                 continue
@@ -71,11 +74,13 @@ class Scheduler:
         scheduled = []
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            num_new = min(seq.num_uncomputed_tokens, budget)
-            if not self.pool.can_allocate(seq, num_new):
+            hits = self.pool.cached_prefix(seq)
+            num_new = min(seq.num_uncomputed_tokens - len(hits) * self.pool.block_size, budget)
+            if not self.pool.can_allocate(seq, num_new, hits):
                 break
             self.waiting.popleft()
-            self.pool.allocate(seq, num_new)
+            self.pool.record_lookup(seq, hits)
+            self.pool.allocate(seq, num_new, hits)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, num_new))

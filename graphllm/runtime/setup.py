@@ -279,7 +279,7 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     torch.manual_seed(config.seed)
     state = RuntimeState(path, device, dtype, kv_dtype, max_model_len, num_blocks, kv_bytes,
                          eos_token_ids(path, model_config, tokenizer), model_config, limits)
-    pool = BlockPool(num_blocks, limits.block_size)
+    pool = BlockPool(num_blocks, limits.block_size, config.enable_prefix_caching)
     scheduler = Scheduler(pool, limits.max_num_seqs, limits.max_num_batched_tokens)
     shape = AttentionShape(model_config.num_attention_heads, model_config.num_key_value_heads,
                            model_config.head_dim, model_config.sliding_window)

@@ -130,6 +130,13 @@ async def detokenize(body: DetokenizeRequest, raw: Request):
     return {"prompt": await asyncio.to_thread(s.engine.tokenizer.decode, body.tokens)}
 
 
+@router.post("/reset_prefix_cache")
+async def reset_prefix_cache(raw: Request):
+    """vLLM's: forget every cached prefix (blocks in use keep their contents); 200 with the count."""
+    forgotten = await asyncio.to_thread(state(raw).engine.reset_prefix_cache)
+    return JSONResponse({"reset": True, "num_blocks_forgotten": forgotten})
+
+
 @router.get("/health")
 async def health(raw: Request):
     """200 while the engine can serve; 503 once its step loop failed (the server then exits non-zero)."""
@@ -153,7 +160,7 @@ async def metrics(raw: Request):
 # -- middleware -------------------------------------------------------------------------------
 
 ENDPOINTS = frozenset({"/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize",
-                       "/health", "/version", "/metrics"})
+                       "/reset_prefix_cache", "/health", "/version", "/metrics"})
 
 
 class APIKeyMiddleware:

@@ -8,7 +8,7 @@ its own registry, so several servers can live in one process (tests do).
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from graphllm.runtime.client import EngineClient
 from graphllm.runtime.outputs import RequestOutput
@@ -35,6 +35,10 @@ class EngineCollector:
         yield _gauge("kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0..1).", 1 - free / total)
         yield _gauge("kv_cache_free_blocks", "KV-cache blocks free in the pool.", free)
         yield _gauge("kv_cache_total_blocks", "KV-cache blocks the pool holds.", total)
+        yield CounterMetricFamily("graphllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                  value=stats.prefix_cache_queries)
+        yield CounterMetricFamily("graphllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                                  value=stats.prefix_cache_hits)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

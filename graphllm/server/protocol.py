@@ -145,15 +145,22 @@ class DetokenizeRequest(OpenAIBaseModel):
 
 # -- responses --------------------------------------------------------------------------------
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> UsageInfo:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> UsageInfo:
+    """OpenAI's usage; prompt_tokens_details.cached_tokens where the engine caches prefixes."""
+    details = None if cached_tokens is None else PromptTokensDetails(cached_tokens=cached_tokens)
     return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens)
+                     total_tokens=prompt_tokens + completion_tokens, prompt_tokens_details=details)
 
 
 class CompletionLogprobs(BaseModel):

@@ -194,7 +194,7 @@ class ServingChat(OpenAIServing):
         response = ChatCompletionResponse(
             id=request_id, model=self.config.model_name,
             choices=[self.choice(req, mode, c) for c in out.outputs],
-            usage=usage(len(prompt_ids), sum(len(c.token_ids) for c in out.outputs)))
+            usage=usage(len(prompt_ids), sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens))
         return JSONResponse(response.model_dump())
 
     # -- parsers -----------------------------------------------------------------------------
@@ -248,18 +248,19 @@ class ServingChat(OpenAIServing):
                                            choices=choices, usage=usage_info), None if usage_info else exclude)
 
         states = [self.new_state(mode) for _ in range(req.n)]
-        num_output = 0
+        num_output = num_cached = 0
         try:
             for index in range(req.n):
                 yield chunk([ChatChunkChoice(index=index, delta={"role": "assistant", "content": ""})])
             async for _, out in self.generate_all([prompt_ids], [params], request_id):
+                num_cached = out.num_cached_tokens
                 for c in out.outputs:
                     choices = self.stream_choice(req, mode, c, states[c.index])
                     num_output += len(c.token_ids) if choices and states[c.index].done else 0
                     for choice in choices:
                         yield chunk([choice])
             if include_usage:
-                yield chunk([], usage(len(prompt_ids), num_output))
+                yield chunk([], usage(len(prompt_ids), num_output, num_cached))
         except OpenAIError as e:
             yield sse_error(e)
         except Exception as e:

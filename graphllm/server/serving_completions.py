@@ -56,7 +56,8 @@ class ServingCompletions(OpenAIServing):
                    for i, out in enumerate(outs) for c in out.outputs]
         num_output = sum(len(c.token_ids) for out in outs for c in out.outputs)
         response = CompletionResponse(id=request_id, model=self.config.model_name, choices=choices,
-                                      usage=usage(sum(map(len, ids)), num_output))
+                                      usage=usage(sum(map(len, ids)), num_output,
+                                                  sum(out.num_cached_tokens for out in outs)))
         return JSONResponse(response.model_dump())
 
     def parse_prompts(self, prompt) -> list[Prompt]:
@@ -116,9 +117,10 @@ class ServingCompletions(OpenAIServing):
         created, states = int(time.time()), {}
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         exclude = None if include_usage else {"usage"}
-        num_output = 0
+        num_output, cached = 0, {}
         try:
             async for i, out in self.generate_all([ids for _, ids in prompts], params, request_id):
+                cached[i] = out.num_cached_tokens
                 for c in out.outputs:
                     state = states.setdefault(i * req.n + c.index, ChoiceState())
                     choice = self.stream_choice(req, prompts[i], c, i * req.n + c.index, state)
@@ -130,7 +132,7 @@ class ServingCompletions(OpenAIServing):
             if include_usage:
                 num_prompt = sum(len(ids) for _, ids in prompts)
                 yield sse(CompletionResponse(id=request_id, created=created, model=self.config.model_name,
-                                             choices=[], usage=usage(num_prompt, num_output)))
+                                             choices=[], usage=usage(num_prompt, num_output, sum(cached.values()))))
         except OpenAIError as e:
             yield sse_error(e)
         except Exception as e:

@@ -75,3 +75,20 @@ def test_compare_transformers_on_the_first_requests(tiny_model_dir, tmp_path):
     assert hf["batch_generated_tokens"] == [max(r.output_len for r in first[i:i + 2]) for i in range(0, 5, 2)]
     assert report["ratio"]["output_tok_s"] == pytest.approx(ours["output_tok_s"] / hf["output_tok_s"])
     assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_shared_prefix_workload_hits_the_cache_and_reports_first_token_times(tiny_model_dir, tmp_path):
+    model = every_token_eos(tiny_model_dir("llama")[0], tmp_path / "eos-model")
+    shared = ("--workload", "shared-prefix", "--num-prefixes", "2", "--prefix-len", "40", "--suffix-len", "5",
+              "--output-len", "6")
+    on = run_throughput(tmp_path / "on", model, *shared)["ours"]
+    off = run_throughput(tmp_path / "off", model, *shared, "--no-enable-prefix-caching")["ours"]
+    for run in (on, off):
+        assert run["generated_tokens"] == [6] * NUM and run["input_tokens"] == NUM * 45
+        assert 0 < run["ttft_s"]["median"] <= run["ttft_s"]["p90"] <= run["wall_s"]
+    assert off["prefix_cache"] == {"enabled": False, "queried_tokens": 0, "hit_tokens": 0}
+    assert on["prefix_cache"]["enabled"] and on["prefix_cache"]["queried_tokens"] == NUM * 45
+    hit = on["prefix_cache"]["hit_tokens"]
+    assert hit >= 32  # at least one request after the first found two full 16-token blocks of its prefix
+    assert sum(on["step_table"]["prefill_tokens"]) == NUM * 45 - hit  # cached tokens are not computed
+    assert sum(off["step_table"]["prefill_tokens"]) == NUM * 45

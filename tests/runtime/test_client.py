@@ -19,7 +19,8 @@ def engine():
 
 
 def idle(engine) -> EngineStats:
-    return EngineStats(0, 0, engine.pool.num_blocks, engine.pool.num_blocks)
+    pool = engine.pool
+    return EngineStats(0, 0, pool.num_blocks, pool.num_blocks, pool.prefix_cache_queries, pool.prefix_cache_hits)
 
 
 def client_members() -> list[str]:
@@ -27,7 +28,8 @@ def client_members() -> list[str]:
 
 
 def test_engine_implements_every_member(engine):
-    assert sorted(client_members()) == ["abort", "check_health", "limits", "model_path", "stats", "stream", "tokenizer"]
+    assert sorted(client_members()) == ["abort", "check_health", "limits", "model_path", "reset_prefix_cache",
+                                       "stats", "stream", "tokenizer"]
     assert isinstance(engine, EngineClient)
     for name in client_members():
         assert hasattr(engine, name), name

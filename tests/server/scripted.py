@@ -61,6 +61,9 @@ class ScriptedEngine:
     def check_health(self) -> None:
         self.engine.check_health()
 
+    def reset_prefix_cache(self) -> int:
+        return self.engine.reset_prefix_cache()
+
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 

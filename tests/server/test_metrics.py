@@ -102,7 +102,8 @@ def test_render_is_prometheus_text(metrics, clock):
                      "graphllm:inter_token_latency_seconds": "histogram",
                      "graphllm:num_requests_running": "gauge", "graphllm:num_requests_waiting": "gauge",
                      "graphllm:kv_cache_usage_perc": "gauge", "graphllm:kv_cache_free_blocks": "gauge",
-                     "graphllm:kv_cache_total_blocks": "gauge"}
+                     "graphllm:kv_cache_total_blocks": "gauge", "graphllm:prefix_cache_queries": "counter",
+                     "graphllm:prefix_cache_hits": "counter"}
     http = {(s.labels["endpoint"], s.labels["status"]): s.value
             for s in families["graphllm:http_requests"].samples if s.name.endswith("_total")}
     assert http == {("/v1/completions", "200"): 1, ("/v1/completions", "499"): 1}
@@ -146,3 +147,27 @@ def test_gauges_show_a_running_request_and_all_blocks_free_once_it_finished(serv
     after = server.metrics()  # a finished request holds nothing, at once
     assert idle(after) and after["graphllm:kv_cache_usage_perc"] == 0
     assert after["graphllm:kv_cache_total_blocks"] == server.engine.state.num_kv_blocks
+
+
+def test_prefix_cache_hits_reach_usage_and_metrics_and_the_reset_endpoint_clears_them(server, client):
+    """Two requests sharing a 40-token prefix: the second reports cached tokens in usage (streamed too) and
+    the counters move; after POST /reset_prefix_cache the same prompt finds nothing cached."""
+    block = server.engine.pool.block_size
+    shared = [5 + i % 50 for i in range(3 * block)]
+    before = server.metrics()
+    first = client.completions.create(model=MODEL, prompt=shared + [1], max_tokens=2)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    second = client.completions.create(model=MODEL, prompt=shared + [2], max_tokens=2)
+    assert second.usage.prompt_tokens_details.cached_tokens == 3 * block
+    stream = client.completions.create(model=MODEL, prompt=shared + [3], max_tokens=2, stream=True,
+                                       stream_options={"include_usage": True})
+    [last] = [chunk for chunk in stream if chunk.usage is not None]
+    assert last.usage.prompt_tokens_details.cached_tokens == 3 * block
+    after = server.metrics()
+    assert after["graphllm:prefix_cache_hits_total"] - before["graphllm:prefix_cache_hits_total"] == 6 * block
+    assert after["graphllm:prefix_cache_queries_total"] - before["graphllm:prefix_cache_queries_total"] == 3 * (
+        3 * block + 1)
+    reset = server.post("/reset_prefix_cache", {})
+    assert reset.status_code == 200 and reset.json()["num_blocks_forgotten"] >= 3
+    again = client.completions.create(model=MODEL, prompt=shared + [2], max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens == 0
