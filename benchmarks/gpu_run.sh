@@ -41,7 +41,7 @@
 #   pc-W-on / pc-W-off  (issue 18) bench throughput with prefix caching on / off, workload W: shared (1,024 requests,
 #              8 system prompts of 2,048 tokens + 128 of their own, 128 out) or random (the standard one); one
 #              artifact for all four (--max-model-len 2320);  pc-tests  tests/runtime/test_prefix_caching.py on
-#              the GPU (its engines then run the triton and the flashinfer attention backends)
+#              the GPU (its engines then run the triton and the torch attention backends)
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
 set -uo pipefail
