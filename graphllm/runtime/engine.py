@@ -31,6 +31,7 @@ from graphllm.runtime.sequence import Sequence
 from graphllm.runtime.setup import build_runtime
 from graphllm.runtime.step_loop import StepLoop
 from graphllm.runtime.stream_driver import StreamDriver
+from graphllm.runtime.structured_output import StructuredOutputManager
 
 
 class Engine:
@@ -45,7 +46,10 @@ class Engine:
         self.limits = EngineLimits(self.state.max_model_len, self.state.model_config.vocab_size,
                                    self.state.limits.max_num_seqs)
         self._ids = itertools.count()  # request and sequence ids
-        self._post = PostProcessor(Sampler(), self.scheduler, self.state, self.tokenizer, self.requests)
+        self.structured_outputs = StructuredOutputManager(self.tokenizer, self.state.model_config.vocab_size,
+                                                          list(self.state.eos_token_ids))
+        self._post = PostProcessor(Sampler(), self.scheduler, self.state, self.tokenizer, self.requests,
+                                   self.structured_outputs)
         # public, unlike the other rooms: benchmarks time its parts
         self.step_loop = StepLoop(config, self.scheduler, self.pool, self.runner, self.state, self._post)
         self._streams = StreamDriver(self.step_loop.step, self.scheduler.has_unfinished)
@@ -88,7 +92,12 @@ class Engine:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         request = Request(request_id, prompt_text, prompt_ids, params)
+        # a grammar compiles once per request (ValueError when it does not); each sequence matches on its own
+        grammar = None if params.structured_outputs is None else self.structured_outputs.compile(
+            params.structured_outputs)
         request.seqs = [self._new_sequence(request, i) for i in range(params.n)]
+        for seq in request.seqs if grammar is not None else []:
+            seq.grammar = self.structured_outputs.matcher(grammar)
         with self.step_loop.lock:  # step() may run in a worker thread meanwhile
             self.requests[request_id] = request
             for seq in request.seqs:

@@ -14,16 +14,22 @@ from graphllm.runtime.scheduler import Scheduler
 from graphllm.runtime.sequence import Sequence
 from graphllm.runtime.setup import RuntimeState
 from graphllm.runtime.stopping import check_stop
+from graphllm.runtime.structured_output import StructuredOutputManager, accept
 
 
 class PostProcessor:
     def __init__(self, sampler: Sampler, scheduler: Scheduler, state: RuntimeState, tokenizer,
-                 requests: dict[str, Request]):
+                 requests: dict[str, Request], structured: StructuredOutputManager):
         self.sampler, self.scheduler, self.state, self.tokenizer = sampler, scheduler, state, tokenizer
+        self.structured = structured
         self.requests = requests  # the engine's own dict: finished requests leave it when reported
         self._token_texts: dict[int, str] = {}  # token id -> its decoded text, for logprobs
 
     # -- sampling ---------------------------------------------------------------------------
+
+    def constrain(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        """Apply the grammars of structured-output rows to logits, in place (before either sampling path)."""
+        self.structured.constrain(logits, seqs)
 
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Sample one token per row of logits on the host and append it to its sequence."""
@@ -54,7 +60,10 @@ class PostProcessor:
 
     def update_stop(self, seq: Sequence, token: int) -> None:
         """Detokenize seq's new token and finish seq if it stops there (EOS, stop id or string, length)."""
+        verdict = accept(seq, token)  # the grammar's: it terminated, or refused the token
         stop = check_stop(seq, token, self.state.eos_token_ids, self.state.max_model_len)
+        if stop is None and verdict is not None:
+            stop = (verdict, None)
         if seq.detokenizer is not None and (stop is None or stop[0] == "length"):
             stop_str = seq.detokenizer.update([token])  # EOS and stop tokens never become text
             if stop_str is not None:

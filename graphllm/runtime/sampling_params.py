@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from graphllm.runtime.structured_output import StructuredOutputsParams
+
 # Temperatures below this are treated as 0 (greedy): dividing by them overflows.
 _GREEDY_EPS = 1e-5
 
@@ -37,10 +39,14 @@ class SamplingParams:
     logprobs: int | None = None  # top alternatives besides the sampled token
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # a grammar the output must match (runtime/structured_output.py); a dict of its fields is accepted
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         self.stop = _normalize_stop(self.stop)
         self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         for name in FLOAT_FIELDS:  # NaN and +-inf pass every comparison below or poison the sampler
             _check(math.isfinite(getattr(self, name)), name, getattr(self, name), "must be a finite number")
         self._verify_sampling()

@@ -53,6 +53,7 @@ class Sequence:
     block_keys: list[bytes] = field(default_factory=list)  # prefix-cache keys of its full blocks (kv_cache)
     num_registered_blocks: int = 0  # of its block table, the leading blocks it registered or took from the cache
     num_cached_tokens: int | None = None  # prompt tokens its first admission found in the prefix cache
+    grammar: Any = None  # its xgrammar GrammarMatcher under structured output (runtime/structured_output.py)
     prompt_token_ids: list[int] = field(init=False)  # token_ids[:num_prompt_tokens]
     output_token_ids: list[int] = field(init=False)  # token_ids[num_prompt_tokens:]
 

@@ -70,6 +70,7 @@ class StepLoop:
             for seq, num_new in batch:
                 seq.num_computed_tokens += num_new
             if sampling:
+                self.post.constrain(logits, sampling)
                 self.post.sample(logits, sampling)
         return self.post.report({s.seq.request_id for s in batch})
 
@@ -101,7 +102,9 @@ class StepLoop:
         live = [i for i, seq in enumerate(sampling) if not seq.is_finished]
         if live:
             # Rows of sequences that finished at N are sampled too, and dropped: selecting the
-            # others on the device would wait for N + 1 (an index built on the host).
+            # others on the device would wait for N + 1 (an index built on the host). Grammars mask
+            # now, with N's tokens read back and accepted.
+            self.post.constrain(logits, sampling)
             tokens = self.post.sample_on_device(logits, sampling)
             if tokens is None:
                 if len(live) < len(sampling):
@@ -154,7 +157,7 @@ class StepLoop:
         """How many decode steps this batch may run back to back (config.num_decode_steps at most).
 
         Only a batch of decoding sequences that are all plain greedy (argmax, no logprobs,
-        penalties or pending min_tokens) qualifies: their next inputs are the previous argmax,
+        penalties, grammar or pending min_tokens) qualifies: their next inputs are the previous argmax,
         known on the device. No sequence is stepped past its max_tokens or max_model_len, and the
         KV blocks for every step must be free now. A sequence that stops on the way (EOS, stop
         token or string) wastes the remaining steps' compute; their tokens are dropped.
@@ -166,7 +169,8 @@ class StepLoop:
         limit = self.state.max_model_len
         for s in batch:
             seq, params = s.seq, s.seq.params
-            if not plain_greedy(params) or self.post.min_tokens_stop_ids(seq):
+            if (not plain_greedy(params) or params.structured_outputs is not None
+                    or self.post.min_tokens_stop_ids(seq)):
                 return 1
             steps = min(steps, limit - seq.num_tokens)
             if params.max_tokens is not None:

@@ -1,0 +1,122 @@
+"""Structured output: a grammar constrains every token a request samples (xgrammar does the grammar work).
+
+    SamplingParams(structured_outputs=StructuredOutputsParams(json=SCHEMA))      (vLLM's names)
+
+A request's StructuredOutputsParams is compiled once when the request is added (GrammarCompiler, which
+caches by grammar text), and each of its n sequences gets a GrammarMatcher of its own. Then per step:
+
+    before sampling:  rows whose sequence has a matcher get its next-token bitmask applied to their
+                      logits in place (tokens the grammar forbids become -inf), for host and device
+                      sampling alike; under async scheduling the previous step's token has been read
+                      back and accepted by then (StepLoop reads back before it samples)
+    after a token:    the matcher accepts it (PostProcessor.update_stop); a matcher that has
+                      terminated (grammar complete, stop token accepted) finishes the sequence
+
+Logprobs are of the constrained logits, as in vLLM (the bitmask is applied before the sampler). A
+sequence with a grammar never runs queued decode steps (StepLoop._decode_steps): their tokens are
+argmaxes taken on the device, where no mask can reach them.
+"""
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass
+class StructuredOutputsParams:
+    """What a request's output must match: exactly one of json (a JSON schema, dict or text), regex,
+    choice (one of these strings), grammar (EBNF, xgrammar's / GBNF syntax) and json_object (any JSON
+    object). disable_any_whitespace: JSON without free whitespace between tokens (vLLM's option)."""
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+
+    def __post_init__(self) -> None:
+        given = [kind for kind in KINDS if getattr(self, kind) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs needs exactly one of {', '.join(KINDS)}; got "
+                             f"{', '.join(given) or 'none'}")
+        if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
+            raise ValueError("structured_outputs choice must be a non-empty list of strings")
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in KINDS if getattr(self, kind) not in (None, False))
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """An EBNF grammar whose language is exactly the given strings."""
+    return "root ::= " + " | ".join(json.dumps(c) for c in choices)  # JSON string escapes are EBNF's
+
+
+class StructuredOutputManager:
+    """Compiles requests' grammars and constrains their logits: one per engine, built on first use (the
+    tokenizer's vocabulary is read then)."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]):
+        self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, list(stop_token_ids)
+        self._compiler = None
+
+    def _grammar_compiler(self):
+        if self._compiler is None:
+            import xgrammar as xgr
+            if self.tokenizer is None:
+                raise ValueError("structured output needs the model's tokenizer, and this model has none")
+            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
+                                                      stop_token_ids=self.stop_token_ids)
+            self._compiler = xgr.GrammarCompiler(info)
+        return self._compiler
+
+    def compile(self, params: StructuredOutputsParams) -> Any:
+        """The xgrammar CompiledGrammar of params; ValueError naming the field when it does not compile."""
+        compiler, kind = self._grammar_compiler(), params.kind
+        try:
+            if kind == "json":
+                schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
+                return compiler.compile_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
+            if kind == "json_object":
+                return compiler.compile_builtin_json_grammar()
+            if kind == "regex":
+                return compiler.compile_regex(params.regex)
+            return compiler.compile_grammar(params.grammar if kind == "grammar" else choice_grammar(params.choice))
+        except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar reports parse errors as RuntimeError
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"structured_outputs {kind} does not compile: {reason}") from None
+
+    def matcher(self, compiled) -> Any:
+        import xgrammar as xgr
+        return xgr.GrammarMatcher(compiled)
+
+    def constrain(self, logits: torch.Tensor, seqs: list) -> None:
+        """Mask, in place, the rows of logits ([len(seqs), V]) whose sequence has a live matcher."""
+        rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.grammar.is_terminated()]
+        if not rows:
+            return
+        import xgrammar as xgr
+        bitmask = xgr.allocate_token_bitmask(logits.shape[0], self.vocab_size)
+        for i in rows:
+            seqs[i].grammar.fill_next_token_bitmask(bitmask, i)
+        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
+                                        vocab_size=self.vocab_size, indices=rows)
+
+
+def accept(seq, token: int) -> str | None:
+    """Feed a sampled token to seq's matcher: "stop" once the grammar terminated, "abort" if the matcher
+    refused the token (a bug: the mask should have forbidden it), else None."""
+    if seq.grammar is None:
+        return None
+    if not seq.grammar.accept_token(token):
+        logger.error("request %s: the grammar refused token %d; the sequence is stopped", seq.request_id, token)
+        return "abort"
+    return "stop" if seq.grammar.is_terminated() else None

@@ -1,0 +1,87 @@
+"""Structured output (runtime/structured_output.py, xgrammar) on the built-in demo model, whose byte-level
+BPE vocabulary can spell any text: every kind of grammar constrains what a random-ish model writes, in
+host and device sampling, sync and async, greedy and seeded, with queued decode steps asked for."""
+
+import json
+import re
+
+import pytest
+
+from graphllm import Engine, SamplingParams
+from graphllm.runtime.structured_output import StructuredOutputsParams as SO
+from graphllm.runtime.structured_output import choice_grammar
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["ok", "n", "color"],
+          "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                         "color": {"enum": ["red", "green", "blue"]}}}
+PROMPTS = ["Hello there", "What is 2 plus 2?"]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine.from_pretrained()
+
+
+def texts(engine, so: SO, **params) -> list[tuple[str, str]]:
+    outs = engine.generate(PROMPTS, SamplingParams(max_tokens=48, structured_outputs=so, **params))
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+    return [(c.text, c.finish_reason) for o in outs for c in o.outputs]
+
+
+def check_schema(text: str) -> None:
+    value = json.loads(text)
+    assert set(value) == {"ok", "n", "color"} and isinstance(value["ok"], bool)
+    assert isinstance(value["n"], int) and 0 <= value["n"] <= 99 and value["color"] in ("red", "green", "blue")
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0.0}, {"temperature": 1.0, "seed": 7, "n": 2},
+                                      {"temperature": 0.8, "seed": 3, "logprobs": 2}])
+def test_every_kind_of_grammar_is_obeyed(engine, sampling):
+    for text, reason in texts(engine, SO(json=SCHEMA, disable_any_whitespace=True), **sampling):
+        check_schema(text)
+        assert reason == "stop"
+    for text, reason in texts(engine, SO(regex=r"[a-c]{3}-\d\d"), **sampling):
+        assert re.fullmatch(r"[a-c]{3}-\d\d", text) and reason == "stop"
+    for text, _ in texts(engine, SO(choice=["yes", "no", 'say "maybe"']), **sampling):
+        assert text in ("yes", "no", 'say "maybe"')
+    for text, _ in texts(engine, SO(grammar='root ::= "x" [0-9] [0-9]? "y"'), **sampling):
+        assert re.fullmatch(r"x\d\d?y", text)
+    for text, reason in texts(engine, SO(json_object=True), **sampling):
+        assert text.startswith("{") and (reason == "length" or isinstance(json.loads(text), dict))
+
+
+def test_the_grammar_changes_what_the_model_writes(engine):
+    free = engine.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0.0))
+    assert not any(re.fullmatch(r"[a-c]{3}-\d\d", o.outputs[0].text) for o in free)
+
+
+def test_same_tokens_sync_and_async_and_with_queued_decode_steps(engine):
+    params = SamplingParams(max_tokens=40, temperature=0.9, seed=11, n=2,
+                            structured_outputs=SO(json=SCHEMA, disable_any_whitespace=True))
+    want = [c.token_ids for o in engine.generate(PROMPTS, params) for c in o.outputs]
+    for options in ({"async_scheduling": False}, {"num_decode_steps": 4}):
+        other = Engine.from_pretrained(**options)
+        assert [c.token_ids for o in other.generate(PROMPTS, params) for c in o.outputs] == want
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=SO(regex=r"[a-c]{3}-\d\d"))
+    queued = Engine.from_pretrained(num_decode_steps=4)  # greedy rows with a grammar run one step at a time
+    assert [o.outputs[0].text for o in queued.generate(PROMPTS, greedy)] == [
+        o.outputs[0].text for o in engine.generate(PROMPTS, greedy)]
+
+
+@pytest.mark.parametrize("so, field", [
+    (dict(regex="(unclosed"), "regex"), (dict(json="{not json"), "json"), (dict(grammar="root ::= "), "grammar")])
+def test_a_grammar_that_does_not_compile_is_refused_by_name(engine, so, field):
+    with pytest.raises(ValueError, match=f"structured_outputs {field} does not compile"):
+        engine.add_request("Hi", SamplingParams(structured_outputs=SO(**so)))
+    assert not engine.has_unfinished_requests()
+
+
+def test_params_take_exactly_one_kind_and_accept_a_dict():
+    with pytest.raises(ValueError, match="exactly one of"):
+        SO()
+    with pytest.raises(ValueError, match="exactly one of"):
+        SO(regex="a", choice=["b"])
+    with pytest.raises(ValueError, match="non-empty list of strings"):
+        SO(choice=[])
+    assert SamplingParams(structured_outputs={"regex": "a+"}).structured_outputs == SO(regex="a+")
+    assert choice_grammar(['a"b', "c\\d"]) == 'root ::= "a\\"b" | "c\\\\d"'
