@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from graphllm.runtime.outputs import RequestOutput
 from graphllm.runtime.sampling_params import SamplingParams
+from graphllm.runtime.structured_output import StructuredOutputsParams
 
 Prompt = str | list[int]
 
@@ -68,6 +69,9 @@ class EngineClient(Protocol):
 
     def check_health(self) -> None:
         """Raise EngineDeadError once a step has failed (the step loop stopped); return otherwise."""
+
+    def check_structured_outputs(self, params: StructuredOutputsParams) -> None:
+        """Compile a request's grammar (cached for when the request comes); ValueError if it does not compile."""
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (blocks in use keep their contents); the number of blocks forgotten."""

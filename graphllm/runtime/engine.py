@@ -246,6 +246,10 @@ class Engine:
         return EngineStats(running, waiting, self.pool.num_free_blocks, self.pool.num_blocks,
                            self.pool.prefix_cache_queries, self.pool.prefix_cache_hits)
 
+    def check_structured_outputs(self, params) -> None:
+        """Compile params' grammar now (xgrammar caches it for add_request); ValueError if it does not compile."""
+        self.structured_outputs.compile(params)
+
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (vLLM's reset_prefix_cache); the number of cached blocks forgotten."""
         with self.step_loop.lock:

@@ -2,8 +2,8 @@
 
 Unknown request fields are accepted and ignored, as vLLM and most OpenAI-compatible servers do:
 clients send fields such as `user`, `store` or `service_tier` that change nothing here. Fields we
-understand but cannot honour yet (structured output, logit_bias, ...) are refused with a 400 by
-the serving layer instead of being silently dropped.
+understand but cannot honour yet (logit_bias, ...) are refused with a 400 by the serving layer
+instead of being silently dropped.
 """
 
 import time
@@ -28,8 +28,16 @@ class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(OpenAIBaseModel):
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(OpenAIBaseModel):
-    type: str = "text"
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
 
 
 class SamplingRequest(OpenAIBaseModel):
@@ -57,12 +65,12 @@ class SamplingRequest(OpenAIBaseModel):
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    # vLLM's structured-output fields: refused until graphllm has structured output
-    guided_json: Any = None
+    # vLLM's structured-output fields (the guided_* ones are its older names)
+    guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    structured_outputs: Any = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingRequest):

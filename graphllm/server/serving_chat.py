@@ -6,15 +6,18 @@ through the tool-call parser; streaming uses the parsers' incremental forms, so 
 joins to the same message a non-streamed one gives.
 
 The prompt: the messages become the dicts chat templates expect, rendered with the tokenizer's
-template, and the request's tools and tool_choice become a ToolMode. Tool choice without
-structured output (we cannot force the model's tokens yet):
+template, and the request's tools and tool_choice become a ToolMode:
 - "none": the tools are left out of the prompt and the output is never parsed for calls.
 - "auto" (the default when tools are given): the tools go into the prompt through the template's
   `tools` variable; the output is parsed with --tool-call-parser.
-- "required": as auto, but an output without a valid call is an error (400).
-- named ({"type": "function", "function": {"name": f}}): only f goes into the prompt; an output
-  without a call, or with a call to anything but f, is an error (400).
-Tools other than "none" need the server started with --tool-call-parser (400 otherwise), as in vLLM.
+- "required": as auto, but a grammar (structured output) forces the output to be a JSON array of
+  calls to the tools, each {"name", "parameters"} matching that tool's parameter schema.
+- named ({"type": "function", "function": {"name": f}}): only f goes into the prompt, and a grammar
+  forces the output to be f's arguments object.
+The forced outputs are read by tool_parsers.ForcedToolParser, so their calls always parse (an
+output cut short by max_tokens is content, with finish_reason "length").
+"auto" needs the server started with --tool-call-parser (400 otherwise), as in vLLM; response_format
+or guided_* together with a forced tool call is a 400 (one grammar per request).
 """
 
 import asyncio
@@ -29,6 +32,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from graphllm.runtime.outputs import CompletionOutput
+from graphllm.runtime.structured_output import StructuredOutputsParams
 from graphllm.server.errors import OpenAIError, bad_request
 from graphllm.server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                                       ChatCompletionResponse, ChatLogprobs, ChatMessage, NamedToolChoice,
@@ -36,6 +40,7 @@ from graphllm.server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletio
                                       TopLogprob, random_id, usage)
 from graphllm.server.serving_engine import OpenAIServing, logprob_value, num_visible_tokens
 from graphllm.server.streaming import SSE_DONE, EventStreamResponse, sse, sse_error, until_disconnect
+from graphllm.server.tool_parsers import ForcedToolParser, forced_tool_schema
 
 logger = logging.getLogger("graphllm.server")
 
@@ -73,10 +78,17 @@ def tool_mode(req: ChatCompletionRequest, tool_call_parser: str | None) -> ToolM
         return ToolMode("none")
     else:
         mode = ToolMode(choice or "auto", tools)
-    if tool_call_parser is None:
-        raise bad_request(f"tool_choice {mode.choice!r} needs the server started with --tool-call-parser "
+    if tool_call_parser is None and mode.choice == "auto":
+        raise bad_request("tool_choice 'auto' needs the server started with --tool-call-parser "
                           "(hermes or llama3_json)", "tool_choice")
     return mode
+
+
+def forced_tool_outputs(mode: ToolMode) -> StructuredOutputsParams | None:
+    """The grammar of a required or named tool choice (None for none and auto)."""
+    if mode.choice not in ("required", "named"):
+        return None
+    return StructuredOutputsParams(json=forced_tool_schema(mode.tools, mode.name))
 
 
 def tool_dict(tool: Tool) -> dict:
@@ -185,7 +197,9 @@ class ServingChat(OpenAIServing):
         asked, param = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens
                         is not None else (req.max_tokens, "max_tokens"))
         max_tokens = self.resolve_max_tokens(len(prompt_ids), asked, "messages", param)
-        params = self.sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None)
+        structured = await self.structured_outputs(req, forced_tool_outputs(mode))
+        params = self.sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None,
+                                      structured)
         self.check_capacity(1)
         request_id = random_id("chatcmpl")
         if req.stream:
@@ -208,12 +222,13 @@ class ServingChat(OpenAIServing):
     def tool_parser(self, mode: ToolMode):
         if not mode.parses:
             return None
+        if mode.choice in ("required", "named"):
+            return ForcedToolParser(mode.name)
         from graphllm.server.tool_parsers import TOOL_PARSERS
         return TOOL_PARSERS[self.config.tool_call_parser]()
 
     def finish_reason(self, mode: ToolMode, c: CompletionOutput, calls: list) -> str:
         """OpenAI's: 'tool_calls' when the model chose to call; a forced (named) call ends with 'stop'."""
-        check_tool_calls(mode, calls, c.text)
         return "tool_calls" if calls and mode.choice in ("auto", "required") else c.finish_reason
 
     # -- whole answers -----------------------------------------------------------------------
@@ -312,18 +327,6 @@ def parse_delta(state: ChoiceState, text: str, final: bool) -> list[dict]:
         return deltas + ([{"content": content}] if content else [])
     deltas += state.tools.feed(content) if content else []
     return deltas + (state.tools.finish() if final else [])
-
-
-def check_tool_calls(mode: ToolMode, calls: list, text: str) -> None:
-    """required / named: no structured output forced the call, so check the model made it."""
-    if mode.choice == "required" and not calls:
-        raise bad_request("tool_choice is 'required' but the model produced no valid tool call "
-                          f"(graphllm cannot force one yet). Its output: {text[:500]!r}", "tool_choice",
-                          "tool_call_missing")
-    if mode.choice == "named" and (not calls or any(call.name != mode.name for call in calls)):
-        raise bad_request(f"tool_choice names {mode.name!r} but the model produced no valid call to it "
-                          f"(graphllm cannot force one yet). Its output: {text[:500]!r}", "tool_choice",
-                          "tool_call_missing")
 
 
 def response_tool_call(call) -> ResponseToolCall:

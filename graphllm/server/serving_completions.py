@@ -45,8 +45,9 @@ class ServingCompletions(OpenAIServing):
         if req.echo and req.logprobs is not None:
             raise bad_request("echo with logprobs needs prompt logprobs, which are not supported yet", "echo")
         prompts = await asyncio.to_thread(self.parse_prompts, req.prompt)  # tokenizing: off the event loop
+        structured = await self.structured_outputs(req)
         params = [self.sampling_params(req, self.resolve_max_tokens(len(ids), req.max_tokens, "prompt"),
-                                       req.logprobs) for _, ids in prompts]
+                                       req.logprobs, structured) for _, ids in prompts]
         self.check_capacity(len(prompts))
         request_id, ids = random_id("cmpl"), [ids for _, ids in prompts]
         if req.stream:

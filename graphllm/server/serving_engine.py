@@ -4,6 +4,7 @@ Every request is checked completely before the engine sees it (model name, unsup
 prompt and output length, sampling values), so a stream never has to fail after its 200.
 """
 
+import asyncio
 import functools
 import json
 import logging
@@ -15,6 +16,7 @@ from pathlib import Path
 from graphllm.runtime.client import EngineClient, EngineDeadError
 from graphllm.runtime.outputs import CompletionOutput, RequestOutput
 from graphllm.runtime.sampling_params import SamplingParams
+from graphllm.runtime.structured_output import StructuredOutputsParams
 from graphllm.server.config import ServerConfig
 from graphllm.server.errors import OpenAIError, bad_request
 from graphllm.server.metrics import ServerMetrics
@@ -23,7 +25,8 @@ from graphllm.server.streaming import merge
 
 logger = logging.getLogger("graphllm.server")
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-STRUCTURED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
+STRUCTURED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")  # vLLM's older names
+STRUCTURED_OUTPUTS_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace")
 MIN_LOGPROB = -9999.0  # JSON has no -inf
 
 
@@ -101,12 +104,6 @@ class OpenAIServing:
         self.check_sizes(req)
         if req.model_extra:
             logger.warning("ignoring unknown request fields: %s", sorted(req.model_extra))
-        if req.response_format is not None and req.response_format.type != "text":
-            raise bad_request("structured output is not supported yet (response_format "
-                              f"{req.response_format.type!r}); only 'text' is", "response_format")
-        for name in STRUCTURED_FIELDS:
-            if getattr(req, name) is not None:
-                raise bad_request(f"structured output is not supported yet ({name})", name)
         if req.logit_bias:
             raise bad_request("logit_bias is not supported yet", "logit_bias")
         if req.best_of is not None and req.best_of != req.n:
@@ -137,7 +134,45 @@ class OpenAIServing:
                               f"the {prompt_param} or completion.", max_tokens_param, "context_length_exceeded")
         return asked
 
-    def sampling_params(self, req: SamplingRequest, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    async def structured_outputs(self, req: SamplingRequest,
+                                 forced: StructuredOutputsParams | None = None) -> StructuredOutputsParams | None:
+        """The request's grammar from whichever field gives one (response_format, vLLM's structured_outputs or
+        guided_*), or forced (a required / named tool call); two sources are a 400. Compiled here once, so a
+        grammar that does not compile is a 400 before any answer starts (the engine's compile is then cached)."""
+        given = []
+        fmt = req.response_format
+        if fmt is not None and fmt.type == "json_object":
+            given.append(("response_format", StructuredOutputsParams(json_object=True)))
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None or fmt.json_schema.json_schema is None:
+                raise bad_request("response_format json_schema needs json_schema.schema", "response_format")
+            given.append(("response_format", StructuredOutputsParams(json=fmt.json_schema.json_schema)))
+        if req.structured_outputs is not None:
+            unknown = sorted(set(req.structured_outputs) - set(STRUCTURED_OUTPUTS_FIELDS))
+            if unknown:
+                raise bad_request(f"structured_outputs: unsupported fields {unknown}; supported: "
+                                  f"{list(STRUCTURED_OUTPUTS_FIELDS)}", "structured_outputs")
+            given.append(("structured_outputs", req.structured_outputs))
+        for name in STRUCTURED_FIELDS:
+            if getattr(req, name) is not None:
+                given.append((name, {name.removeprefix("guided_"): getattr(req, name)}))
+        if forced is not None:
+            given.append(("tool_choice", forced))
+        if not given:
+            return None
+        if len(given) > 1:
+            raise bad_request("give one structured output per request; got " + ", ".join(n for n, _ in given),
+                              given[1][0])
+        name, params = given[0]
+        try:
+            params = params if isinstance(params, StructuredOutputsParams) else StructuredOutputsParams(**params)
+            await asyncio.to_thread(self.engine.check_structured_outputs, params)  # compiling: off the loop
+        except (ValueError, TypeError) as e:
+            raise bad_request(str(e), name) from e
+        return params
+
+    def sampling_params(self, req: SamplingRequest, max_tokens: int, logprobs: int | None,
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         given = {k: getattr(req, k) for k in GENERATION_DEFAULTS if getattr(req, k) is not None}
         try:
             return SamplingParams(
@@ -146,7 +181,7 @@ class OpenAIServing:
                 ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, logprobs=logprobs,
                 skip_special_tokens=req.skip_special_tokens,
-                include_stop_str_in_output=req.include_stop_str_in_output)
+                include_stop_str_in_output=req.include_stop_str_in_output, structured_outputs=structured_outputs)
         except (ValueError, TypeError) as e:
             raise bad_request(str(e), str(e).split(" ", 1)[0]) from e
 

@@ -377,6 +377,63 @@ class Llama3JsonToolStream(ToolStream):
         return True
 
 
+# ---------------------------------------------------------------- forced calls (structured output)
+
+class ForcedToolParser(ToolParser):
+    """tool_choice ``required`` or a named function: a grammar forced the whole output to be the calls,
+    so no tags are looked for. Named: the output is the function's arguments object. Required: a JSON
+    array of ``{"name": ..., "parameters": {...}}`` (forced_tool_schema builds both grammars). An output
+    cut short (max_tokens) parses to no call: it is content."""
+
+    name = "forced"
+
+    def __init__(self, function: str | None = None):
+        self.function = function  # the named function, or None for required
+
+    def extract(self, text: str) -> ExtractedToolCalls:
+        value = _loads_or_none(text)
+        if self.function is not None:
+            calls = [ToolCall(self.function, json.dumps(value, ensure_ascii=False))] if isinstance(value, dict) else []
+        else:
+            found = [call_from_object(item) for item in value] if isinstance(value, list) else []
+            calls = found if found and all(found) else []
+        return ExtractedToolCalls(None if calls else (text.strip() or None), calls)
+
+    def stream(self) -> "ForcedToolStream":
+        return ForcedToolStream(self)
+
+
+class ForcedToolStream(ToolStream):
+    """The calls go out once the output is complete (a partial JSON value is not a call yet)."""
+
+    def __init__(self, parser: ForcedToolParser):
+        super().__init__()
+        self._parser = parser
+
+    def _consume(self, final: bool) -> None:
+        if not final:
+            return
+        extracted, self._buf = self._parser.extract(self._buf), ""
+        for call in extracted.tool_calls:
+            self._emit_call(call)
+        if extracted.content:
+            self._emit_text(extracted.content)
+
+
+def forced_tool_schema(tools: list[dict], function: str | None) -> dict:
+    """The JSON schema a forced call's output must match: the named function's parameters, or (required)
+    a non-empty array of calls to any of the tools (vLLM's construction)."""
+    def parameters(tool: dict) -> dict:
+        return tool["function"].get("parameters") or {"type": "object"}
+
+    if function is not None:
+        return parameters(next(t for t in tools if t["function"]["name"] == function))
+    return {"type": "array", "minItems": 1, "items": {"anyOf": [
+        {"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
+         "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]}, "parameters": parameters(t)}}
+        for t in tools]}}
+
+
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     HermesToolParser.name: HermesToolParser,
     Llama3JsonToolParser.name: Llama3JsonToolParser,

@@ -28,8 +28,8 @@ def client_members() -> list[str]:
 
 
 def test_engine_implements_every_member(engine):
-    assert sorted(client_members()) == ["abort", "check_health", "limits", "model_path", "reset_prefix_cache",
-                                       "stats", "stream", "tokenizer"]
+    assert sorted(client_members()) == ["abort", "check_health", "check_structured_outputs", "limits", "model_path",
+                                       "reset_prefix_cache", "stats", "stream", "tokenizer"]
     assert isinstance(engine, EngineClient)
     for name in client_members():
         assert hasattr(engine, name), name

@@ -15,9 +15,16 @@ from graphllm.runtime.outputs import CompletionOutput, RequestOutput
 PIECE = 3  # characters per step
 
 
-def reply(messages: list[dict], tools: list[dict] | None) -> str:
-    """multiply questions -> a hermes call; tool results -> a sentence; 'think:' -> reasoning."""
+def reply(messages: list[dict], tools: list[dict] | None, forced=None) -> str:
+    """multiply questions -> a hermes call; tool results -> a sentence; 'think:' -> reasoning. Under a forced
+    tool call's grammar (structured output: an array schema for required, else the named function's
+    parameters) what that grammar would let through: the multiply call's arguments as the JSON it asks for."""
     last = messages[-1]
+    if forced is not None:
+        a, b = (list(map(int, re.findall(r"\d+", last["content"])[:2])) + [0, 0])[:2]
+        arguments = {"a": a, "b": b}
+        return json.dumps([{"name": "multiply", "parameters": arguments}] if forced.json.get("type") == "array"
+                          else arguments)
     if last["role"] == "tool":
         return f"The product is {last['content']}."
     text = last["content"]
@@ -54,6 +61,7 @@ class ScriptedEngine:
         self.limits, self.model_path = engine.limits, engine.model_path
         self.rendered: dict[tuple[int, ...], tuple[list[dict], list[dict] | None]] = {}
         self.last_tools: list[dict] | None = None
+        self.last_params = None
 
     def stats(self):
         return self.engine.stats()
@@ -64,11 +72,15 @@ class ScriptedEngine:
     def reset_prefix_cache(self) -> int:
         return self.engine.reset_prefix_cache()
 
+    def check_structured_outputs(self, params) -> None:
+        self.engine.check_structured_outputs(params)
+
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)
 
     async def stream(self, prompt: list[int], params, request_id: str | None = None):
-        text = reply(*self.rendered[tuple(prompt)])
+        self.last_params = params
+        text = reply(*self.rendered[tuple(prompt)], params.structured_outputs)
         pieces = [text[i:i + PIECE] for i in range(0, len(text), PIECE)]
         eos = min(self.engine.state.eos_token_ids)
         for step in range(1, len(pieces) + 2):  # the last step samples EOS

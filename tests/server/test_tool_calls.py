@@ -2,7 +2,7 @@
 
 The scripted server (tests/server/scripted.py) answers in known text, so these check the server's
 side: what the template gets, how parsed calls come out whole and streamed, and what required /
-named tool choices do when the model does not comply. The last test runs the real demo model.
+named tool choices ask the engine for (a grammar). The last tests run the real demo model.
 """
 
 import json
@@ -70,30 +70,40 @@ def test_tool_choice_none_leaves_tools_out_and_text_unparsed(scripted, scripted_
     assert out.choices[0].message.tool_calls == [] and "<tool_call>" in out.choices[0].message.content
 
 
-def test_named_tool_choice(scripted, scripted_server):
+def test_named_tool_choice_is_forced_by_the_functions_schema(scripted, scripted_server):
     named = {"type": "function", "function": {"name": "multiply"}}
     out = scripted.chat.completions.create(model=MODEL, messages=QUESTION, tools=[ADD, MULTIPLY], tool_choice=named)
     assert scripted_server.engine.last_tools == [MULTIPLY]  # only the named tool reaches the prompt
-    assert [c.function.name for c in out.choices[0].message.tool_calls] == ["multiply"]
-    assert out.choices[0].finish_reason == "stop"  # OpenAI's finish reason for a forced call
-    other = [{"role": "user", "content": "call other: please"}]
-    with pytest.raises(openai.BadRequestError) as e:
-        scripted.chat.completions.create(model=MODEL, messages=other, tools=[ADD, MULTIPLY], tool_choice=named)
-    assert e.value.body["code"] == "tool_call_missing" and e.value.body["param"] == "tool_choice"
+    assert scripted_server.engine.last_params.structured_outputs.json == MULTIPLY["function"]["parameters"]
+    [call] = out.choices[0].message.tool_calls
+    assert call.function.name == "multiply" and json.loads(call.function.arguments) == {"a": 7, "b": 8}
+    assert out.choices[0].finish_reason == "stop" and out.choices[0].message.content is None  # OpenAI's, forced
+    calls, content, finish = streamed_calls(scripted.chat.completions.create(
+        model=MODEL, messages=QUESTION, tools=[ADD, MULTIPLY], tool_choice=named, stream=True))
+    assert [c["name"] for c in calls.values()] == ["multiply"] and json.loads(calls[0]["arguments"]) == {"a": 7, "b": 8}
+    assert content == "" and finish == ["stop"]
 
 
-def test_required_without_a_call_is_an_error_whole_and_streamed(scripted):
-    chat = [{"role": "user", "content": "Hello there."}]
+def test_required_is_forced_as_an_array_of_calls_whole_and_streamed(scripted, scripted_server):
+    chat = [{"role": "user", "content": "Hello there."}]  # a question the script would not call a tool for
+    out = scripted.chat.completions.create(model=MODEL, messages=chat, tools=[ADD, MULTIPLY], tool_choice="required")
+    schema = scripted_server.engine.last_params.structured_outputs.json
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    assert [item["properties"]["name"]["enum"] for item in schema["items"]["anyOf"]] == [["add"], ["multiply"]]
+    assert out.choices[0].finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in out.choices[0].message.tool_calls] == [
+        ("multiply", {"a": 0, "b": 0})]
+    calls, content, finish = streamed_calls(scripted.chat.completions.create(
+        model=MODEL, messages=QUESTION, tools=[MULTIPLY], tool_choice="required", stream=True))
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("multiply", {"a": 7, "b": 8})]
+    assert finish == ["tool_calls"]
+
+
+def test_a_forced_call_and_another_grammar_is_a_400(scripted):
     with pytest.raises(openai.BadRequestError) as e:
-        scripted.chat.completions.create(model=MODEL, messages=chat, tools=[MULTIPLY], tool_choice="required")
-    assert "no valid tool call" in e.value.message and "I can only multiply." in e.value.message
-    stream = scripted.chat.completions.create(model=MODEL, messages=chat, tools=[MULTIPLY], tool_choice="required",
-                                              stream=True)
-    with pytest.raises(openai.APIError) as e:
-        list(stream)
-    assert "no valid tool call" in e.value.message
-    ok = scripted.chat.completions.create(model=MODEL, messages=QUESTION, tools=[MULTIPLY], tool_choice="required")
-    assert ok.choices[0].finish_reason == "tool_calls" and len(ok.choices[0].message.tool_calls) == 1
+        scripted.chat.completions.create(model=MODEL, messages=QUESTION, tools=[MULTIPLY], tool_choice="required",
+                                         response_format={"type": "json_object"})
+    assert "one structured output per request" in e.value.message
 
 
 def test_n_choices_each_parse_their_calls(scripted):
@@ -117,11 +127,13 @@ def test_reasoning_content_whole_and_streamed(scripted):
     assert (reasoning, content) == (message.reasoning_content, message.content)
 
 
-def test_tools_need_a_tool_call_parser():
+def test_auto_tool_choice_needs_a_tool_call_parser_and_forced_ones_do_not():
     request = ChatCompletionRequest(messages=QUESTION, tools=[MULTIPLY])
     assert tool_mode(request, "hermes").choice == "auto"
     with pytest.raises(Exception, match="--tool-call-parser"):
         tool_mode(request, None)
+    assert tool_mode(ChatCompletionRequest(messages=QUESTION, tools=[MULTIPLY], tool_choice="required"), None).choice \
+        == "required"
     assert tool_mode(ChatCompletionRequest(messages=QUESTION, tools=[MULTIPLY], tool_choice="none"), None).choice \
         == "none"
 
@@ -144,3 +156,16 @@ def test_demo_model_calls_multiply(server, client):
     answer = client.chat.completions.create(model=MODEL, messages=follow_up, tools=[MULTIPLY], temperature=0,
                                             max_tokens=48)
     assert "56" in answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "multiply"}}])
+def test_demo_model_forced_calls_always_parse(server, client, tool_choice):
+    """Sampled freely (temperature 1, several seeds), a forced call is always a valid call to multiply."""
+    for seed in range(3):
+        out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi!"}],
+                                             tools=[MULTIPLY], tool_choice=tool_choice, temperature=1.0, seed=seed,
+                                             max_tokens=200, extra_body={"structured_outputs": None})
+        [call] = out.choices[0].message.tool_calls[:1]
+        arguments = json.loads(call.function.arguments)
+        assert call.function.name == "multiply" and set(arguments) >= {"a", "b"}
+        assert isinstance(arguments["a"], int) and isinstance(arguments["b"], int)
