@@ -54,6 +54,7 @@ class Sequence:
     num_registered_blocks: int = 0  # of its block table, the leading blocks it registered or took from the cache
     num_cached_tokens: int | None = None  # prompt tokens its first admission found in the prefix cache
     grammar: Any = None  # its xgrammar GrammarMatcher under structured output (runtime/structured_output.py)
+    grammar_open: bool = False  # past its reasoning (structured_output.grammar_live)
     prompt_token_ids: list[int] = field(init=False)  # token_ids[:num_prompt_tokens]
     output_token_ids: list[int] = field(init=False)  # token_ids[num_prompt_tokens:]
 

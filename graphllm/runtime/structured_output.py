@@ -5,12 +5,19 @@
 A request's StructuredOutputsParams is compiled once when the request is added (GrammarCompiler, which
 caches by grammar text), and each of its n sequences gets a GrammarMatcher of its own. Then per step:
 
-    before sampling:  rows whose sequence has a matcher get its next-token bitmask applied to their
-                      logits in place (tokens the grammar forbids become -inf), for host and device
-                      sampling alike; under async scheduling the previous step's token has been read
-                      back and accepted by then (StepLoop reads back before it samples)
+    before sampling:  rows whose sequence has a live matcher get its next-token bitmask applied to
+                      their logits in place (tokens the grammar forbids become -inf), for host and
+                      device sampling alike. The masks are filled on the host (xgrammar's batch
+                      matcher, several threads) into a persistent buffer, copied to a persistent
+                      device buffer and applied there; only rows with a grammar are touched. Under
+                      async scheduling this runs after the previous step's tokens were read back and
+                      accepted, while the GPU runs the step whose logits it will mask.
     after a token:    the matcher accepts it (PostProcessor.update_stop); a matcher that has
                       terminated (grammar complete, stop token accepted) finishes the sequence
+
+Reasoning models (reasoning_end, set by the server under a --reasoning-parser when the answer starts
+inside reasoning): the grammar waits, and the text is free, until the output holds reasoning_end (e.g.
+"</think>"); the tokens after it are constrained.
 
 Logprobs are of the constrained logits, as in vLLM (the bitmask is applied before the sampler). A
 sequence with a grammar never runs queued decode steps (StepLoop._decode_steps): their tokens are
@@ -41,6 +48,7 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     disable_any_whitespace: bool = False
+    reasoning_end: str | None = None  # graphllm's: free text until the output holds this, then the grammar
 
     def __post_init__(self) -> None:
         given = [kind for kind in KINDS if getattr(self, kind) not in (None, False)]
@@ -66,7 +74,7 @@ class StructuredOutputManager:
 
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]):
         self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, list(stop_token_ids)
-        self._compiler = None
+        self._compiler = self._batch = self._host = self._device = None
 
     def _grammar_compiler(self):
         if self._compiler is None:
@@ -99,22 +107,46 @@ class StructuredOutputManager:
         return xgr.GrammarMatcher(compiled)
 
     def constrain(self, logits: torch.Tensor, seqs: list) -> None:
-        """Mask, in place, the rows of logits ([len(seqs), V]) whose sequence has a live matcher."""
-        rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.grammar.is_terminated()]
+        """Mask, in place, the rows of logits ([len(seqs), V]) whose sequence's grammar is live."""
+        rows = [i for i, seq in enumerate(seqs) if grammar_live(seq)]
         if not rows:
             return
         import xgrammar as xgr
-        bitmask = xgr.allocate_token_bitmask(logits.shape[0], self.vocab_size)
-        for i in rows:
-            seqs[i].grammar.fill_next_token_bitmask(bitmask, i)
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
-                                        vocab_size=self.vocab_size, indices=rows)
+        host, device = self._buffers(logits.shape[0], logits.device)
+        if self._batch is None:
+            self._batch = xgr.BatchGrammarMatcher()
+        self._batch.batch_fill_next_token_bitmask([seqs[i].grammar for i in rows], host, indices=rows)
+        device[:logits.shape[0]].copy_(host[:logits.shape[0]], non_blocking=True)
+        xgr.apply_token_bitmask_inplace(logits, device[:logits.shape[0]], vocab_size=self.vocab_size,
+                                        indices=rows)
+
+    def _buffers(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The host bitmask (pinned where a GPU is) and its device copy, [capacity, V / 32] int32 each,
+        kept between steps and grown to the next power of two when a step has more rows."""
+        if self._host is None or self._host.shape[0] < rows or self._device.device != device:
+            import xgrammar as xgr
+            capacity = 1 << max(rows - 1, 0).bit_length()
+            host = xgr.allocate_token_bitmask(capacity, self.vocab_size)
+            self._host = host.pin_memory() if device.type == "cuda" else host
+            self._device = self._host.to(device) if device.type == "cuda" else self._host
+        return self._host, self._device
+
+
+def grammar_live(seq) -> bool:
+    """Whether seq's grammar constrains its next token: it has one, not terminated, and past any
+    reasoning (the output holds reasoning_end; checked until it does, then remembered)."""
+    if seq.grammar is None or seq.grammar.is_terminated():
+        return False
+    if not seq.grammar_open:
+        end = seq.params.structured_outputs.reasoning_end
+        seq.grammar_open = end is None or (seq.detokenizer is not None and end in seq.detokenizer.output_text)
+    return seq.grammar_open
 
 
 def accept(seq, token: int) -> str | None:
-    """Feed a sampled token to seq's matcher: "stop" once the grammar terminated, "abort" if the matcher
-    refused the token (a bug: the mask should have forbidden it), else None."""
-    if seq.grammar is None:
+    """Feed a sampled token to seq's matcher (if its grammar is live): "stop" once the grammar terminated,
+    "abort" if the matcher refused the token (a bug: the mask should have forbidden it), else None."""
+    if not grammar_live(seq):
         return None
     if not seq.grammar.accept_token(token):
         logger.error("request %s: the grammar refused token %d; the sequence is stopped", seq.request_id, token)

@@ -95,6 +95,11 @@ class ReasoningParser:
         """A fresh incremental splitter for one generation."""
         raise NotImplementedError
 
+    def answer_starts_in_reasoning(self, prompt_tail: str) -> bool:
+        """Whether the output begins inside reasoning, given the prompt's last characters: then a grammar
+        (structured output) waits for ``</think>``, leaving the reasoning free."""
+        return prompt_tail.rfind(THINK_OPEN) > prompt_tail.rfind(THINK_CLOSE)
+
 
 # ------------------------------------------------------------------------------------ deepseek_r1
 
@@ -111,6 +116,9 @@ class DeepSeekR1ReasoningParser(ReasoningParser):
 
     def stream(self) -> DeepSeekR1ReasoningStream:
         return DeepSeekR1ReasoningStream()
+
+    def answer_starts_in_reasoning(self, prompt_tail: str) -> bool:
+        return True  # the template opened <think>, or the model writes it first: reasoning either way
 
 
 class DeepSeekR1ReasoningStream(ReasoningStream):

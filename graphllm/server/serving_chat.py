@@ -16,11 +16,15 @@ template, and the request's tools and tool_choice become a ToolMode:
   forces the output to be f's arguments object.
 The forced outputs are read by tool_parsers.ForcedToolParser, so their calls always parse (an
 output cut short by max_tokens is content, with finish_reason "length").
+Under --reasoning-parser, a grammar (tool choice, response_format, guided_*) leaves the reasoning free
+when the answer starts inside it (deepseek_r1 always; qwen3 when the template left <think> open) and
+constrains what follows </think>.
 "auto" needs the server started with --tool-call-parser (400 otherwise), as in vLLM; response_format
 or guided_* together with a forced tool call is a 400 (one grammar per request).
 """
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -40,6 +44,7 @@ from graphllm.server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletio
                                       TopLogprob, random_id, usage)
 from graphllm.server.serving_engine import OpenAIServing, logprob_value, num_visible_tokens
 from graphllm.server.streaming import SSE_DONE, EventStreamResponse, sse, sse_error, until_disconnect
+from graphllm.server.reasoning_parsers import THINK_CLOSE
 from graphllm.server.tool_parsers import ForcedToolParser, forced_tool_schema
 
 logger = logging.getLogger("graphllm.server")
@@ -48,6 +53,7 @@ logger = logging.getLogger("graphllm.server")
 # -- the prompt ------------------------------------------------------------------------------
 
 NEEDS_CONTENT = ("system", "developer", "user", "tool")
+REASONING_TAIL_TOKENS = 16  # prompt tokens read back to see whether the template left <think> open
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,10 @@ class ServingChat(OpenAIServing):
                         is not None else (req.max_tokens, "max_tokens"))
         max_tokens = self.resolve_max_tokens(len(prompt_ids), asked, "messages", param)
         structured = await self.structured_outputs(req, forced_tool_outputs(mode))
+        if structured is not None and (parser := self.reasoning_parser()) is not None:
+            tail = self.engine.tokenizer.decode(prompt_ids[-REASONING_TAIL_TOKENS:])
+            if parser.answer_starts_in_reasoning(tail):  # the reasoning stays free, the answer is constrained
+                structured = dataclasses.replace(structured, reasoning_end=THINK_CLOSE)
         params = self.sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None,
                                       structured)
         self.check_capacity(1)

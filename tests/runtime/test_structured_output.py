@@ -85,3 +85,26 @@ def test_params_take_exactly_one_kind_and_accept_a_dict():
         SO(choice=[])
     assert SamplingParams(structured_outputs={"regex": "a+"}).structured_outputs == SO(regex="a+")
     assert choice_grammar(['a"b', "c\\d"]) == 'root ::= "a\\"b" | "c\\\\d"'
+
+
+def test_a_grammar_that_allows_everything_changes_nothing(engine):
+    free = SamplingParams(max_tokens=24, temperature=0.0)
+    anything = SamplingParams(max_tokens=24, temperature=0.0, structured_outputs=SO(grammar="root ::= [^]*"))
+    assert [o.outputs[0].token_ids for o in engine.generate(PROMPTS, anything)] == [
+        o.outputs[0].token_ids for o in engine.generate(PROMPTS, free)]
+
+
+def test_reasoning_is_free_until_its_end_marker_then_the_answer_is_constrained(engine):
+    """A stand-in for "</think>": two characters the unconstrained run writes early. With the same seed the
+    constrained run writes the same free text up to the marker, and after it only what the grammar allows."""
+    free = dict(max_tokens=40, temperature=0.7, seed=4)
+    for prompt in PROMPTS:
+        [unconstrained] = engine.generate([prompt], SamplingParams(**free))
+        reasoning = unconstrained.outputs[0].text
+        marker = reasoning[2:4]
+        params = SamplingParams(**free, structured_outputs=SO(regex=r"\[[0-9]{3}\]", reasoning_end=marker))
+        [out] = engine.generate([prompt], params)
+        text = out.outputs[0].text
+        head = reasoning[:reasoning.index(marker) + len(marker)]
+        assert text.startswith(head) and re.fullmatch(r"\[[0-9]{3}\]", text[-5:]), (reasoning, text)
+        assert len(text) - 5 < len(head) + 8  # the answer starts right after the marker's token

@@ -106,3 +106,12 @@ def test_qwen3_plain_content_streams_without_waiting():
     assert stream.feed("<th") == ("", "")
     assert stream.feed("ink>why") == ("why", "")
     assert stream.finish() == ("", "")
+
+
+def test_where_the_answer_starts_for_a_grammar():
+    from graphllm.server.reasoning_parsers import REASONING_PARSERS
+    qwen3, r1 = REASONING_PARSERS["qwen3"](), REASONING_PARSERS["deepseek_r1"]()
+    assert qwen3.answer_starts_in_reasoning("<|im_start|>assistant\n<think>\n")
+    assert not qwen3.answer_starts_in_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not qwen3.answer_starts_in_reasoning("<|im_start|>assistant\n")
+    assert r1.answer_starts_in_reasoning("<｜Assistant｜>")

@@ -4,8 +4,10 @@ streamed and whole; a grammar that does not compile, an unknown field or two gra
 400 in OpenAI's error shape, and the server keeps serving."""
 
 import json
+import random
 import re
 
+import jsonschema
 import openai
 import pytest
 
@@ -85,3 +87,41 @@ def test_bad_grammars_are_400s_and_the_server_keeps_serving(client, extra, param
         assert e.value.body["param"] == param and words in e.value.message
     ok = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2)
     assert ok.choices[0].finish_reason in ("length", "stop")
+
+
+def random_schema(rng: random.Random, depth: int = 0) -> dict:
+    """A JSON schema of bounded size: objects (required and optional properties), arrays, enums, strings,
+    integers and numbers with bounds, booleans; nested up to two levels."""
+    kinds = ["string", "integer", "number", "boolean", "enum"] + (["object", "array"] if depth < 2 else [])
+    kind = rng.choice(kinds)
+    if kind == "string":
+        return {"type": "string", "maxLength": rng.randint(1, 6)}
+    if kind == "integer":
+        low = rng.randint(-50, 50)
+        return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 100)}
+    if kind == "number":
+        return {"type": "number", "minimum": -10, "maximum": rng.choice([1, 10, 100])}
+    if kind == "boolean":
+        return {"type": "boolean"}
+    if kind == "enum":
+        return {"enum": rng.sample(["a", "b", "c", 1, 2, True, None], rng.randint(1, 4))}
+    if kind == "array":
+        return {"type": "array", "items": random_schema(rng, depth + 1), "minItems": rng.randint(0, 1),
+                "maxItems": rng.randint(1, 3)}
+    names = rng.sample(["id", "name", "tags", "size", "ok", "kind", "meta"], rng.randint(1, 4))
+    return {"type": "object", "additionalProperties": False,
+            "properties": {n: random_schema(rng, depth + 1) for n in names},
+            "required": rng.sample(names, rng.randint(0, len(names)))}
+
+
+def test_fifty_generated_schemas_validate(client):
+    """Through the server and openai: 50 seeded schemas, each output parses and validates (jsonschema)."""
+    rng = random.Random(0)
+    for i in range(50):
+        schema = {"type": "object", "additionalProperties": False, "required": ["value"],
+                  "properties": {"value": random_schema(rng)}}
+        out = client.completions.create(model=MODEL, prompt="JSON:", max_tokens=400, temperature=1.0, seed=i,
+                                         extra_body={"guided_json": schema})
+        choice = out.choices[0]
+        assert choice.finish_reason == "stop", (i, schema, choice.text)
+        jsonschema.validate(json.loads(choice.text), schema)
