@@ -42,6 +42,9 @@
 #              8 system prompts of 2,048 tokens + 128 of their own, 128 out) or random (the standard one); one
 #              artifact for all four (--max-model-len 2320);  pc-tests  tests/runtime/test_prefix_caching.py on
 #              the GPU (its engines then run the triton and the torch attention backends)
+#   so-tests   (issue 18) the structured-output tests (runtime and server, the demo model on the GPU)
+#   so-tput-0 / so-tput-half  bench throughput, 1,024 requests, none / every second one constrained by a JSON
+#              schema (--structured-fraction 0.5); the same artifact as qtput-*
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
 set -uo pipefail
@@ -165,6 +168,11 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --quantization "${stage#qtput-}" --json "$OUT/r/$stage.json" ;;
     pc-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/runtime/test_prefix_caching.py ;;
+    so-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        tests/runtime/test_structured_output.py tests/server/test_structured_output.py tests/server/test_tool_calls.py ;;
+    so-tput-0) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    so-tput-half) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --structured-fraction 0.5 \
+        --json "$OUT/r/$stage.json" ;;
     pc-shared-*) bench throughput --preset llama-3-8b --workload shared-prefix --num-requests 1024 --num-prefixes 8 \
         --prefix-len 2048 --suffix-len 128 --output-len 128 $PCLIMITS --work $WORK --json "$OUT/r/$stage.json" \
         $( [ "${stage##*-}" = off ] && echo --no-enable-prefix-caching ) ;;

@@ -17,6 +17,7 @@ like with like; the engine's full run is reported beside it.
 """
 
 import argparse
+import dataclasses
 import random
 import statistics
 import time
@@ -47,6 +48,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prefix-len", type=int, default=2048)
     p.add_argument("--suffix-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128, help="shared-prefix: tokens each request generates")
+    p.add_argument("--structured-fraction", type=float, default=0.0,
+                   help="this share of the requests (every k-th) must answer in JSON matching a nested schema "
+                        "(structured output); compare against 0 in the same call")
     p.add_argument("--hf-batch-size", type=int, default=64, help="transformers generate batch (--compare)")
     p.add_argument("--compare-num-requests", type=int, default=256,
                    help="transformers runs only this many of the requests (the first ones)")
@@ -74,7 +78,7 @@ def run_requests(engine, requests: list[BenchRequest], first_token_times: bool =
     try:
         sync()
         start = time.perf_counter()
-        ids = [engine.add_request(r.prompt, params_for(r.output_len)) for r in requests]
+        ids = [engine.add_request(r.prompt, params_for(r.output_len, r.structured)) for r in requests]
         waiting = {i: engine.requests[i].seqs[0] for i in ids} if first_token_times else {}
         for i in ids:  # only the final outputs are kept (as generate does)
             engine.requests[i].report_progress = False
@@ -93,7 +97,9 @@ def run_requests(engine, requests: list[BenchRequest], first_token_times: bool =
     finally:
         timer.remove()
     generated = [len(finished[i].outputs[0].token_ids) for i in ids]
+    structured = [n for r, n in zip(requests, generated) if r.structured]
     report = summarize_run(requests, generated, wall) | {
+        "structured_requests": len(structured), "structured_output_tokens": sum(structured),
         "steps": len(timer.records), "preemptions": engine.scheduler.num_preemptions - preempted,
         "prefix_cache": {"enabled": pool.enable_prefix_caching, "queried_tokens": pool.prefix_cache_queries - queries,
                          "hit_tokens": pool.prefix_cache_hits - hits},
@@ -128,6 +134,9 @@ def format_table(report: dict) -> str:
     if "ratio" in report:
         lines.append("ours / transformers: " + ", ".join(f"{k} {fmt(v, '.2f')}" for k, v in report["ratio"].items()))
     ours = report["ours"]
+    if ours["structured_requests"]:
+        lines.append(f"structured output: {ours['structured_requests']} requests, "
+                     f"{ours['structured_output_tokens']} of {ours['output_tokens']} output tokens")
     cache = ours["prefix_cache"]
     lines.append(f"prefix cache {'on' if cache['enabled'] else 'off'}: {cache['hit_tokens']} of "
                  f"{cache['queried_tokens']} prompt tokens hit")
@@ -141,6 +150,8 @@ def format_table(report: dict) -> str:
 
 
 def check_args(args: argparse.Namespace) -> None:
+    if not 0 <= args.structured_fraction <= 1:
+        raise ValueError(f"--structured-fraction must be in [0, 1], got {args.structured_fraction}")
     if args.num_requests < 1 or args.hf_batch_size < 1 or args.compare_num_requests < 1:
         raise ValueError("--num-requests, --hf-batch-size and --compare-num-requests must be positive")
     if not 1 <= args.min_len <= args.max_len:
@@ -166,6 +177,9 @@ def main(args: argparse.Namespace) -> int:
               "engine": engine_facts(engine),
               "requests": [{"input_len": len(r.prompt), "output_len": r.output_len} for r in requests]}
     warm_up(engine, min(engine.state.limits.max_num_seqs, 8), args.min_len)
+    if args.structured_fraction:
+        every = max(1, round(1 / args.structured_fraction))
+        requests = [dataclasses.replace(r, structured=i % every == 0) for i, r in enumerate(requests)]
     report["ours"] = run_requests(engine, requests, first_token_times=shared)
     print(f"engine: {report['ours']['output_tok_s']:.1f} output tok/s", flush=True)
     compared = requests[:args.compare_num_requests] if args.compare else requests

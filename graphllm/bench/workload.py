@@ -20,6 +20,7 @@ import torch
 from graphllm.cli.args import add_pass_flags, add_runtime_flags, pass_switches
 from graphllm.config import ATTENTION_BACKENDS, DEFAULT_LIMITS, DTYPES, EngineConfig
 from graphllm.runtime.sampling_params import SamplingParams
+from graphllm.runtime.structured_output import StructuredOutputsParams
 
 PARTS = ("schedule", "model", "sample", "rest")  # a step's time, in this order
 # Smallest derived limits: capture's example step (graphllm/ir/capture.py) has 3 sequences and 9
@@ -31,6 +32,16 @@ MIN_MAX_NUM_SEQS, MIN_MAX_NUM_BATCHED_TOKENS = 4, 16
 class BenchRequest:
     prompt: list[int]  # token ids
     output_len: int  # tokens asked for, with ignore_eos
+    structured: bool = False  # its output must match STRUCTURED_SCHEMA (bench throughput --structured-fraction)
+
+
+# the JSON schema of --structured-fraction's requests: nested objects, arrays, enums, bounded numbers
+STRUCTURED_SCHEMA = {"type": "object", "required": ["items"], "additionalProperties": False, "properties": {
+    "items": {"type": "array", "items": {
+        "type": "object", "required": ["id", "name", "kind"], "additionalProperties": False, "properties": {
+            "id": {"type": "integer", "minimum": 0, "maximum": 100000}, "name": {"type": "string"},
+            "kind": {"enum": ["alpha", "beta", "gamma"]}, "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "tags": {"type": "array", "items": {"type": "string"}}}}}}}
 
 
 def add_common_args(p: argparse.ArgumentParser, max_num_seqs: int | None) -> None:
@@ -153,8 +164,11 @@ def make_requests(num: int, min_len: int, max_len: int, vocab: int, seed: int) -
     return [BenchRequest(random_prompt(rng, i, vocab), o) for i, o in zip(input_lens, output_lens)]
 
 
-def params_for(output_len: int) -> SamplingParams:
-    return SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0)
+def params_for(output_len: int, structured: bool = False) -> SamplingParams:
+    """Greedy, exactly output_len tokens (ignore_eos); structured: STRUCTURED_SCHEMA constrains them and the
+    request ends early if its JSON completes."""
+    return SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0,
+                          structured_outputs=StructuredOutputsParams(json=STRUCTURED_SCHEMA) if structured else None)
 
 
 def summarize_run(requests: list[BenchRequest], generated: list[int], wall: float) -> dict:

@@ -92,3 +92,11 @@ def test_shared_prefix_workload_hits_the_cache_and_reports_first_token_times(tin
     assert hit >= 32  # at least one request after the first found two full 16-token blocks of its prefix
     assert sum(on["step_table"]["prefill_tokens"]) == NUM * 45 - hit  # cached tokens are not computed
     assert sum(off["step_table"]["prefill_tokens"]) == NUM * 45
+
+
+def test_structured_fraction_constrains_every_other_request(tmp_path):
+    from graphllm.demo import DEMO_MODEL_DIR
+    report = run_throughput(tmp_path, Path(DEMO_MODEL_DIR), "--structured-fraction", "0.5")
+    ours = report["ours"]
+    assert ours["structured_requests"] == (NUM + 1) // 2  # requests 0, 2, 4, 6
+    assert 0 < ours["structured_output_tokens"] <= ours["output_tokens"]

@@ -125,3 +125,9 @@ def test_fifty_generated_schemas_validate(client):
         choice = out.choices[0]
         assert choice.finish_reason == "stop", (i, schema, choice.text)
         jsonschema.validate(json.loads(choice.text), schema)
+
+
+def test_a_grammar_that_cannot_finish_in_max_tokens_ends_with_length(client):
+    out = client.completions.create(model=MODEL, prompt="Hi", max_tokens=5, extra_body={"guided_regex": "a{40}"})
+    assert out.choices[0].finish_reason == "length" and out.choices[0].text == "a" * 5
+    assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=2).choices[0].text is not None
