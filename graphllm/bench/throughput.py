@@ -5,6 +5,10 @@ Input and output lengths are uniform in [--min-len, --max-len], drawn independen
 its output length (greedy, ignore_eos). The scheduler batches them as it would in serving
 (continuous batching, chunked prefill, preemption under KV pressure).
 
+`--structured-fraction F` constrains every (1/F)-th request's output with a nested JSON schema
+(structured output; on a preset without a tokenizer, against a synthetic vocabulary of the model's
+size); constrained requests end early once their JSON is complete.
+
 `--workload shared-prefix` (the prefix-caching benchmark): every prompt is one of `--num-prefixes`
 random system prompts of `--prefix-len` tokens, then `--suffix-len` random tokens of its own, and
 asks for `--output-len` tokens; the report adds time to first token (submission to the first sampled
@@ -26,8 +30,8 @@ from pathlib import Path
 from graphllm.bench import hf_compare, plots, profiling
 from graphllm.bench.workload import (BenchRequest, StepTimer, add_common_args, build_engine, engine_facts, fmt,
                                      format_rows, free_engine, make_requests, model_folder, params_for,
-                                     prepare_work, random_prompt, summarize_run, synchronizer, warm_up,
-                                     write_report)
+                                     prepare_work, random_prompt, summarize_run, synchronizer,
+                                     synthetic_vocabulary, warm_up, write_report)
 
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
@@ -178,6 +182,8 @@ def main(args: argparse.Namespace) -> int:
               "requests": [{"input_len": len(r.prompt), "output_len": r.output_len} for r in requests]}
     warm_up(engine, min(engine.state.limits.max_num_seqs, 8), args.min_len)
     if args.structured_fraction:
+        if engine.tokenizer is None:  # a preset: grammars match a synthetic vocabulary of the model's size
+            engine.structured_outputs.use_vocabulary(synthetic_vocabulary(vocab))
         every = max(1, round(1 / args.structured_fraction))
         requests = [dataclasses.replace(r, structured=i % every == 0) for i, r in enumerate(requests)]
     report["ours"] = run_requests(engine, requests, first_token_times=shared)

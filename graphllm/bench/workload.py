@@ -164,6 +164,22 @@ def make_requests(num: int, min_len: int, max_len: int, vocab: int, seed: int) -
     return [BenchRequest(random_prompt(rng, i, vocab), o) for i, o in zip(input_lens, output_lens)]
 
 
+def synthetic_vocabulary(size: int, seed: int = 0) -> list[str]:
+    """size distinct token texts for a preset without a tokenizer: the printable ASCII characters, then
+    seeded random strings of 2-10 letters, digits, punctuation and spaces (a BPE vocabulary's shape for
+    the grammar engine's cost; not a real language)."""
+    rng = random.Random(f"vocabulary:{seed}")
+    alphabet = [chr(c) for c in range(32, 127)] + ["\n", "\t"]
+    words = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _-.,:;\"{}[]"
+    vocab, seen = list(alphabet), set(alphabet)
+    while len(vocab) < size:
+        text = "".join(rng.choice(words) for _ in range(rng.randint(2, 10)))
+        if text not in seen:
+            seen.add(text)
+            vocab.append(text)
+    return vocab
+
+
 def params_for(output_len: int, structured: bool = False) -> SamplingParams:
     """Greedy, exactly output_len tokens (ignore_eos); structured: STRUCTURED_SCHEMA constrains them and the
     request ends early if its JSON completes."""

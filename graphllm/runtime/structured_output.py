@@ -86,6 +86,14 @@ class StructuredOutputManager:
             self._compiler = xgr.GrammarCompiler(info)
         return self._compiler
 
+    def use_vocabulary(self, token_texts: list[str]) -> None:
+        """Match grammars against these token texts (one per id, raw) instead of the tokenizer's: for a
+        model folder without a tokenizer (the benchmarks' random-weight presets)."""
+        import xgrammar as xgr
+        info = xgr.TokenizerInfo(token_texts, xgr.VocabType.RAW, vocab_size=self.vocab_size,
+                                 stop_token_ids=self.stop_token_ids)
+        self._compiler = xgr.GrammarCompiler(info)
+
     def compile(self, params: StructuredOutputsParams) -> Any:
         """The xgrammar CompiledGrammar of params; ValueError naming the field when it does not compile."""
         compiler, kind = self._grammar_compiler(), params.kind

@@ -135,6 +135,7 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True  # false: tool_choice "required" forces exactly one call
     chat_template_kwargs: dict[str, Any] | None = None
 
 

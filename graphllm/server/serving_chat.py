@@ -90,11 +90,14 @@ def tool_mode(req: ChatCompletionRequest, tool_call_parser: str | None) -> ToolM
     return mode
 
 
-def forced_tool_outputs(mode: ToolMode) -> StructuredOutputsParams | None:
-    """The grammar of a required or named tool choice (None for none and auto)."""
+def forced_tool_outputs(mode: ToolMode, parallel: bool = True) -> StructuredOutputsParams | None:
+    """The grammar of a required or named tool choice (None for none and auto); parallel False: one call."""
     if mode.choice not in ("required", "named"):
         return None
-    return StructuredOutputsParams(json=forced_tool_schema(mode.tools, mode.name))
+    schema = forced_tool_schema(mode.tools, mode.name)
+    if mode.choice == "required" and not parallel:
+        schema = {**schema, "maxItems": 1}
+    return StructuredOutputsParams(json=schema)
 
 
 def tool_dict(tool: Tool) -> dict:
@@ -203,7 +206,7 @@ class ServingChat(OpenAIServing):
         asked, param = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens
                         is not None else (req.max_tokens, "max_tokens"))
         max_tokens = self.resolve_max_tokens(len(prompt_ids), asked, "messages", param)
-        structured = await self.structured_outputs(req, forced_tool_outputs(mode))
+        structured = await self.structured_outputs(req, forced_tool_outputs(mode, req.parallel_tool_calls))
         if structured is not None and (parser := self.reasoning_parser()) is not None:
             tail = self.engine.tokenizer.decode(prompt_ids[-REASONING_TAIL_TOKENS:])
             if parser.answer_starts_in_reasoning(tail):  # the reasoning stays free, the answer is constrained

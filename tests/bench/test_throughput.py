@@ -100,3 +100,17 @@ def test_structured_fraction_constrains_every_other_request(tmp_path):
     ours = report["ours"]
     assert ours["structured_requests"] == (NUM + 1) // 2  # requests 0, 2, 4, 6
     assert 0 < ours["structured_output_tokens"] <= ours["output_tokens"]
+
+
+def test_structured_fraction_on_a_model_without_a_tokenizer(tiny_model_dir, tmp_path):
+    model = every_token_eos(tiny_model_dir("llama")[0], tmp_path / "eos-model")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (model / name).unlink(missing_ok=True)
+    ours = run_throughput(tmp_path, model, "--structured-fraction", "0.5")["ours"]
+    assert ours["structured_requests"] == (NUM + 1) // 2 and ours["structured_output_tokens"] > 0
+
+
+def test_the_synthetic_vocabulary_is_distinct_and_seeded():
+    from graphllm.bench.workload import synthetic_vocabulary
+    vocab = synthetic_vocabulary(5000)
+    assert len(set(vocab)) == 5000 and vocab == synthetic_vocabulary(5000) and "{" in vocab and '"' in vocab

@@ -158,14 +158,20 @@ def test_demo_model_calls_multiply(server, client):
     assert "56" in answer.choices[0].message.content and not answer.choices[0].message.tool_calls
 
 
-@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "multiply"}}])
-def test_demo_model_forced_calls_always_parse(server, client, tool_choice):
-    """Sampled freely (temperature 1, several seeds), a forced call is always a valid call to multiply."""
+@pytest.mark.parametrize("tool_choice, parallel", [("required", True), ("required", False),
+                                                    ({"type": "function", "function": {"name": "multiply"}}, True)])
+def test_demo_model_forced_calls_always_parse(server, client, tool_choice, parallel):
+    """Sampled freely (temperature 1, several seeds), a forced call is a valid call to multiply whenever the
+    output finished (a call cut short by max_tokens is the one way out of the grammar)."""
     for seed in range(3):
         out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi!"}],
                                              tools=[MULTIPLY], tool_choice=tool_choice, temperature=1.0, seed=seed,
-                                             max_tokens=200, extra_body={"structured_outputs": None})
-        [call] = out.choices[0].message.tool_calls[:1]
-        arguments = json.loads(call.function.arguments)
-        assert call.function.name == "multiply" and set(arguments) >= {"a", "b"}
-        assert isinstance(arguments["a"], int) and isinstance(arguments["b"], int)
+                                             max_tokens=400, parallel_tool_calls=parallel)
+        choice = out.choices[0]
+        assert choice.finish_reason in ("stop", "tool_calls"), (choice.finish_reason, choice.message.content)
+        calls = choice.message.tool_calls
+        assert calls and (parallel or len(calls) == 1), choice.message
+        for call in calls:
+            arguments = json.loads(call.function.arguments)
+            assert call.function.name == "multiply" and set(arguments) >= {"a", "b"}
+            assert isinstance(arguments["a"], int) and isinstance(arguments["b"], int)
