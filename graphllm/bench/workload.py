@@ -32,16 +32,20 @@ MIN_MAX_NUM_SEQS, MIN_MAX_NUM_BATCHED_TOKENS = 4, 16
 class BenchRequest:
     prompt: list[int]  # token ids
     output_len: int  # tokens asked for, with ignore_eos
-    structured: bool = False  # its output must match STRUCTURED_SCHEMA (bench throughput --structured-fraction)
+    structured: bool = False  # its output must follow STRUCTURED_GRAMMAR (bench throughput --structured-fraction)
 
 
-# the JSON schema of --structured-fraction's requests: nested objects, arrays, enums, bounded numbers
-STRUCTURED_SCHEMA = {"type": "object", "required": ["items"], "additionalProperties": False, "properties": {
-    "items": {"type": "array", "items": {
-        "type": "object", "required": ["id", "name", "kind"], "additionalProperties": False, "properties": {
-            "id": {"type": "integer", "minimum": 0, "maximum": 100000}, "name": {"type": "string"},
-            "kind": {"enum": ["alpha", "beta", "gamma"]}, "score": {"type": "number", "minimum": 0, "maximum": 1},
-            "tags": {"type": "array", "items": {"type": "string"}}}}}}}
+# the grammar of --structured-fraction's requests: a JSON array of objects (integers, strings, enums,
+# nested arrays) that never closes, so a constrained request generates its full output_len like the
+# others (a JSON schema's grammar would end it early, leaving the two runs different workloads)
+STRUCTURED_GRAMMAR = r"""
+root ::= "[" ws obj (ws "," ws obj)*
+obj ::= "{" ws "\"id\"" ws ":" ws int ws "," ws "\"name\"" ws ":" ws str ws "," ws "\"kind\"" ws ":" ws kind ws "," ws "\"tags\"" ws ":" ws "[" ws (str (ws "," ws str)*)? ws "]" ws "}"
+int ::= "-"? [0-9] [0-9]? [0-9]? [0-9]? [0-9]?
+str ::= "\"" [a-zA-Z0-9 _.-]* "\""
+kind ::= "\"alpha\"" | "\"beta\"" | "\"gamma\""
+ws ::= [ \n\t]?
+"""
 
 
 def add_common_args(p: argparse.ArgumentParser, max_num_seqs: int | None) -> None:
@@ -181,10 +185,10 @@ def synthetic_vocabulary(size: int, seed: int = 0) -> list[str]:
 
 
 def params_for(output_len: int, structured: bool = False) -> SamplingParams:
-    """Greedy, exactly output_len tokens (ignore_eos); structured: STRUCTURED_SCHEMA constrains them and the
-    request ends early if its JSON completes."""
+    """Greedy, exactly output_len tokens (ignore_eos); structured: STRUCTURED_GRAMMAR constrains them."""
     return SamplingParams(max_tokens=output_len, ignore_eos=True, temperature=0.0,
-                          structured_outputs=StructuredOutputsParams(json=STRUCTURED_SCHEMA) if structured else None)
+                          structured_outputs=StructuredOutputsParams(grammar=STRUCTURED_GRAMMAR) if structured
+                          else None)
 
 
 def summarize_run(requests: list[BenchRequest], generated: list[int], wall: float) -> dict:

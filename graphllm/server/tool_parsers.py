@@ -382,8 +382,8 @@ class Llama3JsonToolStream(ToolStream):
 class ForcedToolParser(ToolParser):
     """tool_choice ``required`` or a named function: a grammar forced the whole output to be the calls,
     so no tags are looked for. Named: the output is the function's arguments object. Required: a JSON
-    array of ``{"name": ..., "parameters": {...}}`` (forced_tool_schema builds both grammars). An output
-    cut short (max_tokens) parses to no call: it is content."""
+    array of ``{"name": ..., "parameters": {...}}`` (forced_tool_schema builds both grammars); an array
+    cut short by max_tokens still gives its complete calls. A named call cut short is content."""
 
     name = "forced"
 
@@ -391,16 +391,37 @@ class ForcedToolParser(ToolParser):
         self.function = function  # the named function, or None for required
 
     def extract(self, text: str) -> ExtractedToolCalls:
-        value = _loads_or_none(text)
         if self.function is not None:
+            value = _loads_or_none(text)
             calls = [ToolCall(self.function, json.dumps(value, ensure_ascii=False))] if isinstance(value, dict) else []
         else:
-            found = [call_from_object(item) for item in value] if isinstance(value, list) else []
+            found = [call_from_object(item) for item in complete_array_items(text)]
             calls = found if found and all(found) else []
         return ExtractedToolCalls(None if calls else (text.strip() or None), calls)
 
     def stream(self) -> "ForcedToolStream":
         return ForcedToolStream(self)
+
+
+def complete_array_items(text: str) -> list:
+    """The items of a JSON array that are complete, even if the array itself was cut short (max_tokens
+    ended a required tool choice's list of calls mid-item): [] when text is not an array."""
+    decoder, items = json.JSONDecoder(), []
+    pos = len(text) - len(text.lstrip())
+    if not text.startswith("[", pos):
+        return []
+    pos += 1
+    while True:
+        pos += len(text[pos:]) - len(text[pos:].lstrip())
+        try:
+            item, pos = decoder.raw_decode(text, pos)
+        except (ValueError, RecursionError):
+            return items
+        items.append(item)
+        pos += len(text[pos:]) - len(text[pos:].lstrip())
+        if not text.startswith(",", pos):
+            return items
+        pos += 1
 
 
 class ForcedToolStream(ToolStream):

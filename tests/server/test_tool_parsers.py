@@ -211,3 +211,14 @@ def test_to_openai_shape():
 ])
 def test_split_partial_tag(text, tag, expected):
     assert split_partial_tag(text, tag) == expected
+
+
+def test_forced_parser_reads_complete_calls_of_a_cut_array():
+    from graphllm.server.tool_parsers import ForcedToolParser, complete_array_items
+    assert complete_array_items('[{"a": 1}, {"b": [2, 3]} , {"c"') == [{"a": 1}, {"b": [2, 3]}]
+    assert complete_array_items(' [ ]') == [] and complete_array_items('{"a": 1}') == []
+    cut = '[{"name": "f", "parameters": {"x": 1}}, {"name": "f", "param'
+    assert [(c.name, c.arguments) for c in ForcedToolParser().extract(cut).tool_calls] == [("f", '{"x": 1}')]
+    named = ForcedToolParser("g").extract('{"y": 2}')
+    assert [(c.name, c.arguments) for c in named.tool_calls] == [("g", '{"y": 2}')] and named.content is None
+    assert ForcedToolParser("g").extract('{"y": ').tool_calls == []
