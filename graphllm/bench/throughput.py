@@ -5,9 +5,10 @@ Input and output lengths are uniform in [--min-len, --max-len], drawn independen
 its output length (greedy, ignore_eos). The scheduler batches them as it would in serving
 (continuous batching, chunked prefill, preemption under KV pressure).
 
-`--structured-fraction F` constrains every (1/F)-th request's output with a JSON-shaped grammar
-(workload.STRUCTURED_GRAMMAR, which never closes, so those requests generate their full length like
-the others; on a preset without a tokenizer, against a synthetic vocabulary of the model's size).
+`--structured-fraction F` constrains every (1/F)-th request's output with a JSON schema
+(workload.STRUCTURED_SCHEMA, whose array needs more items than any output holds, so those requests
+generate their full length like the others; on a preset without a tokenizer, against a synthetic
+vocabulary of the model's size).
 
 `--workload shared-prefix` (the prefix-caching benchmark): every prompt is one of `--num-prefixes`
 random system prompts of `--prefix-len` tokens, then `--suffix-len` random tokens of its own, and
@@ -53,7 +54,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--suffix-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128, help="shared-prefix: tokens each request generates")
     p.add_argument("--structured-fraction", type=float, default=0.0,
-                   help="this share of the requests (every k-th) is constrained by a JSON-shaped grammar "
+                   help="this share of the requests (every k-th) is constrained by a JSON schema "
                         "(structured output); compare against 0 in the same call")
     p.add_argument("--hf-batch-size", type=int, default=64, help="transformers generate batch (--compare)")
     p.add_argument("--compare-num-requests", type=int, default=256,
