@@ -19,6 +19,7 @@ that its known tokens key, up to num_tokens - 1 tokens: its last token is always
     pool.register_full_blocks(seq)         (after a step: keys the blocks it filled)
 """
 
+import array
 import hashlib
 from collections import OrderedDict
 
@@ -29,9 +30,10 @@ from graphllm.runtime.sequence import PENDING, Sequence
 
 
 def block_key(parent: bytes, tokens: list[int]) -> bytes:
-    """The chained key of a full block: 128-bit BLAKE2b of the parent's key and the block's token ids."""
+    """The chained key of a full block: 128-bit BLAKE2b of the parent's key and the block's token ids (as
+    int64s in the machine's byte order: keys live in one process)."""
     h = hashlib.blake2b(parent, digest_size=16)
-    h.update(b"".join(t.to_bytes(8, "little", signed=True) for t in tokens))
+    h.update(array.array("q", tokens).tobytes())
     return h.digest()
 
 
