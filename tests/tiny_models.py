@@ -24,6 +24,7 @@ CONFIGS = {
     "mistral": ("MistralConfig", dict(sliding_window=8, tie_word_embeddings=False)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=False)),
+    "olmo2": ("Olmo2Config", dict(tie_word_embeddings=False, rms_norm_eps=1e-6)),
 }
 
 

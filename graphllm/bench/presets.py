@@ -32,6 +32,12 @@ PRESETS: dict[str, dict] = {
                        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                        vocab_size=152064, rope_theta=1000000.0, max_position_embeddings=32768,
                        rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=151645),
+    # OLMo-2-1124-7B's config.json (allenai)
+    "olmo-2-7b": dict(architectures=["Olmo2ForCausalLM"], model_type="olmo2", hidden_size=4096, intermediate_size=11008,
+                      num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                      vocab_size=100352, rope_theta=500000.0, max_position_embeddings=4096,
+                      rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, pad_token_id=100277,
+                      eos_token_id=100257),
 }
 
 

@@ -34,6 +34,7 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q/k/v projections (Qwen2: always)
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
+    qk_norm_whole: bool = False  # RMSNorm over the whole q and k projections, all heads at once (OLMo 2)
     sliding_window: int = 0  # 0 = full attention
     eos_token_ids: tuple[int, ...] = ()
 

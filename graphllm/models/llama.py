@@ -67,11 +67,12 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, decoder_layer: type[nn.Module] = LlamaDecoderLayer,
+                 norm: type[nn.Module] = RMSNorm):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(decoder_layer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = norm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rope, config.head_dim)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -85,12 +86,16 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    """Also serves Mistral, Qwen2 and Qwen3: their differences are flags in ModelConfig."""
+    """Also serves Mistral, Qwen2 and Qwen3: their differences are flags in ModelConfig. A family that
+    changes the layer or the norm (models/olmo2.py) subclasses it and names its own."""
+
+    decoder_layer: type[nn.Module] = LlamaDecoderLayer
+    norm: type[nn.Module] = RMSNorm
 
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
+        self.model = LlamaModel(config, self.decoder_layer, self.norm)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

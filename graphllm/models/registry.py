@@ -10,6 +10,7 @@ from torch import nn
 
 from graphllm.models.config import ModelConfig, model_config_from_hf
 from graphllm.models.llama import LlamaForCausalLM
+from graphllm.models.olmo2 import Olmo2ForCausalLM
 
 
 def _reject(hf: dict[str, Any], key: str, why: str) -> None:
@@ -38,6 +39,11 @@ def _qwen3(hf: dict[str, Any], arch: str) -> ModelConfig:
                                 qk_norm=True)
 
 
+def _olmo2(hf: dict[str, Any], arch: str) -> ModelConfig:
+    return model_config_from_hf(hf, arch, attention_bias=bool(hf.get("attention_bias", False)),
+                                qk_norm_whole=True)
+
+
 ConfigBuilder = Callable[[dict[str, Any], str], ModelConfig]
 
 ARCHITECTURES: dict[str, tuple[type[nn.Module], ConfigBuilder]] = {
@@ -45,6 +51,7 @@ ARCHITECTURES: dict[str, tuple[type[nn.Module], ConfigBuilder]] = {
     "MistralForCausalLM": (LlamaForCausalLM, _mistral),
     "Qwen2ForCausalLM": (LlamaForCausalLM, _qwen2),
     "Qwen3ForCausalLM": (LlamaForCausalLM, _qwen3),
+    "Olmo2ForCausalLM": (Olmo2ForCausalLM, _olmo2),
 }
 
 

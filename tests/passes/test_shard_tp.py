@@ -95,3 +95,11 @@ def test_check_shapes_names_an_inconsistent_graph():
     owner.register_parameter("weight", torch.nn.Parameter(owner.weight.detach()[:, :40], requires_grad=False))
     with pytest.raises(ValueError, match="does not type-check with rank shapes"):
         check_shapes(graph)
+
+
+def test_a_norm_over_all_heads_is_refused_by_name():
+    from graphllm.bench.presets import PRESETS
+    from graphllm.models.registry import resolve_architecture
+    _, config = resolve_architecture(PRESETS["olmo-2-7b"])
+    with pytest.raises(ValueError, match="Olmo2ForCausalLM normalises q and k over all heads"):
+        ShardTP.for_model(config, 0, 2, "0")

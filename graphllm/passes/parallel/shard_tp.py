@@ -112,6 +112,10 @@ class ShardTP(GraphPass):
     @classmethod
     def for_model(cls, config, rank: int, world_size: int, group_name: str) -> "ShardTP":
         """The pass for rank `rank` of a ModelConfig's model."""
+        if getattr(config, "qk_norm_whole", False):
+            raise ValueError(f"{config.architecture} normalises q and k over all heads at once: with heads "
+                             "split across ranks that norm would need an all-reduce of its own; tensor "
+                             "parallelism is not supported for it yet")
         return cls(rank, world_size, group_name, config.num_attention_heads, config.num_key_value_heads,
                    config.head_dim, config.intermediate_size)
 
