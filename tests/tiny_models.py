@@ -25,6 +25,7 @@ CONFIGS = {
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=False)),
     "olmo2": ("Olmo2Config", dict(tie_word_embeddings=False, rms_norm_eps=1e-6)),
+    "phi3": ("Phi3Config", dict(tie_word_embeddings=False, pad_token_id=0, sliding_window=6)),
 }
 
 

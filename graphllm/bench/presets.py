@@ -32,6 +32,12 @@ PRESETS: dict[str, dict] = {
                        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                        vocab_size=152064, rope_theta=1000000.0, max_position_embeddings=32768,
                        rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=151645),
+    # Phi-3-mini-4k-instruct's config.json (microsoft)
+    "phi-3-mini": dict(architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_size=3072, intermediate_size=8192,
+                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
+                       rope_theta=10000.0, max_position_embeddings=4096, original_max_position_embeddings=4096,
+                       sliding_window=2047, rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1,
+                       eos_token_id=32000, pad_token_id=32000),
     # OLMo-2-1124-7B's config.json (allenai)
     "olmo-2-7b": dict(architectures=["Olmo2ForCausalLM"], model_type="olmo2", hidden_size=4096, intermediate_size=11008,
                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,

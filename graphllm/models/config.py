@@ -35,6 +35,7 @@ class ModelConfig:
     attention_bias: bool = False  # bias on q/k/v projections (Qwen2: always)
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
     qk_norm_whole: bool = False  # RMSNorm over the whole q and k projections, all heads at once (OLMo 2)
+    fused_qkv_gate_up: bool = False  # q/k/v in one qkv_proj, gate/up in one gate_up_proj, as stored (Phi-3)
     sliding_window: int = 0  # 0 = full attention
     eos_token_ids: tuple[int, ...] = ()
 

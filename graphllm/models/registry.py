@@ -11,6 +11,7 @@ from torch import nn
 from graphllm.models.config import ModelConfig, model_config_from_hf
 from graphllm.models.llama import LlamaForCausalLM
 from graphllm.models.olmo2 import Olmo2ForCausalLM
+from graphllm.models.phi3 import Phi3ForCausalLM
 
 
 def _reject(hf: dict[str, Any], key: str, why: str) -> None:
@@ -44,6 +45,14 @@ def _olmo2(hf: dict[str, Any], arch: str) -> ModelConfig:
                                 qk_norm_whole=True)
 
 
+def _phi3(hf: dict[str, Any], arch: str) -> ModelConfig:
+    if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"config.json sets partial_rotary_factor={hf['partial_rotary_factor']!r}: rope over part "
+                         "of each head is not supported yet")
+    _reject(hf, "attention_bias", "a bias on the q/k/v projection")
+    return model_config_from_hf(hf, arch, sliding_window=int(hf.get("sliding_window") or 0), fused_qkv_gate_up=True)
+
+
 ConfigBuilder = Callable[[dict[str, Any], str], ModelConfig]
 
 ARCHITECTURES: dict[str, tuple[type[nn.Module], ConfigBuilder]] = {
@@ -52,6 +61,7 @@ ARCHITECTURES: dict[str, tuple[type[nn.Module], ConfigBuilder]] = {
     "Qwen2ForCausalLM": (LlamaForCausalLM, _qwen2),
     "Qwen3ForCausalLM": (LlamaForCausalLM, _qwen3),
     "Olmo2ForCausalLM": (Olmo2ForCausalLM, _olmo2),
+    "Phi3ForCausalLM": (Phi3ForCausalLM, _phi3),
 }
 
 

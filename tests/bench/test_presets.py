@@ -17,3 +17,12 @@ def test_transformers_reads_the_preset_config(name, tmp_path):
     _, ours = resolve_architecture(PRESETS[name])
     assert hf.architectures == PRESETS[name]["architectures"]
     assert (hf.num_hidden_layers, hf.num_key_value_heads) == (ours.num_hidden_layers, ours.num_key_value_heads)
+
+
+def test_phi3_options_we_do_not_support_are_refused_by_name():
+    base = dict(PRESETS["phi-3-mini"])
+    with pytest.raises(ValueError, match="partial_rotary_factor"):
+        resolve_architecture({**base, "partial_rotary_factor": 0.75})
+    longrope = {"rope_type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48}
+    with pytest.raises(ValueError, match="longrope"):
+        resolve_architecture({**base, "rope_scaling": longrope})

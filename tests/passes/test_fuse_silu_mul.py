@@ -101,7 +101,9 @@ def test_op_reads_the_gate_up_linear_and_keeps_the_source(fused):
         (gate_up,) = node.args
         assert gate_up.target == aten.linear.default and list(gate_up.users) == [node]
         assert module_path(node) == f"model.model.layers.{layer}.mlp"
-        assert "F.silu(self.gate_proj(x)) * self.up_proj(x)" in node.meta["stack_trace"]
+        phi3 = "models/phi3.py" in node.meta["stack_trace"]  # its MLP keeps the checkpoint's gate_up_proj
+        assert ("up * F.silu(gate)" if phi3 else "F.silu(self.gate_proj(x)) * self.up_proj(x)") in node.meta[
+            "stack_trace"]
 
 
 def test_second_run_changes_nothing(fused):

@@ -97,9 +97,12 @@ def test_check_shapes_names_an_inconsistent_graph():
         check_shapes(graph)
 
 
-def test_a_norm_over_all_heads_is_refused_by_name():
+def test_families_it_cannot_split_yet_are_refused_by_name():
     from graphllm.bench.presets import PRESETS
     from graphllm.models.registry import resolve_architecture
     _, config = resolve_architecture(PRESETS["olmo-2-7b"])
     with pytest.raises(ValueError, match="Olmo2ForCausalLM normalises q and k over all heads"):
+        ShardTP.for_model(config, 0, 2, "0")
+    _, config = resolve_architecture(PRESETS["phi-3-mini"])
+    with pytest.raises(ValueError, match="Phi3ForCausalLM keeps q/k/v and gate/up fused"):
         ShardTP.for_model(config, 0, 2, "0")

@@ -112,6 +112,9 @@ class ShardTP(GraphPass):
     @classmethod
     def for_model(cls, config, rank: int, world_size: int, group_name: str) -> "ShardTP":
         """The pass for rank `rank` of a ModelConfig's model."""
+        if getattr(config, "fused_qkv_gate_up", False):
+            raise ValueError(f"{config.architecture} keeps q/k/v and gate/up fused as its checkpoint stores them: "
+                             "tensor parallelism does not split those yet")
         if getattr(config, "qk_norm_whole", False):
             raise ValueError(f"{config.architecture} normalises q and k over all heads at once: with heads "
                              "split across ranks that norm would need an all-reduce of its own; tensor "
