@@ -45,6 +45,7 @@
 #   so-tests   (issue 18) the structured-output tests (runtime and server, the demo model on the GPU)
 #   so-tput-0 / so-tput-half  bench throughput, 1,024 requests, none / every second one constrained by a JSON
 #              schema (--structured-fraction 0.5); the same artifact as qtput-*
+#   fam-P      (issue 20) bench latency at batch 1 and 8 of preset P (olmo-2-7b, phi-3-mini, ...), the usual limits
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
 set -uo pipefail
@@ -168,6 +169,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --quantization "${stage#qtput-}" --json "$OUT/r/$stage.json" ;;
     pc-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/runtime/test_prefix_caching.py ;;
+    fam-*) bench latency --preset "${stage#fam-}" --batch-sizes 1,8 --input-len 128 --output-len 256 $LIMITS --work $WORK \
+        --json "$OUT/r/$stage.json" ;;
     so-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/runtime/test_structured_output.py tests/server/test_structured_output.py tests/server/test_tool_calls.py ;;
     so-tput-0) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
