@@ -54,10 +54,13 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    attention: type[nn.Module] = LlamaAttention  # a family with other blocks (models/phi3.py) names its own
+    feed_forward: type[nn.Module] = LlamaMLP
+
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_idx)
-        self.mlp = LlamaMLP(config)
+        self.self_attn = self.attention(config, layer_idx)
+        self.mlp = self.feed_forward(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 

@@ -14,8 +14,8 @@ from torch import nn
 
 from graphllm.kernels.rotary import apply_rotary
 from graphllm.models.config import ModelConfig
-from graphllm.models.layers import PagedAttention, RMSNorm
-from graphllm.models.llama import LlamaForCausalLM, LlamaMLP
+from graphllm.models.layers import RMSNorm
+from graphllm.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from graphllm.ops.attention import AttentionMetadata
 
 
@@ -27,18 +27,12 @@ class Olmo2RMSNorm(RMSNorm):
         return (self.weight * x).to(dtype)
 
 
-class Olmo2Attention(nn.Module):
+class Olmo2Attention(LlamaAttention):
     def __init__(self, config: ModelConfig, layer_idx: int):
-        super().__init__()
-        hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=config.attention_bias)
-        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=config.attention_bias)
-        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=config.attention_bias)
-        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=config.attention_bias)
-        self.q_norm = Olmo2RMSNorm(heads * self.head_dim, config.rms_norm_eps)
+        super().__init__(config, layer_idx)  # the projections and the paged attention (no bias: registry)
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.q_norm = Olmo2RMSNorm(heads * self.head_dim, config.rms_norm_eps)  # over all heads at once
         self.k_norm = Olmo2RMSNorm(kv_heads * self.head_dim, config.rms_norm_eps)
-        self.attn = PagedAttention(layer_idx, heads, kv_heads, self.head_dim, config.sliding_window)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:

@@ -13,8 +13,8 @@ import torch.nn.functional as F
 
 from graphllm.kernels.rotary import apply_rotary
 from graphllm.models.config import ModelConfig
-from graphllm.models.layers import PagedAttention, RMSNorm
-from graphllm.models.llama import LlamaForCausalLM
+from graphllm.models.layers import PagedAttention
+from graphllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 from graphllm.ops.attention import AttentionMetadata
 
 
@@ -52,17 +52,9 @@ class Phi3MLP(nn.Module):
         return self.down_proj(up * F.silu(gate))
 
 
-class Phi3DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int):
-        super().__init__()
-        self.self_attn = Phi3Attention(config, layer_idx)
-        self.mlp = Phi3MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x, cos, sin, positions, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+class Phi3DecoderLayer(LlamaDecoderLayer):
+    attention = Phi3Attention
+    feed_forward = Phi3MLP
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):

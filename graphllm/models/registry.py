@@ -41,8 +41,8 @@ def _qwen3(hf: dict[str, Any], arch: str) -> ModelConfig:
 
 
 def _olmo2(hf: dict[str, Any], arch: str) -> ModelConfig:
-    return model_config_from_hf(hf, arch, attention_bias=bool(hf.get("attention_bias", False)),
-                                qk_norm_whole=True)
+    _reject(hf, "attention_bias", "a bias on the attention projections")
+    return model_config_from_hf(hf, arch, qk_norm_whole=True)
 
 
 def _phi3(hf: dict[str, Any], arch: str) -> ModelConfig:
