@@ -14,8 +14,9 @@ template, and the request's tools and tool_choice become a ToolMode:
   calls to the tools, each {"name", "parameters"} matching that tool's parameter schema.
 - named ({"type": "function", "function": {"name": f}}): only f goes into the prompt, and a grammar
   forces the output to be f's arguments object.
-The forced outputs are read by tool_parsers.ForcedToolParser, so their calls always parse (an
-output cut short by max_tokens is content, with finish_reason "length").
+The forced outputs are read by tool_parsers.ForcedToolParser: a finished output always parses to
+valid calls; cut short by max_tokens, a named call keeps its partial arguments (streamed as they come,
+as in vLLM) and a required list gives its complete calls.
 Under --reasoning-parser, a grammar (tool choice, response_format, guided_*) leaves the reasoning free
 when the answer starts inside it (deepseek_r1 always; qwen3 when the template left <think> open) and
 constrains what follows </think>.

@@ -381,9 +381,10 @@ class Llama3JsonToolStream(ToolStream):
 
 class ForcedToolParser(ToolParser):
     """tool_choice ``required`` or a named function: a grammar forced the whole output to be the calls,
-    so no tags are looked for. Named: the output is the function's arguments object. Required: a JSON
-    array of ``{"name": ..., "parameters": {...}}`` (forced_tool_schema builds both grammars); an array
-    cut short by max_tokens still gives its complete calls. A named call cut short is content."""
+    so no tags are looked for. Named: the output is the function's arguments object, returned as written
+    (streamed as it comes, as vLLM does; cut short by max_tokens, it is the partial text). Required: a
+    JSON array of ``{"name": ..., "parameters": {...}}`` (forced_tool_schema builds both grammars); an
+    array cut short by max_tokens still gives its complete calls."""
 
     name = "forced"
 
@@ -392,11 +393,10 @@ class ForcedToolParser(ToolParser):
 
     def extract(self, text: str) -> ExtractedToolCalls:
         if self.function is not None:
-            value = _loads_or_none(text)
-            calls = [ToolCall(self.function, json.dumps(value, ensure_ascii=False))] if isinstance(value, dict) else []
-        else:
-            found = [call_from_object(item) for item in complete_array_items(text)]
-            calls = found if found and all(found) else []
+            arguments = text.strip()
+            return ExtractedToolCalls(None, [ToolCall(self.function, arguments)] if arguments else [])
+        found = [call_from_object(item) for item in complete_array_items(text)]
+        calls = found if found and all(found) else []
         return ExtractedToolCalls(None if calls else (text.strip() or None), calls)
 
     def stream(self) -> "ForcedToolStream":
@@ -425,13 +425,27 @@ def complete_array_items(text: str) -> list:
 
 
 class ForcedToolStream(ToolStream):
-    """The calls go out once the output is complete (a partial JSON value is not a call yet)."""
+    """Named: the header once text arrives, then each piece of the arguments as it comes. Required: the
+    calls once the output is complete (a partial JSON array is not a list of calls yet)."""
 
     def __init__(self, parser: ForcedToolParser):
         super().__init__()
         self._parser = parser
+        self._arguments = StrippedText()  # the pieces join to extract's text.strip()
+        self._named: ToolCall | None = None
 
     def _consume(self, final: bool) -> None:
+        if self._parser.function is not None:
+            piece, self._buf = self._arguments.push(self._buf), ""
+            if not piece:
+                return
+            if self._named is None:
+                self._named = ToolCall(self._parser.function, "")
+                self._calls.append(self._named)
+                self._out.append(call_deltas(0, self._named)[0])  # the header, arguments ""
+            self._named.arguments += piece
+            self._out.append({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+            return
         if not final:
             return
         extracted, self._buf = self._parser.extract(self._buf), ""

@@ -221,4 +221,10 @@ def test_forced_parser_reads_complete_calls_of_a_cut_array():
     assert [(c.name, c.arguments) for c in ForcedToolParser().extract(cut).tool_calls] == [("f", '{"x": 1}')]
     named = ForcedToolParser("g").extract('{"y": 2}')
     assert [(c.name, c.arguments) for c in named.tool_calls] == [("g", '{"y": 2}')] and named.content is None
-    assert ForcedToolParser("g").extract('{"y": ').tool_calls == []
+    cut_named = ForcedToolParser("g").extract(' {"y": ')  # max_tokens ended it: the partial text, as written
+    assert [(c.name, c.arguments) for c in cut_named.tool_calls] == [("g", '{"y":')]
+    stream = ForcedToolParser("g").stream()
+    deltas = [d for piece in (" ", '{"y"', ": 2", "} ") for d in stream.feed(piece)] + stream.finish()
+    assert deltas[0]["tool_calls"][0]["function"] == {"name": "g", "arguments": ""}
+    assert "".join(d["tool_calls"][0]["function"]["arguments"] for d in deltas[1:]) == '{"y": 2}'
+    assert len(deltas) == 4 and [c.arguments for c in stream.tool_calls] == ['{"y": 2}']
