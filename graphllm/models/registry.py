@@ -65,8 +65,23 @@ ARCHITECTURES: dict[str, tuple[type[nn.Module], ConfigBuilder]] = {
 }
 
 
+# config.json fields that change the math in families we do not build yet (Gemma's soft-caps and query
+# scale, Granite's multipliers, partial rope): a config that sets one is refused by name, never run
+# without it. Phi-3 reads partial_rotary_factor itself (its builder refuses anything but 1.0).
+MATH_FIELDS = {"attn_logit_softcapping": None, "final_logit_softcapping": None, "query_pre_attn_scalar": None,
+               "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": None,
+               "logits_scaling": 1.0, "partial_rotary_factor": 1.0}
+
+
+def _reject_math_fields(hf: dict[str, Any], arch: str) -> None:
+    for key, neutral in MATH_FIELDS.items():
+        if hf.get(key) is not None and hf[key] != neutral:
+            raise ValueError(f"config.json sets {key}={hf[key]!r}, which changes the math of {arch} in a way "
+                             "graphllm does not implement: refused rather than run without it")
+
+
 def resolve_architecture(hf: dict[str, Any]) -> tuple[type[nn.Module], ModelConfig]:
-    """The module class and ModelConfig for a Hugging Face config dict."""
+    """The module class and ModelConfig for a Hugging Face config dict (MATH_FIELDS refused by name)."""
     archs = hf.get("architectures") or []
     if not archs:
         raise ValueError("config.json has no 'architectures' entry; cannot tell which model to build")
@@ -74,4 +89,6 @@ def resolve_architecture(hf: dict[str, Any]) -> tuple[type[nn.Module], ModelConf
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
     module_cls, build_config = ARCHITECTURES[arch]
-    return module_cls, build_config(hf, arch)
+    config = build_config(hf, arch)
+    _reject_math_fields(hf, arch)
+    return module_cls, config

@@ -119,3 +119,14 @@ def test_old_rope_buffer_in_checkpoint_is_ignored(folder):
     state, expected = tensors(model), tensors(clean)
     assert any(name.endswith("inv_freq") for name in state) and state.keys() == expected.keys()
     assert all(torch.equal(state[k], expected[k]) for k in state)
+
+
+@pytest.mark.parametrize("key, value", [("attn_logit_softcapping", 50.0), ("final_logit_softcapping", 30.0),
+                                        ("query_pre_attn_scalar", 256), ("residual_multiplier", 0.22),
+                                        ("partial_rotary_factor", 0.5)])
+def test_a_field_that_changes_the_math_is_refused_by_name(folder, key, value):
+    config = json.loads((folder / "config.json").read_text())
+    config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=f"config.json sets {key}="):
+        load_model(folder)
