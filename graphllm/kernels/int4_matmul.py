@@ -25,7 +25,8 @@ are loaded once per K step as [1, BLOCK_N] where the step lies in one group (ONE
 e.g. G = 128 with BLOCK_K 32..128), else per word row (a word's 8 rows share a group).
 
 The K loop names its num_stages (tl.range): Triton software-pipelines a loop whose loads feed no dot only
-when told, and the one-row path streamed at ~1 TB/s without it (run 11: 1.2-1.3x faster with it and ROW_SUM).
+when told, and the one-row path streamed at ~1 TB/s without it (run 12 against the sweep before: 1.1-1.6x
+faster per shape with it and ROW_SUM).
 
 Rows past 16 (prefill) take GEMM tiles of the same kernel (BLOCK_M 32..128, GROUP_M row tiles grouped,
 no K split): the weight is dequantized per tile in registers. SPLIT_K > 1 reduces as skinny_matmul does
