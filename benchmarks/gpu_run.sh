@@ -29,7 +29,8 @@
 #   qsweep     benchmarks/quant_kernel_sweep.py (fp8 / int8 / int4 matmul kernels vs cuBLAS, 8B shapes, M 1..256);
 #              qsweep-fp8q  the prequantized fp8 path alone, M 1..16; qsweep-int4  int4 alone at M 1, then its
 #              best configs written into int4_matmul.CONFIGS on the device's copy (apply_sweep_configs.py), so
-#              that later stages of the same call (qlat-int4) run them; qtests-int4  the int4 kernel tests
+#              that later stages of the same call (qlat-int4) run them; qsweep-pairs  the same at 1, 4 and 16 rows
+#              with the nibble-pair dot tiles first; qtests-int4  the int4 kernel tests
 #   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests;
 #              qtests-fp8  the fp8 ones alone
 #   qlat-S     bench latency at batch 1 and 16 with --quantization S (none: bf16), the same limits and artifact cache;
@@ -142,6 +143,9 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     qsweep) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep.json" ;;
     qsweep-int4) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-int4.json" 150 int4 1 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-int4.json" int4 \
+        && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
+    qsweep-pairs) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-pairs.json" 240 int4 1,4,16 \
+        && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-pairs.json" int4 \
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
     qtests-int4) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py ;;

@@ -134,27 +134,25 @@ def int8_candidates(m: int) -> list[dict]:
 
 
 def int4_candidates(m: int) -> list[dict]:
-    """Up to 16 rows: the 16-row dot tile on either MMA side over tile shapes of 4 KB..8 KB of words per step
-    (16-byte loads along N), K splits 1..8 (the narrow shapes need 4..8 to fill the SMs, gate_up 1..2);
-    at one row first the float32 multiply-add tile, summed per word row (ROW_SUM) or whole (the budget may
-    run out before the last candidates). Past 16 rows only the default (the op routes those rows to
-    dequantize + cuBLAS)."""
+    """Up to 16 rows: the 16-row dot tiles that unpack nibble pairs (PAIRS 1: one dot per K step over the
+    joined planes; PAIRS 2: a dot per plane), on either MMA side, over tiles of 4 KB..16 KB of words per step
+    and K splits 1..8; at one row then the float32 multiply-add tile summed per word row (ROW_SUM), the
+    previous best (the budget may run out before the last candidates). The default (CONFIGS: the previous
+    sweep's best) always runs. Past 16 rows only the default (the op routes those rows to dequantize + cuBLAS)."""
     if m > 16:
         return []
     out = []
+    for bn, bk, w, s, splits in [(128, 128, 4, 4, (2, 4, 8)), (64, 128, 4, 4, (4, 8)), (256, 64, 8, 4, (2, 4, 8)),
+                                 (128, 64, 4, 6, (4, 8)), (256, 128, 8, 3, (1, 2, 4))]:
+        out += configs({"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s, "PAIRS": 1},
+                       SWAP_AB=(False, True), SPLIT_K=splits)
+    for bn, w, s, splits in [(128, 4, 4, (2, 4, 8)), (64, 4, 4, (4, 8)), (256, 8, 3, (1, 2, 4))]:
+        out += configs({"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": w, "num_stages": s, "PAIRS": 2},
+                       SWAP_AB=(False, True), SPLIT_K=splits)
     if m == 1:
-        for bn, bk, w, s, splits in [(128, 128, 4, 4, (2, 4, 8)), (64, 128, 4, 4, (2, 4, 8)), (256, 128, 8, 4, (1, 2, 4)),
-                                     (128, 256, 4, 3, (1, 2, 4)), (64, 256, 4, 4, (2, 4, 8)), (256, 64, 4, 6, (2, 4, 8)),
-                                     (128, 64, 4, 6, (4, 8)), (128, 128, 8, 3, (2, 4))]:
+        for bn, bk, w, s, splits in [(256, 64, 4, 6, (4, 8)), (128, 64, 4, 6, (4, 8)), (128, 128, 4, 4, (4, 8))]:
             out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s,
                             "ROW_SUM": True}, SPLIT_K=splits)
-        for bn, bk, w, splits in [(64, 128, 4, (4, 8)), (128, 64, 4, (4, 8)), (128, 128, 8, (1, 4))]:
-            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": 4},
-                           SPLIT_K=splits)
-    for bn, bk, w, s, splits in [(64, 128, 4, 4, (2, 4, 8)), (128, 128, 4, 4, (1, 2, 4, 8)), (128, 64, 4, 5, (4, 8)),
-                                 (256, 64, 8, 4, (1, 2, 4)), (64, 256, 4, 3, (4,))]:
-        out += configs({"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s},
-                       SWAP_AB=(False, True), SPLIT_K=splits)
     return out
 
 

@@ -123,13 +123,41 @@ def _dequantize(q, z, s, dtype: tl.constexpr, ONE_GROUP: tl.constexpr):
         return (_exact_float(q, z) * s.to(tl.float32)).to(dtype)  # rounds W to dtype (weight_rounds)
 
 
+@triton.jit
+def _pair_planes(words, j: tl.constexpr, dtype: tl.constexpr):
+    """Nibbles j and j + 4 of every word as two [R, BLOCK_N] tiles in dtype, each MAGIC + q exactly: one
+    shift and one mask-or per pair of nibbles (the pair shares a 32-bit word, a half each: 0x4300 | q read
+    as bfloat16 is 128 + q, 0x6400 | q as float16 1024 + q), then the halves read as 16-bit floats."""
+    if dtype == tl.bfloat16:
+        pair = ((words >> (4 * j)) & 0x000F000F) | 0x43004300
+    else:
+        pair = ((words >> (4 * j)) & 0x000F000F) | 0x64006400
+    lo = pair.to(tl.int16).to(dtype, bitcast=True)  # truncates to the low half: nibble j
+    hi = (pair >> 16).to(tl.int16).to(dtype, bitcast=True)  # nibble j + 4
+    return lo, hi
+
+
+@triton.jit
+def _pairs_tile(words, dtype: tl.constexpr):
+    """[R, BLOCK_N] words -> [8R, BLOCK_N] in dtype, row 8r + j = MAGIC + nibble j of word row r (W's K order),
+    from _pair_planes' halves joined and permuted: no per-nibble shift, mask or conversion."""
+    lo0, hi0 = _pair_planes(words, 0, dtype)
+    lo1, hi1 = _pair_planes(words, 1, dtype)
+    lo2, hi2 = _pair_planes(words, 2, dtype)
+    lo3, hi3 = _pair_planes(words, 3, dtype)
+    # [R, N, h, j0, j1] holds nibble 4h + 2j1 + j0
+    planes = tl.join(tl.join(tl.join(lo0, hi0), tl.join(lo1, hi1)), tl.join(tl.join(lo2, hi2), tl.join(lo3, hi3)))
+    planes = tl.permute(planes, (0, 2, 4, 3, 1))  # [R, h, j1, j0, N]: row 8r + 4h + 2j1 + j0
+    return tl.reshape(planes, (8 * words.shape[0], words.shape[1]))
+
+
 @triton.jit(do_not_specialize=["M"])  # every row count shares one compile per tile shape
 def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
                         M, N, K, K_SPLIT, G, stride_xm, stride_om,
                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_N: tl.constexpr,
                         EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, PRECISION: tl.constexpr,
-                        ROW_SUM: tl.constexpr, NUM_STAGES: tl.constexpr):
+                        ROW_SUM: tl.constexpr, PAIRS: tl.constexpr, NUM_STAGES: tl.constexpr):
     pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -166,13 +194,42 @@ def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
         else:
             x = tl.load(x_ptrs, mask=m_mask[:, None] & (k0 + offs_k < k_hi), other=0.0)  # [BLOCK_M, BLOCK_K]
         z, s = _group_params(scales_ptr, zeros_ptr, k0, offs_r, r_mask, offs_n, n_mask, N, G, ONE_GROUP)
-        q = _nibbles(words)  # [BLOCK_K/8, 8, BLOCK_N]
-        if BLOCK_M == 1 and ROW_SUM:  # sum each word's 8 products in its thread, then one scale per word row
-            acc += tl.sum(_exact_float(q, z) * x.to(tl.float32), 1) * tl.sum(s.to(tl.float32), 1)
+        if PAIRS:  # dot tiles, ONE_GROUP, 16-bit x: dot x with MAGIC + q, then take (MAGIC + z) * sum(x) away
+            if PAIRS == 2:  # a dot per nibble plane with x's matching K rows (strided): no join
+                d = tl.zeros([BLOCK_N, BLOCK_M] if SWAP_AB else [BLOCK_M, BLOCK_N], dtype=tl.float32)
+                x_planes = x_ptr + offs_m[:, None] * stride_xm + k0 + 8 * offs_r[None, :]  # [BLOCK_M, BLOCK_K/8]
+                xp_mask = m_mask[:, None] & r_mask[None, :]
+                for j in tl.static_range(4):
+                    lo, hi = _pair_planes(words, j, x.dtype)
+                    x_lo = tl.load(x_planes + j, mask=xp_mask, other=0.0)
+                    x_hi = tl.load(x_planes + j + 4, mask=xp_mask, other=0.0)
+                    if SWAP_AB:
+                        d = tl.dot(tl.trans(lo), tl.trans(x_lo), d, input_precision=PRECISION)
+                        d = tl.dot(tl.trans(hi), tl.trans(x_hi), d, input_precision=PRECISION)
+                    else:
+                        d = tl.dot(x_lo, lo, d, input_precision=PRECISION)
+                        d = tl.dot(x_hi, hi, d, input_precision=PRECISION)
+            elif SWAP_AB:
+                d = tl.dot(tl.trans(_pairs_tile(words, x.dtype)), tl.trans(x), input_precision=PRECISION)
+            else:
+                d = tl.dot(x, _pairs_tile(words, x.dtype), input_precision=PRECISION)  # [BLOCK_M, BLOCK_N]
+            z_row = tl.reshape(z.to(tl.float32), (1, BLOCK_N))
+            if x.dtype == tl.bfloat16:
+                z_row += 128.0
+            else:
+                z_row += 1024.0
+            s_row = tl.reshape(s.to(tl.float32), (1, BLOCK_N))
+            x_sum = tl.sum(x.to(tl.float32), 1)  # [BLOCK_M]
+            if SWAP_AB:
+                acc += (d - tl.trans(z_row) * x_sum[None, :]) * tl.trans(s_row)
+            else:
+                acc += (d - x_sum[:, None] * z_row) * s_row
+        elif BLOCK_M == 1 and ROW_SUM:  # sum each word's 8 products in its thread, then one scale per word row
+            acc += tl.sum(_exact_float(_nibbles(words), z) * x.to(tl.float32), 1) * tl.sum(s.to(tl.float32), 1)
         elif BLOCK_M == 1:  # float32 multiply-add over the whole tile, one sum at the end
-            acc += (_exact_float(q, z) * s.to(tl.float32)) * x.to(tl.float32)
+            acc += (_exact_float(_nibbles(words), z) * s.to(tl.float32)) * x.to(tl.float32)
         else:
-            w = tl.reshape(_dequantize(q, z, s, x.dtype, ONE_GROUP), (BLOCK_K, BLOCK_N))
+            w = tl.reshape(_dequantize(_nibbles(words), z, s, x.dtype, ONE_GROUP), (BLOCK_K, BLOCK_N))
             if SWAP_AB:  # [BLOCK_N, BLOCK_M]: the weight on the MMA's M side (a wgmma on sm_90 from BLOCK_N = 64)
                 if ONE_GROUP:
                     acc += tl.dot(tl.trans(w), tl.trans(x), input_precision=PRECISION) * tl.trans(tl.reshape(
@@ -214,6 +271,14 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
     return {"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
 
 
+def pairs(m: int, k: int, group_size: int, dtype: torch.dtype, config: dict) -> bool:
+    """Whether a launch unpacks nibble pairs (config PAIRS): dot tiles whose K steps lie in one group, x in 16
+    bits (the magic numbers are 16-bit floats)."""
+    block_m, block_k = tile_shape(m, k, config, DOT_MIN_BLOCK_K)
+    usable = block_m > 1 and group_size % block_k == 0 and dtype in (torch.bfloat16, torch.float16)
+    return int(config.get("PAIRS", 0)) if usable and (config.get("PAIRS", 0) != 2 or block_k >= 128) else 0
+
+
 def weight_rounds(m: int, k: int, group_size: int, config: dict) -> bool:
     """Whether int4_matmul rounds the dequantized weight to x's dtype (module docstring): dot tiles whose
     K step spans groups."""
@@ -247,6 +312,7 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         SPLIT_K=plan.split_k, GROUP_M=config.get("GROUP_M", 8), SWAP_AB=config.get("SWAP_AB", False),
         EVEN_N=n % config["BLOCK_N"] == 0, EVEN_K=plan.k_split * plan.split_k == k,
         ONE_GROUP=group_size % plan.block_k == 0,
-        PRECISION=dot_precision(x.dtype), ROW_SUM=config.get("ROW_SUM", False), NUM_STAGES=config["num_stages"],
+        PRECISION=dot_precision(x.dtype), ROW_SUM=config.get("ROW_SUM", False),
+        PAIRS=pairs(m, k, group_size, x.dtype, config), NUM_STAGES=config["num_stages"],
         num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out

@@ -68,6 +68,12 @@ def tiles(**overrides) -> dict:
     (4, 32, tiles(BLOCK_M=16, BLOCK_K=16), False),  # dot tiles take K steps of at least 32: one group each
     (3, 128, tiles(BLOCK_M=16, SWAP_AB=True, SPLIT_K=2), False),  # the weight on the MMA's M side, one group
     (3, 32, tiles(BLOCK_M=16, BLOCK_K=64, SWAP_AB=True), True),  # ... steps across groups
+    (1, 128, tiles(BLOCK_M=16, PAIRS=True, SPLIT_K=2), False),  # nibble pairs, one row in a 16-row dot tile
+    (5, 64, tiles(BLOCK_M=16, BLOCK_K=64, PAIRS=True), False),  # ... steps inside groups
+    (3, 128, tiles(BLOCK_M=16, BLOCK_K=32, SWAP_AB=True, PAIRS=True, SPLIT_K=3), False),  # ... swapped
+    (3, 32, tiles(BLOCK_M=16, BLOCK_K=64, PAIRS=True), True),  # steps across groups: not pairs (rounds)
+    (2, 128, tiles(BLOCK_M=16, PAIRS=2, SPLIT_K=2), False),  # a dot per nibble plane
+    (16, 128, tiles(BLOCK_M=16, SWAP_AB=True, PAIRS=2), False),  # ... swapped
     (40, 64, tiles(BLOCK_M=16, GROUP_M=2), True),  # three row tiles, grouped
     (40, 128, tiles(BLOCK_M=32, BLOCK_N=64), False),
 ])
