@@ -52,29 +52,33 @@ from graphllm.kernels.int8_matmul import (MAX_ROWS, dot_precision, m_bucket, pla
 from graphllm.kernels.quant_layout import INT4_PACK, check_int4_shape, int4_linear_reference  # noqa: F401
 from graphllm.kernels.skinny_matmul import finish_tile
 
-# (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25
+# (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25 (4 and 16 rows:
+# the nibble-pair sweep of the twelfth session, qsweep-pairs)
 # (Llama-3-8B shapes, G = 128), up to 16 rows (past that graphllm.int4_linear dequantizes for cuBLAS)
 CONFIGS: dict[tuple[int, int, int], dict] = {
     (1, 4096, 4096): {'BLOCK_M': 1, 'BLOCK_N': 256, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 6, 'ROW_SUM': True, 'SPLIT_K': 8},
     (2, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'SWAP_AB': True, 'SPLIT_K': 4},  # rounds W to bf16
     (4, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'SWAP_AB': True, 'SPLIT_K': 4},  # rounds W to bf16
     (8, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'SWAP_AB': False, 'SPLIT_K': 8},
+    (16, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'PAIRS': 1, 'SWAP_AB': True, 'SPLIT_K': 4},
     (1, 4096, 14336): {'BLOCK_M': 1, 'BLOCK_N': 256, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 6, 'ROW_SUM': True, 'SPLIT_K': 8},
     (2, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'SWAP_AB': False, 'SPLIT_K': 8},
     (4, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'SWAP_AB': False, 'SPLIT_K': 8},
     (8, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'SWAP_AB': False, 'SPLIT_K': 8},
     (16, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'SWAP_AB': False, 'SPLIT_K': 8},
     (1, 6144, 4096): {'BLOCK_M': 1, 'BLOCK_N': 256, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 6, 'ROW_SUM': True, 'SPLIT_K': 8},
+    (4, 6144, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'PAIRS': 2, 'SWAP_AB': False, 'SPLIT_K': 8},
+    (16, 6144, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'PAIRS': 1, 'SWAP_AB': True, 'SPLIT_K': 4},
     (1, 28672, 4096): {'BLOCK_M': 1, 'BLOCK_N': 256, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 6, 'ROW_SUM': True, 'SPLIT_K': 8},
     (2, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': False, 'SPLIT_K': 4},
-    (4, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': False, 'SPLIT_K': 4},
+    (4, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 256, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3, 'PAIRS': 2, 'SWAP_AB': False, 'SPLIT_K': 2},
     (8, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': False, 'SPLIT_K': 4},
     (16, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': False, 'SPLIT_K': 4},
     (1, 128256, 4096): {'BLOCK_M': 1, 'BLOCK_N': 256, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 6, 'ROW_SUM': True, 'SPLIT_K': 2},
     (2, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': True, 'SPLIT_K': 4},
-    (4, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': True, 'SPLIT_K': 4},
+    (4, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 256, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3, 'PAIRS': 2, 'SWAP_AB': False, 'SPLIT_K': 1},
     (8, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': True, 'SPLIT_K': 4},
-    (16, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': False, 'SPLIT_K': 4},
+    (16, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 256, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3, 'PAIRS': 2, 'SWAP_AB': False, 'SPLIT_K': 1},
 }
 DOT_MIN_BLOCK_K = 32  # one dot per K step; 32 keeps the [BLOCK_K/8, 8, BLOCK_N] nibble tile 4 words deep
 
