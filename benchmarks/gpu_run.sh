@@ -46,6 +46,8 @@
 #   so-tests   (issue 18) the structured-output tests (runtime and server, the demo model on the GPU)
 #   so-tput-0 / so-tput-half  bench throughput, 1,024 requests, none / every second one constrained by a JSON
 #              schema (--structured-fraction 0.5); the same artifact as qtput-*
+#   startup    (issue 19) bench compile --no-decode: a cold compile in a fresh Inductor cache, two warm starts and a
+#              cold-disk start (the artifact evicted from the page cache), each with its start-up phases
 #   fam-P      (issue 20) bench latency at batch 1 and 8 of preset P (olmo-2-7b, phi-3-mini, ...), the usual limits
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
@@ -144,6 +146,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     qsweep-int4) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-int4.json" 150 int4 1 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-int4.json" int4 \
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
+    startup) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \
+        --json "$OUT/r/$stage.json" ;;
     qsweep-pairs) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-pairs.json" 240 int4 1,4,16 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-pairs.json" int4 \
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;

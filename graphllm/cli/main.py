@@ -54,6 +54,7 @@ def add_bench_parsers(bench) -> None:
     comp_bench.add_argument("--output-len", type=int, default=256)
     comp_bench.add_argument("--max-num-seqs", type=int, default=64)
     comp_bench.add_argument("--quantization", choices=QUANTIZATIONS, help="compile with this quantization scheme")
+    comp_bench.add_argument("--no-decode", action="store_true", help="compile and start-up figures only")
     comp_bench.add_argument("--json", help="write the results here")
     comp_bench.set_defaults(func=cmd_bench_compile)
     serve_bench.add_parser(bench)

@@ -21,7 +21,9 @@ from typing import Any
 
 import torch
 
-SCHEMA_VERSION = 2  # 2: a sha256 for every file (1 hashed files up to 256 MiB only)
+from graphllm.compiler.weights_io import CHUNK_BYTES, chunk_sha256
+
+SCHEMA_VERSION = 3  # 3: files past CHUNK_BYTES hashed per chunk; 2: a sha256 for every file; 1: up to 256 MiB
 MANIFEST = "manifest.json"
 WEIGHTS = "weights.safetensors"
 
@@ -36,6 +38,13 @@ ISA_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_t
 def rank_weights(rank: int) -> str:
     """The weights file of tensor-parallel rank `rank` (rank 0's, and a one-rank artifact's, is WEIGHTS)."""
     return WEIGHTS if rank == 0 else f"weights.rank{rank}.safetensors"
+
+
+def weight_files(manifest: dict[str, Any]) -> frozenset[str]:
+    """Every rank's weights file the manifest lists: each is checked by the process that loads it, as it
+    reads it (loading.load_weights), not twice."""
+    return frozenset(name for name in manifest.get("files") or {} if name.startswith("weights")
+                     and name.endswith(".safetensors") and "/" not in name)
 
 
 class ArtifactError(ValueError):
@@ -98,9 +107,24 @@ def artifact_files(art: Path) -> list[str]:
     return sorted(p.relative_to(art).as_posix() for p in art.rglob("*") if p.is_file() and p != art / MANIFEST)
 
 
+def file_record(path: Path) -> dict[str, Any]:
+    """{"size", "sha256"}, or for a file past CHUNK_BYTES {"size", "chunk_bytes", "chunk_sha256": [...]} (the
+    chunks hashed in parallel, and checked as they are read: weights_io.read_safetensors)."""
+    size = path.stat().st_size
+    if size <= CHUNK_BYTES:
+        return {"size": size, "sha256": sha256_file(path)}
+    return {"size": size, "chunk_bytes": CHUNK_BYTES, "chunk_sha256": chunk_sha256(path, CHUNK_BYTES)}
+
+
+def chunk_hashes(record: dict[str, Any]) -> tuple[int, list[str]]:
+    """(chunk bytes, sha256 per chunk) of a file record: a whole-file sha256 is one chunk of the file's size."""
+    if "chunk_sha256" in record:
+        return record["chunk_bytes"], record["chunk_sha256"]
+    return max(1, record["size"]), [record["sha256"]]
+
+
 def file_records(art: Path) -> dict[str, dict[str, Any]]:
-    return {name: {"size": (art / name).stat().st_size, "sha256": sha256_file(art / name)}
-            for name in artifact_files(art)}
+    return {name: file_record(art / name) for name in artifact_files(art)}
 
 
 def set_permissions(art: Path) -> None:
@@ -143,7 +167,9 @@ def listed_files(art: Path, manifest: dict[str, Any]) -> dict[str, dict[str, Any
     """The manifest's file records, each with a size and a sha256, or ArtifactError."""
     records = manifest.get("files")
     valid = isinstance(records, dict) and all(
-        isinstance(r, dict) and isinstance(r.get("size"), int) and isinstance(r.get("sha256"), str)
+        isinstance(r, dict) and isinstance(r.get("size"), int)
+        and (isinstance(r.get("sha256"), str) or isinstance(r.get("chunk_bytes"), int) and r["chunk_bytes"] > 0
+             and isinstance(r.get("chunk_sha256"), list) and all(isinstance(h, str) for h in r["chunk_sha256"]))
         and not Path(name).is_absolute() and ".." not in Path(name).parts  # names inside art only
         for name, r in records.items())
     if not valid:
@@ -152,11 +178,12 @@ def listed_files(art: Path, manifest: dict[str, Any]) -> dict[str, dict[str, Any
     return records
 
 
-def check_files(art: Path, manifest: dict[str, Any]) -> None:
+def check_files(art: Path, manifest: dict[str, Any], deferred: frozenset[str] = frozenset()) -> None:
     """Every listed file is present with its size and sha256, and no other file is there.
 
     Sizes first (a stat each), so a truncated or missing file is named before any hashing; then
-    each file is read once for its sha256.
+    each file is read once for its sha256 (per chunk, in parallel, past CHUNK_BYTES), but the `deferred`
+    ones: their reader checks each chunk as it loads it (loading.load_weights).
     """
     records = listed_files(art, manifest)
     for name, record in records.items():
@@ -172,7 +199,12 @@ def check_files(art: Path, manifest: dict[str, Any]) -> None:
                             f"artifact runs as code, so it loads only with the files it was compiled with. "
                             f"Remove the file, or recompile. {recompile_hint(manifest, art)}")
     for name, record in records.items():
-        if sha256_file(art / name) != record["sha256"]:
+        if name in deferred:
+            continue
+        if "chunk_sha256" in record:
+            if chunk_sha256(art / name, record["chunk_bytes"]) != record["chunk_sha256"]:
+                raise damaged(art, manifest, name, "sha256")
+        elif sha256_file(art / name) != record["sha256"]:
             raise damaged(art, manifest, name, "sha256")
 
 
@@ -190,10 +222,11 @@ def check_environment(art: Path, manifest: dict[str, Any], device: torch.device)
                             f"{recompile_hint(manifest, art)}")
 
 
-def verify_artifact(art: str | Path, device: torch.device) -> dict[str, Any]:
-    """The manifest of a loadable artifact, or ArtifactError naming what is wrong."""
+def verify_artifact(art: str | Path, device: torch.device, defer_weights: bool = False) -> dict[str, Any]:
+    """The manifest of a loadable artifact, or ArtifactError naming what is wrong. defer_weights: the
+    weights files are hashed by the caller's loader as it reads them (weight_files), not here."""
     art = Path(art)
     manifest = read_manifest(art)
-    check_files(art, manifest)
+    check_files(art, manifest, weight_files(manifest) if defer_weights else frozenset())
     check_environment(art, manifest, device)
     return manifest

@@ -27,19 +27,25 @@ from graphllm.ir import StepGraph
 STEP_INDUCTOR = "step.inductor"
 
 
-def lower_inductor(graph: StepGraph, path: Path) -> tuple[torch.export.ExportedProgram, list[str]]:
-    """Compile and save; returns the exported program and the weight names the step takes first."""
-    from graphllm.compiler.decompositions import inductor_decompositions
+def export_step(graph: StepGraph) -> torch.export.ExportedProgram:
+    """The step exported with its weights lifted to inputs (what lower_inductor compiles; its constants are
+    the weights the artifact stores, so they can be written while Inductor runs)."""
     exported = graph.export()
-    gm = exported.graph_module  # weights lifted: placeholders for parameters, buffers, then user inputs
-    for node in gm.graph.nodes:  # "from_graph" finds export's fake mode (its symbols and ranges) here;
-        if "val" in node.meta:  # without it, it re-symbolises every dim and unifies equal sizes
+    for node in exported.graph_module.graph.nodes:  # "from_graph" finds export's fake mode (its symbols and
+        if "val" in node.meta:  # ranges) here; without it, it re-symbolises every dim and unifies equal sizes
             node.meta.setdefault("example_value", node.meta["val"])
+    return exported
+
+
+def lower_inductor(exported: torch.export.ExportedProgram, path: Path) -> list[str]:
+    """Compile export_step's program and save it; returns the weight names the step takes first."""
+    from graphllm.compiler.decompositions import inductor_decompositions
+    gm = exported.graph_module  # weights lifted: placeholders for parameters, buffers, then user inputs
     fake_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     with inductor_decompositions(), torch._inductor.config.patch(emulate_precision_casts=True):
         compiled = torch._inductor.standalone_compile(gm, fake_inputs, dynamic_shapes="from_graph")
     compiled.save(path=str(path), format="binary")
-    return exported, lifted_weight_names(exported)
+    return lifted_weight_names(exported)
 
 
 def lifted_weight_names(exported: torch.export.ExportedProgram) -> list[str]:

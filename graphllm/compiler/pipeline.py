@@ -15,16 +15,17 @@ import json
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from graphllm.compiler import artifact as A
-from graphllm.compiler.inductor_lowering import STEP_INDUCTOR, lower_inductor
+from graphllm.compiler.inductor_lowering import STEP_INDUCTOR, export_step, lower_inductor
 from graphllm.compiler.lower import lower, save_node_table
+from graphllm.compiler.weights_io import write_safetensors
 from graphllm.config import CHECKPOINT_QUANTIZATIONS, CompileConfig
 from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir import capture, diff_graphs, format_graph
@@ -192,7 +193,8 @@ class PhaseTimer:
 
 
 def save_weights(weights: dict[str, torch.Tensor], path: Path) -> dict[str, str]:
-    """Store each distinct tensor once; returns alias -> stored name for tied weights."""
+    """Store each distinct tensor once (weights_io, written in parallel); returns alias -> stored name for
+    tied weights."""
     stored, aliases, by_ptr = {}, {}, {}
     for name, tensor in weights.items():
         # the same view of the same memory: a transposed square weight or another dtype is not the same tensor
@@ -201,9 +203,19 @@ def save_weights(weights: dict[str, torch.Tensor], path: Path) -> dict[str, str]
             aliases[name] = by_ptr[key]
         else:
             by_ptr[key] = name
-            stored[name] = tensor.contiguous().cpu()
-    save_file(stored, str(path))
+            stored[name] = tensor
+    write_safetensors(stored, path)
     return aliases
+
+
+def tensor_constants(exported: torch.export.ExportedProgram) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in exported.constants.items() if isinstance(v, torch.Tensor)}
+
+
+def save_rank_weights(constants: dict[str, torch.Tensor], ranks: list, out: Path) -> dict[str, str]:
+    """Every rank's weights file (the compiled step's constants and the rank graph's weights); rank 0's
+    aliases, which tie the same names on every rank."""
+    return [save_weights({**constants, **g.weights}, out / A.rank_weights(r)) for r, (g, _) in enumerate(ranks)][0]
 
 
 class GraphDumps:
@@ -254,22 +266,25 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     lowering = resolve_lowering(config, device)
-    with timer.phase("lower"):
-        if lowering == "aoti":
-            exported, lowered = lower(graph, staging / A.STEP_PACKAGE), {"kind": "aoti"}
-        else:
-            exported, names = lower_inductor(graph, staging / STEP_INDUCTOR)
-            lowered = {"kind": "inductor", "weight_names": names}
-    with timer.phase("write"):
-        constants = {k: v for k, v in exported.constants.items() if isinstance(v, torch.Tensor)}
-        # one compiled step; each rank's weights (tied names alike on every rank: rank 0's aliases)
-        aliases = [save_weights({**constants, **g.weights}, staging / A.rank_weights(r))
-                   for r, (g, _) in enumerate(ranks)][0]
-        for name in COPIED_FILES:
-            if (model_dir / name).is_file():
-                shutil.copy2(model_dir / name, staging / name)
-        dumps.write(staging, before, after)
-        save_node_table(exported, staging / "graphs" / "nodes.json")
+    writer = ThreadPoolExecutor(1)  # the inductor lowering writes the weights while Inductor runs
+    try:
+        with timer.phase("lower"):
+            if lowering == "aoti":
+                exported, lowered = lower(graph, staging / A.STEP_PACKAGE), {"kind": "aoti"}
+                written = writer.submit(save_rank_weights, tensor_constants(exported), ranks, staging)
+            else:
+                exported = export_step(graph)
+                written = writer.submit(save_rank_weights, tensor_constants(exported), ranks, staging)
+                lowered = {"kind": "inductor", "weight_names": lower_inductor(exported, staging / STEP_INDUCTOR)}
+        with timer.phase("write"):  # what is left of the weights, then graphs and tokenizer files
+            aliases = written.result()
+            for name in COPIED_FILES:
+                if (model_dir / name).is_file():
+                    shutil.copy2(model_dir / name, staging / name)
+            dumps.write(staging, before, after)
+            save_node_table(exported, staging / "graphs" / "nodes.json")
+    finally:
+        writer.shutdown(wait=True)  # after an error too: nothing writes into staging once this returns
     manifest = {
         "graphllm_version": __version__,
         "cache_key": cache_key(model_dir, config, device),

@@ -6,7 +6,8 @@ RuntimeState; the EngineConfig is never mutated.
 
 import json
 import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -49,6 +50,20 @@ class RuntimeState:
     eos_token_ids: frozenset[int]
     model_config: ModelConfig
     limits: Limits
+    startup_seconds: dict[str, float] = field(default_factory=dict)  # StartupTimer's phases, in order
+
+
+class StartupTimer:
+    """Seconds per start-up phase: each lap(name) closes the phase that ran since the last one."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.seconds[name] = round(now - self.last, 3)
+        self.last = now
 
 
 class Runtime(NamedTuple):
@@ -151,15 +166,14 @@ def build_tensor_parallel_runtime(config: EngineConfig, path: Path, device: torc
     """Rank 0 of an N-way tensor-parallel engine run eager, each rank reading its slices of the checkpoint
     (compile=True and quantized models take the compiled path: build_compiled_runtime)."""
     check_tensor_parallel_runs(config, device)
-    from graphllm.passes.parallel.shard_tp import check_divisible
+    from graphllm.passes.parallel.shard_tp import TP_GROUP, ShardTP
     from graphllm.models.registry import resolve_architecture
     from graphllm.runtime.tensor_parallel import RankStep, start_tensor_parallel
     hf = read_hf_config(path)
     dtype = resolve_dtype(config.dtype, hf, device)
     _, model_config = resolve_architecture(hf)
     n = config.tensor_parallel_size
-    check_divisible(n, model_config.num_attention_heads, model_config.num_key_value_heads,
-                    model_config.intermediate_size)  # before any process starts
+    ShardTP.for_model(model_config, 0, n, TP_GROUP)  # before any process starts: what it cannot shard, by name
     step, local = start_tensor_parallel(n, RankStep(str(path), False, dtype), dtype,
                                         init_method=config.distributed_init_method)
     return assemble(config, resolve_limits(config), path, None, local, step, dtype, device)
@@ -173,7 +187,7 @@ def run_worker_rank(config: EngineConfig, rank: int) -> None:
     check_tensor_parallel_runs(config, device)
     if config.artifact is not None:
         from graphllm.compiler.artifact import verify_artifact
-        manifest = verify_artifact(Path(config.artifact), device)
+        manifest = verify_artifact(Path(config.artifact), device, defer_weights=True)
         ranks = artifact_ranks(config, manifest, Path(config.artifact))
         dtype = getattr(torch, manifest["compile"]["dtype"])
         rank_step = RankStep(config.artifact, True, dtype)
@@ -205,8 +219,10 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
     from graphllm.compiler.artifact import verify_artifact
     from graphllm.compiler.loading import load_compiled_step
     device = resolve_device(config.device)
-    manifest = verify_artifact(art, device)
-    model_config, weights, step = load_compiled_step(art, manifest, device)
+    timer = StartupTimer()
+    manifest = verify_artifact(art, device, defer_weights=True)  # load_compiled_step checks them as it reads
+    timer.lap("verify")
+    model_config, weights, step = load_compiled_step(art, manifest, device, lap=timer.lap)
     dtype = getattr(torch, manifest["compile"]["dtype"])  # not a weight's: quantized ones are int/float8
     check_quantization_matches(config, manifest, art)
     limits = resolve_limits(config, manifest["compile"])
@@ -219,7 +235,7 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
                                                    (step, local_model_config(model_config, ranks)),
                                                    config.distributed_init_method)
     return assemble(config, limits, art, None, model_config, step, dtype, device, buckets,
-                    checkpoint_kv_scales(manifest))
+                    checkpoint_kv_scales(manifest), timer)
 
 
 def artifact_ranks(config: EngineConfig, manifest: dict, art: Path) -> int:
@@ -263,13 +279,16 @@ def resolve_limits(config: EngineConfig, built: dict | None = None) -> Limits:
 
 def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module | None,
              model_config: ModelConfig, step, dtype: torch.dtype, device: torch.device,
-             buckets: tuple[int, ...] | None = None, layer_kv_scales: list[KVScales] | None = None) -> Runtime:
+             buckets: tuple[int, ...] | None = None, layer_kv_scales: list[KVScales] | None = None,
+             timer: StartupTimer | None = None) -> Runtime:
     """The parts eager and compiled engines share: tokenizer, KV cache, scheduler, runner.
 
     The compiled step takes a KV cache of any element type (the attention op, an opaque call in
     the graph, is all that reads or writes it), so one artifact serves both kv_cache_dtype values.
     """
+    timer = timer or StartupTimer()
     tokenizer = load_tokenizer(path)
+    timer.lap("tokenizer")
     max_model_len = resolve_max_model_len(config, model_config)
     kv_dtype = resolve_kv_cache_dtype(config, dtype)
     num_blocks = resolve_num_blocks(config, limits, model_config, kv_dtype, device, max_model_len)
@@ -278,7 +297,8 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     kv_bytes = sum(c.numel() * c.element_size() for c in kv_caches)
     torch.manual_seed(config.seed)
     state = RuntimeState(path, device, dtype, kv_dtype, max_model_len, num_blocks, kv_bytes,
-                         eos_token_ids(path, model_config, tokenizer), model_config, limits)
+                         eos_token_ids(path, model_config, tokenizer), model_config, limits, timer.seconds)
+    timer.lap("kv_cache")
     pool = BlockPool(num_blocks, limits.block_size, config.enable_prefix_caching)
     scheduler = Scheduler(pool, limits.max_num_seqs, limits.max_num_batched_tokens)
     shape = AttentionShape(model_config.num_attention_heads, model_config.num_key_value_heads,
@@ -299,7 +319,9 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
         graphs = capture_graphs(step, kv_caches, buckets or default_buckets(limits.max_num_seqs),
                                 -(-max_model_len // limits.block_size), num_blocks, limits.block_size, device,
                                 backend)
+    timer.lap("graphs")
     runner = ModelRunner(step, kv_caches, limits.block_size, device, graphs, backend)
+    logger.info("start-up phases (s): %s", ", ".join(f"{k} {v:.2f}" for k, v in timer.seconds.items()))
     return Runtime(model, tokenizer, state, pool, scheduler, runner)
 
 

@@ -58,6 +58,13 @@ def test_moved_artifact_loads_in_fresh_process_without_codegen(compiled_dir, tin
     assert not empty_cache.exists() or not any(empty_cache.rglob("*.so"))
 
 
+def test_engine_load_records_its_start_up_phases(compiled_dir):
+    engine = Engine.load(compiled_dir("llama"))
+    phases = engine.state.startup_seconds
+    assert list(phases) == ["verify", "weights", "step", "tokenizer", "kv_cache", "graphs"]
+    assert all(seconds >= 0 for seconds in phases.values())
+
+
 def test_damaged_manifest(artifact):
     (artifact / "manifest.json").write_text('{"schema_version": 1, "model": ')
     with pytest.raises(ArtifactError, match="manifest.json is damaged.*graphllm compile"):
@@ -149,10 +156,10 @@ def test_an_old_manifest_without_hashes_is_refused_with_a_recompile_message(arti
     manifest["schema_version"] = 1
     del manifest["files"]["weights.safetensors"]["sha256"]  # schema 1 hashed files up to 256 MiB only
     (artifact / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ArtifactError, match="schema version 1, this graphllm reads 2.*Recompile it with: graphllm "
+    with pytest.raises(ArtifactError, match="schema version 1, this graphllm reads 3.*Recompile it with: graphllm "
                                             "compile --model"):
         Engine.load(artifact)
-    manifest["schema_version"] = 2  # the current schema, but a record without its hash
+    manifest["schema_version"] = 3  # the current schema, but a record without its hash
     (artifact / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="manifest.json is damaged .its file list lacks sizes or sha256s"):
         Engine.load(artifact)

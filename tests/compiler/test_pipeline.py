@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from graphllm import Engine, SamplingParams
+from graphllm.compiler import artifact as A
 from graphllm.compiler.artifact import MANIFEST, WEIGHTS, quick_fingerprint
 from graphllm.compiler.loading import load_weights
 from graphllm.compiler.pipeline import PHASES, GraphDumps, PhaseTimer, cache_key, compile_model, save_weights
@@ -76,6 +77,10 @@ def test_cache_key_changes_when_the_model_config_changes(model_copy):
 # -- save_weights ---------------------------------------------------------------------------
 
 
+def weights_manifest(art, aliases: dict) -> dict:
+    return {"files": {WEIGHTS: A.file_record(art / WEIGHTS)}, "weight_aliases": aliases}
+
+
 def test_tied_weights_are_stored_once_and_come_back_as_aliases(tmp_path):
     embed, norm = torch.randn(8, 4), torch.randn(4)
     weights = {"embed": embed, "lm_head": embed, "norm": norm, "norm_copy": norm.clone(),
@@ -83,7 +88,7 @@ def test_tied_weights_are_stored_once_and_come_back_as_aliases(tmp_path):
     aliases = save_weights(weights, tmp_path / WEIGHTS)
     assert aliases == {"lm_head": "embed"}  # an equal tensor of its own is not an alias
     assert set(load_file(tmp_path / WEIGHTS)) == {"embed", "norm", "norm_copy", "transposed"}
-    loaded = load_weights(tmp_path, aliases, CPU)
+    loaded = load_weights(tmp_path, weights_manifest(tmp_path, aliases), CPU)
     assert loaded.keys() == weights.keys()
     for name, tensor in weights.items():
         assert torch.equal(loaded[name], tensor), name
@@ -92,7 +97,7 @@ def test_tied_weights_are_stored_once_and_come_back_as_aliases(tmp_path):
 def test_a_transposed_view_of_a_square_weight_is_not_an_alias(tmp_path):
     w = torch.randn(4, 4)
     aliases = save_weights({"w": w, "w_t": w.t()}, tmp_path / WEIGHTS)
-    assert torch.equal(load_weights(tmp_path, aliases, CPU)["w_t"], w.t())
+    assert torch.equal(load_weights(tmp_path, weights_manifest(tmp_path, aliases), CPU)["w_t"], w.t())
 
 
 # -- PhaseTimer, GraphDumps -----------------------------------------------------------------
