@@ -26,6 +26,14 @@ CONFIGS = {
     "qwen3": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=False)),
     "olmo2": ("Olmo2Config", dict(tie_word_embeddings=False, rms_norm_eps=1e-6)),
     "phi3": ("Phi3Config", dict(tie_word_embeddings=False, pad_token_id=0, sliding_window=6)),
+    # mixtures of experts: every layer sparse, window shorter than the prompts; Qwen3-MoE with the top-k
+    # weights renormalised, then with them as the softmax gives them, layer 0 dense and tied embeddings
+    "mixtral": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                                      tie_word_embeddings=False)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                                         norm_topk_prob=True, tie_word_embeddings=False)),
+    "qwen3_moe-mixed": ("Qwen3MoeConfig", dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=48,
+                                               norm_topk_prob=False, mlp_only_layers=[0], tie_word_embeddings=True)),
 }
 
 

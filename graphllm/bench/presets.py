@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from graphllm.models.checkpoint_parts import checkpoint_parts, split_into_parts
 from graphllm.models.loader import read_hf_config
 from graphllm.models.registry import resolve_architecture
 
@@ -44,21 +45,40 @@ PRESETS: dict[str, dict] = {
                       vocab_size=100352, rope_theta=500000.0, max_position_embeddings=4096,
                       rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False, pad_token_id=100277,
                       eos_token_id=100257),
+    # Mixtral-8x7B-v0.1's config.json (mistralai): 46.7B parameters, 93 GB of bfloat16
+    "mixtral-8x7b": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", hidden_size=4096,
+                         intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                         num_local_experts=8, num_experts_per_tok=2, vocab_size=32000, rope_theta=1000000.0,
+                         max_position_embeddings=32768, sliding_window=None, rms_norm_eps=1e-5,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
+    # Qwen3-30B-A3B's config.json (Qwen): 30.5B parameters (3.3B active), 61 GB of bfloat16
+    "qwen3-30b-a3b": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
+                          intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                          num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                          vocab_size=151936, rope_theta=1000000.0, max_position_embeddings=40960,
+                          rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
 }
 
 
 def random_weights(config: dict, dtype: torch.dtype, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Every parameter of the preset's module, N(0, 0.02) for matrices and ones for norms."""
+    """Every tensor of the preset's checkpoint, N(0, 0.02) for matrices and ones for norms, named as published:
+    a stacked MoE expert weight is written as its per-expert linears (models/checkpoint_parts.py), so
+    transformers reads the folder too."""
     module_cls, model_config = resolve_architecture(config)
     with torch.device("meta"):
-        shapes = {name: p.shape for name, p in module_cls(model_config).named_parameters()}
+        model = module_cls(model_config)
+    parts_of: dict[str, dict] = {}
+    for name, part in checkpoint_parts(model).items():
+        parts_of.setdefault(part.parameter, {})[name] = part
     gen = torch.Generator(device).manual_seed(seed)
     weights = {}
-    for name, shape in shapes.items():
+    for name, p in model.named_parameters():
         if name.endswith("norm.weight"):
-            weights[name] = torch.ones(shape, dtype=dtype, device=device)
+            tensor = torch.ones(p.shape, dtype=dtype, device=device)
         else:
-            weights[name] = (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(dtype)
+            tensor = (torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(dtype)
+        weights.update(split_into_parts({name: tensor}, parts_of[name]) if name in parts_of else {name: tensor})
     return weights
 
 

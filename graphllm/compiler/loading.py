@@ -7,6 +7,7 @@ import torch
 import graphllm.ops.attention  # noqa: F401  (register the ops a compiled step may call)
 import graphllm.ops.collectives  # noqa: F401
 import graphllm.ops.linear  # noqa: F401
+import graphllm.ops.moe  # noqa: F401
 import graphllm.ops.quantized_linear  # noqa: F401
 import graphllm.ops.rms_norm  # noqa: F401
 import graphllm.ops.silu_and_mul  # noqa: F401

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import shutil
 import sys
 import time
@@ -36,6 +37,7 @@ from graphllm.passes.manager import PassManager, Prequantized
 from graphllm.version import __version__
 
 PHASES = ("load", "capture", "passes", "lower", "write")
+log = logging.getLogger(__name__)
 COPIED_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "chat_template.jinja", "tokenizer.model")
 
@@ -51,7 +53,9 @@ COMPILER_MODULES = ("graphllm.ir.capture", "graphllm.ir.graph", "graphllm.compil
                     "graphllm.ops.rms_norm", "graphllm.ops.silu_and_mul",
                     "graphllm.ops.quantized_linear", "graphllm.kernels.reference", "graphllm.kernels.rotary",
                     "graphllm.kernels.quant_layout",
-                    "graphllm.models.llama", "graphllm.models.layers")
+                    "graphllm.compiler.weights_io", "graphllm.models.config", "graphllm.models.registry",
+                    "graphllm.models.llama", "graphllm.models.layers", "graphllm.models.olmo2", "graphllm.models.phi3",
+                    "graphllm.models.moe", "graphllm.models.mixtral", "graphllm.models.qwen3_moe", "graphllm.ops.moe")
 
 
 @functools.cache
@@ -148,6 +152,23 @@ def kernel_plan(graph, buckets) -> dict[str, dict[str, str]]:
             shapes.add((scheme, n, k))
     return {f"{scheme} {n}x{k}": {str(b): kernel_route(scheme, b, n, k, graph.device) for b in buckets}
             for scheme, n, k in sorted(shapes)}
+
+
+def unquantized_expert_share(graph, config: CompileConfig) -> float | None:
+    """With --quantization, the share of the graph's weight bytes that stays float because it is MoE experts
+    (fused_moe operands, which the quantization passes do not touch), logged; None without experts or scheme."""
+    moe = torch.ops.graphllm.fused_moe.default  # registered by the models (graphllm/models/moe.py)
+    experts = [graph.gm.get_parameter(w.target) for node in graph.graph.nodes if node.target is moe
+               for w in node.args[2:4]]  # w13, w2
+    if config.quantization is None or not experts:
+        return None
+    size = lambda t: t.numel() * t.element_size()  # noqa: E731
+    total = sum(size(t) for t in {t.data_ptr(): t for t in graph.weights.values()}.values())
+    share = sum(map(size, experts)) / total
+    log.warning("--quantization %s leaves the MoE experts in %s: %.0f%% of the weight bytes stay unquantized "
+                "(graphllm.fused_moe runs float experts only)", config.quantization,
+                str(experts[0].dtype).removeprefix("torch."), 100 * share)
+    return share
 
 
 def rank_graphs(graph, config: CompileConfig, model_config, prequantized: Prequantized | None,
@@ -261,6 +282,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
     with timer.phase("passes"):
         ranks = rank_graphs(graph, config, model_config, prequantized, dumps)
         graph, reports = ranks[0]
+        unquantized_expert_share(graph, config)
         after = format_graph(graph.gm), graph.gm.code
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)

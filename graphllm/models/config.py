@@ -38,6 +38,12 @@ class ModelConfig:
     fused_qkv_gate_up: bool = False  # q/k/v in one qkv_proj, gate/up in one gate_up_proj, as stored (Phi-3)
     sliding_window: int = 0  # 0 = full attention
     eos_token_ids: tuple[int, ...] = ()
+    # mixture of experts (Mixtral, Qwen3-MoE; graphllm/models/moe.py): 0 experts = a dense model
+    num_experts: int = 0  # routed experts per sparse layer
+    num_experts_per_tok: int = 0  # top-k experts each token runs
+    moe_intermediate_size: int = 0  # each expert's intermediate size (intermediate_size: the dense MLP's)
+    norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1 (Mixtral: always)
+    sparse_layers: tuple[int, ...] = ()  # the layers whose feed-forward is the MoE block; the rest are dense
 
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")

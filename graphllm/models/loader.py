@@ -19,6 +19,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from graphllm.models.checkpoint_parts import CheckpointPart, StackedTensors, checkpoint_parts
 from graphllm.models.config import ModelConfig
 from graphllm.models.errors import ModelLoadError
 from graphllm.models.quantization import (CheckpointQuantization, QuantizedTensors, quantized_linears,
@@ -82,11 +83,14 @@ def weight_files(path: Path) -> list[Path]:
 def read_checkpoint(files: list[Path], expected: dict[str, nn.Parameter], skip: set[str],
                     dtype: torch.dtype, device: torch.device,
                     claims: Callable[[str], bool] = lambda name: False,
+                    parts: dict[str, CheckpointPart] | None = None,
                     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Every expected tensor from the files, checked for name, shape and a float dtype, in `dtype` on
-    `device`; apart, as stored (CPU, own dtype), the tensors whose name `claims` (quantized ones)."""
+    `device`; apart, as stored (CPU, own dtype), the tensors whose name `claims` (quantized ones). A stacked
+    parameter is assembled from its `parts` (per-expert tensors: models/checkpoint_parts.py) or read whole."""
     tensors: dict[str, torch.Tensor] = {}
     claimed: dict[str, torch.Tensor] = {}
+    stacked = StackedTensors(parts or {}, expected, dtype, device)
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
@@ -95,11 +99,15 @@ def read_checkpoint(files: list[Path], expected: dict[str, nn.Parameter], skip: 
                 if claims(name):
                     claimed[name] = f.get_tensor(name)
                     continue
+                if stacked.claims(name):
+                    stacked.put(name, f.get_tensor(name), file)
+                    continue
                 if name not in expected:
                     raise ModelLoadError(f"unexpected tensor {name!r} in {file.name}: the model has no such parameter")
                 tensor = f.get_tensor(name)
                 check_parameter_tensor(name, file, tensor, expected[name])
                 tensors[name] = tensor.to(device=device, dtype=dtype)
+    tensors.update(stacked.finish(set(tensors)))
     missing = sorted(set(expected) - set(tensors))
     if missing:
         raise ModelLoadError(f"checkpoint is missing tensor(s): {', '.join(missing[:10])}"
@@ -133,7 +141,7 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
     skip = {"lm_head.weight"} if config.tie_word_embeddings else set()
     router = QuantizedTensors(quant, linears) if quant else None
     claims = router.claims if router else (lambda name: False)
-    tensors, claimed = read_checkpoint(files, expected, skip, dtype, device, claims)
+    tensors, claimed = read_checkpoint(files, expected, skip, dtype, device, claims, checkpoint_parts(model))
     if router is None:
         return LoadedCheckpoint(fill_model(model, config, tensors, device), config)
     quantized = router.convert(claimed, dtype, device)

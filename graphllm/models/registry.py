@@ -10,8 +10,10 @@ from torch import nn
 
 from graphllm.models.config import ModelConfig, model_config_from_hf
 from graphllm.models.llama import LlamaForCausalLM
+from graphllm.models.mixtral import MixtralForCausalLM
 from graphllm.models.olmo2 import Olmo2ForCausalLM
 from graphllm.models.phi3 import Phi3ForCausalLM
+from graphllm.models.qwen3_moe import Qwen3MoeForCausalLM
 
 
 def _reject(hf: dict[str, Any], key: str, why: str) -> None:
@@ -53,6 +55,39 @@ def _phi3(hf: dict[str, Any], arch: str) -> ModelConfig:
     return model_config_from_hf(hf, arch, sliding_window=int(hf.get("sliding_window") or 0), fused_qkv_gate_up=True)
 
 
+def _check_moe(hf: dict[str, Any], arch: str, num_experts: int) -> None:
+    """What graphllm's fused MoE (graphllm/ops/moe.py) does not do, refused by name."""
+    _reject(hf, "quantization_config", f"a pre-quantized {arch} checkpoint (the fused MoE runs float experts)")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"config.json sets hidden_act={hf['hidden_act']!r}: {arch}'s experts run SiLU only")
+    top_k = hf.get("num_experts_per_tok")
+    if not isinstance(top_k, int) or not 0 < top_k <= num_experts:
+        raise ValueError(f"config.json sets num_experts_per_tok={top_k!r} for {num_experts} experts")
+
+
+def _mixtral(hf: dict[str, Any], arch: str) -> ModelConfig:
+    experts = int(hf["num_local_experts"])
+    _check_moe(hf, arch, experts)
+    return model_config_from_hf(hf, arch, sliding_window=int(hf.get("sliding_window") or 0), num_experts=experts,
+                                num_experts_per_tok=hf["num_experts_per_tok"], norm_topk_prob=True,
+                                moe_intermediate_size=hf["intermediate_size"],  # Mixtral's MLPs are all experts
+                                sparse_layers=tuple(range(hf["num_hidden_layers"])))
+
+
+def _qwen3_moe(hf: dict[str, Any], arch: str) -> ModelConfig:
+    _reject(hf, "use_sliding_window", "Qwen3-MoE's per-layer sliding window")
+    _reject(hf, "shared_expert_intermediate_size", "a shared expert (Qwen2-MoE's)")
+    experts = int(hf["num_experts"] if "num_experts" in hf else hf.get("num_local_experts") or 0)  # v4 / v5 names
+    if experts:
+        _check_moe(hf, arch, experts)
+    step, dense = int(hf.get("decoder_sparse_step") or 1), set(hf.get("mlp_only_layers") or ())
+    sparse = tuple(i for i in range(hf["num_hidden_layers"]) if experts and i not in dense and (i + 1) % step == 0)
+    return model_config_from_hf(hf, arch, attention_bias=bool(hf.get("attention_bias", False)), qk_norm=True,
+                                num_experts=experts, num_experts_per_tok=int(hf.get("num_experts_per_tok") or 0),
+                                moe_intermediate_size=int(hf.get("moe_intermediate_size") or 0),
+                                norm_topk_prob=bool(hf.get("norm_topk_prob", False)), sparse_layers=sparse)
+
+
 ConfigBuilder = Callable[[dict[str, Any], str], ModelConfig]
 
 ARCHITECTURES: dict[str, tuple[type[nn.Module], ConfigBuilder]] = {
@@ -62,6 +97,8 @@ ARCHITECTURES: dict[str, tuple[type[nn.Module], ConfigBuilder]] = {
     "Qwen3ForCausalLM": (LlamaForCausalLM, _qwen3),
     "Olmo2ForCausalLM": (Olmo2ForCausalLM, _olmo2),
     "Phi3ForCausalLM": (Phi3ForCausalLM, _phi3),
+    "MixtralForCausalLM": (MixtralForCausalLM, _mixtral),
+    "Qwen3MoeForCausalLM": (Qwen3MoeForCausalLM, _qwen3_moe),
 }
 
 

@@ -17,7 +17,7 @@ def tokens(outs):
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mixtral", "qwen3_moe-mixed"])  # MoE: the Triton fused_moe
 def test_graphs_match_eager_and_transformers(arch, tiny_model_dir, compiled_dir):
     path, hf = tiny_model_dir(arch)
     expected = transformers_greedy(hf, PROMPTS, max_new_tokens=24)

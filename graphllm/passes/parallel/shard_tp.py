@@ -44,7 +44,9 @@ caches, for re-export; it runs first, before quantization (which then quantizes 
 the fusions.
 
 Refused with the numbers: heads or the intermediate size not divisible by N, N not a multiple of Hkv
-when Hkv < N, already-quantized linears (a pre-quantized checkpoint's; not sharded yet).
+when Hkv < N, already-quantized linears (a pre-quantized checkpoint's; not sharded yet). Refused by name
+(for_model): mixtures of experts (Mixtral, Qwen3-MoE), and the families that keep q/k/v fused or norm q/k
+over all heads.
 """
 
 import torch
@@ -112,6 +114,9 @@ class ShardTP(GraphPass):
     @classmethod
     def for_model(cls, config, rank: int, world_size: int, group_name: str) -> "ShardTP":
         """The pass for rank `rank` of a ModelConfig's model."""
+        if getattr(config, "num_experts", 0):
+            raise ValueError(f"{config.architecture} is a mixture of experts: tensor parallelism does not split its "
+                             "experts (graphllm.fused_moe) yet; use --tensor-parallel-size 1")
         if getattr(config, "fused_qkv_gate_up", False):
             raise ValueError(f"{config.architecture} keeps q/k/v and gate/up fused as its checkpoint stores them: "
                              "tensor parallelism does not split those yet")

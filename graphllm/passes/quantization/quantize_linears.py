@@ -11,7 +11,8 @@ module path `<p>` gets them as parameters `<p>.<tensor name>`:
                                                         z  = get_attr <p>.zeros     # [K/G, N]
                                                         y  = graphllm.int4_linear.default(x, qw, s, z, b)
 
-Which linears: with no checkpoint, every one except lm_head (unless `include_lm_head`); a layer the
+Which linears: with no checkpoint, every one except lm_head (unless `include_lm_head`) and an MoE router
+(a linear named `gate`: tiny, and its softmax picks the experts; vLLM keeps it unquantized too); a layer the
 scheme cannot hold (`Scheme.cannot_hold` says why) stays as it is, with a log line. With a
 pre-quantized checkpoint (the tensors graphllm/models/loader.load_checkpoint unpacked into the same
 layout), exactly the linears it has, and a checkpoint linear the graph does not have is an error.
@@ -31,6 +32,7 @@ from graphllm.passes.base import source_uuid
 
 LINEAR = torch.ops.aten.linear.default
 STEP_PREFIX = "model."  # the capture's StepModule holds the model as `model`
+ROUTER = "gate"  # an MoE block's router linear (graphllm/models/moe.py); dense MLPs name theirs gate_proj
 log = logging.getLogger(__name__)
 
 
@@ -59,7 +61,8 @@ def quantize_linears(graph: StepGraph, scheme: Scheme, include_lm_head: bool,
             found.add(name)
             tensors = dict(checkpoint[name])
         else:
-            if name.rpartition(".")[2] == "lm_head" and not include_lm_head:
+            last = name.rpartition(".")[2]
+            if last == "lm_head" and not include_lm_head or last == ROUTER:
                 continue
             weight = attr_tensor(graph.gm, node.args[1])
             why = scheme.cannot_hold(weight)
