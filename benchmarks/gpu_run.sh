@@ -48,6 +48,8 @@
 #              schema (--structured-fraction 0.5); the same artifact as qtput-*
 #   startup    (issue 19) bench compile --no-decode: a cold compile in a fresh Inductor cache, two warm starts and a
 #              cold-disk start (the artifact evicted from the page cache), each with its start-up phases
+#   startup-prof  benchmarks/startup_profile.py: cProfile of a cold compile and of Engine.load (issue 19)
+#   moe-tests  (issue 20) the fused MoE kernel and op tests and the MoE CUDA-graph tests on the GPU
 #   fam-P      (issue 20) bench latency at batch 1 and 8 of preset P (olmo-2-7b, phi-3-mini, ...), the usual limits
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
@@ -148,6 +150,12 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
     startup) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \
         --json "$OUT/r/$stage.json" ;;
+    startup-prof) python3 -c "from pathlib import Path; from graphllm.bench.presets import write_preset
+d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)" && \
+        TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-prof timeout 400 python3 benchmarks/startup_profile.py \
+        $WORK/models/llama-3-8b /tmp/startup-prof "$OUT/r/$stage.json" 30 ;;
+    moe-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_fused_moe.py tests/ops/test_moe.py tests/gpu/test_cuda_graphs.py -k "moe or mixtral" ;;
     qsweep-pairs) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-pairs.json" 240 int4 1,4,16 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-pairs.json" int4 \
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
