@@ -49,6 +49,8 @@
 #   startup    (issue 19) bench compile --no-decode: a cold compile in a fresh Inductor cache, two warm starts and a
 #              cold-disk start (the artifact evicted from the page cache), each with its start-up phases
 #   startup-prof  benchmarks/startup_profile.py: cProfile of a cold compile and of Engine.load (issue 19)
+#   moe-lat / moe-prof / moe-tput  (issue 20) bench latency (batch 1, 8, 32), its kernel profile at batch 32, and bench
+#              throughput of qwen3-30b-a3b with 12 of its 48 layers (preset and artifact of all 48 would not fit the disk)
 #   moe-tests  (issue 20) the fused MoE kernel and op tests and the MoE CUDA-graph tests on the GPU
 #   fam-P      (issue 20) bench latency at batch 1 and 8 of preset P (olmo-2-7b, phi-3-mini, ...), the usual limits
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
@@ -57,6 +59,9 @@ set -uo pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH="/tmp/site:$PWD" || exit 1
 export PYTHONUNBUFFERED=1 GRAPHLLM_CACHE_DIR=/tmp/graphllm-cache TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
+# bytecode caches where they can be written (the carried wheels install with --no-compile): an installed
+# package has its .pyc, and without them every process compiled ~2,300 modules' source (6.7 s of a start-up)
+unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/r"
 WORK=/tmp/bench-work
 LIMITS="--max-num-seqs 256 --max-model-len 2064 --max-num-batched-tokens 8192"  # one artifact for all stages
@@ -149,6 +154,12 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-int4.json" int4 \
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
     startup) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \
+        --json "$OUT/r/$stage.json"; rm -rf $WORK/startup ;;
+    moe-lat) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
+        --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    moe-prof) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 32 --input-len 128 --output-len 64 \
+        $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+    moe-tput) bench throughput --preset qwen3-30b-a3b --preset-layers 12 --num-requests 1024 $LIMITS --work $WORK \
         --json "$OUT/r/$stage.json" ;;
     startup-prof) python3 -c "from pathlib import Path; from graphllm.bench.presets import write_preset
 d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)" && \

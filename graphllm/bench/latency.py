@@ -68,7 +68,9 @@ def decode_weight_bytes(model_dir: Path, dtype: torch.dtype | None) -> dict:
     or as stored (None: an artifact's weights.safetensors, quantized tensors at their own width).
 
     The input embedding is a gather of B rows, not a read of the matrix; tied embeddings (no
-    lm_head.weight in the folder) are read whole by the LM head, so they count.
+    lm_head.weight in the folder) are read whole by the LM head, so they count. A mixture-of-experts
+    model's token reads only the experts it routes to: expert tensors (".experts." in the name, stacked
+    or one per expert) count at num_experts_per_tok / num_experts, the bytes of one sequence's step.
     """
     entries = safetensors_entries(model_dir)
     numel = {name: math.prod(e["shape"]) for name, e in entries.items()}
@@ -76,8 +78,13 @@ def decode_weight_bytes(model_dir: Path, dtype: torch.dtype | None) -> dict:
     tied = not any(".lm_head." in f".{name}" for name in entries)
     embed = [name for name in entries if name.endswith("embed_tokens.weight")]
     read = [name for name in entries if tied or name not in embed]
-    return {"parameters": sum(numel.values()), "decode_read_parameters": sum(numel[n] for n in read),
-            "tied_embeddings": tied, "decode_read_bytes": sum(numel[n] * size[n] for n in read)}
+    hf = json.loads((model_dir / "config.json").read_text())
+    experts = hf.get("num_experts") or hf.get("num_local_experts")
+    routed = hf["num_experts_per_tok"] / experts if experts else 1.0
+    share = {name: routed if ".experts." in name else 1.0 for name in read}
+    return {"parameters": sum(numel.values()), "decode_read_parameters": round(sum(numel[n] * share[n] for n in read)),
+            "tied_embeddings": tied, "routed_expert_share": routed if experts else None,
+            "decode_read_bytes": round(sum(numel[n] * size[n] * share[n] for n in read))}
 
 
 def measure_bandwidth_tbs(device: torch.device, gib: float = 1.0, reps: int = 20) -> float:

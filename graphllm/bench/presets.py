@@ -83,13 +83,14 @@ def random_weights(config: dict, dtype: torch.dtype, device: torch.device, seed:
 
 
 def write_preset(name: str, out: str | Path, dtype: torch.dtype = torch.bfloat16,
-                 device: str = "cuda" if torch.cuda.is_available() else "cpu") -> Path:
-    """A Hugging Face folder with the preset's config.json and random safetensors weights."""
+                 device: str = "cuda" if torch.cuda.is_available() else "cpu", overrides: dict | None = None) -> Path:
+    """A Hugging Face folder with the preset's config.json (overrides: config fields to change, e.g. fewer
+    num_hidden_layers) and random safetensors weights."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    config = {**PRESETS[name], "torch_dtype": str(dtype).removeprefix("torch.")}
+    config = {**PRESETS[name], **(overrides or {}), "torch_dtype": str(dtype).removeprefix("torch.")}
     (out / "config.json").write_text(json.dumps(config, indent=2))
     weights = random_weights(read_hf_config(out), dtype, torch.device(device))
     save_file({k: v.cpu() for k, v in weights.items()}, str(out / "model.safetensors"))

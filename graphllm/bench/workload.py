@@ -48,6 +48,8 @@ def add_common_args(p: argparse.ArgumentParser, max_num_seqs: int | None) -> Non
     """Flags of both benchmarks; `max_num_seqs` None: derived from the workload."""
     p.add_argument("--preset", default="llama-3-8b", help="random-weight model at real shapes (no download)")
     p.add_argument("--model", help="a Hugging Face model folder instead of a preset")
+    p.add_argument("--preset-layers", type=int, help="the preset with this many decoder layers (its shapes, fewer "
+                   "layers: for a model whose weights would not fit the disk twice, preset and artifact)")
     p.add_argument("--work", default="bench-work", help="scratch directory: preset folders, artifact cache")
     p.add_argument("--attention-backend", default="auto", choices=ATTENTION_BACKENDS)
     p.add_argument("--eager", action="store_true", help="run the model uncompiled (default: compiled)")
@@ -87,10 +89,12 @@ def model_folder(args: argparse.Namespace, work: Path) -> Path:
     if args.model:
         return Path(args.model).expanduser()
     from graphllm.bench.presets import write_preset
-    folder = work / "models" / args.preset
+    layers = getattr(args, "preset_layers", None)
+    folder = work / "models" / (args.preset + (f"-{layers}-layers" if layers else ""))
     if not (folder / "config.json").is_file():
         start = time.perf_counter()
-        partial = write_preset(args.preset, folder.with_name(folder.name + ".partial"))
+        overrides = {"num_hidden_layers": layers} if layers else {}
+        partial = write_preset(args.preset, folder.with_name(folder.name + ".partial"), overrides=overrides)
         partial.rename(folder)
         print(f"wrote preset {args.preset} to {folder} in {time.perf_counter() - start:.1f} s", flush=True)
     return folder

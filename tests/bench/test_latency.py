@@ -88,3 +88,15 @@ def test_batch_larger_than_max_num_seqs_is_an_error(tiny_model_dir, tmp_path, ca
     code = main(["bench", "latency", "--model", str(path), "--eager", "--device", "cpu", "--work", str(tmp_path),
                  "--batch-sizes", "1,4", "--max-num-seqs", "2"])
     assert code == 2 and "--max-num-seqs" in capsys.readouterr().err
+
+
+def test_a_moe_token_reads_only_the_experts_it_routes_to(tiny_model_dir):
+    import torch
+    path, hf = tiny_model_dir("mixtral")
+    params = {name: p.numel() for name, p in hf.named_parameters()}
+    experts = sum(n for name, n in params.items() if ".experts." in name)
+    dense = sum(params.values()) - experts - params["model.embed_tokens.weight"]
+    routed = hf.config.num_experts_per_tok / hf.config.num_local_experts
+    counted = decode_weight_bytes(path, torch.bfloat16)
+    assert counted["routed_expert_share"] == routed < 1
+    assert counted["decode_read_bytes"] == round(2 * (dense + experts * routed))
