@@ -123,8 +123,10 @@ def chunk_hashes(record: dict[str, Any]) -> tuple[int, list[str]]:
     return max(1, record["size"]), [record["sha256"]]
 
 
-def file_records(art: Path) -> dict[str, dict[str, Any]]:
-    return {name: file_record(art / name) for name in artifact_files(art)}
+def file_records(art: Path, known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Every file's record; `known` ones (hashed when they were written) are taken as they are."""
+    known = known or {}
+    return {name: known.get(name) or file_record(art / name) for name in artifact_files(art)}
 
 
 def set_permissions(art: Path) -> None:
@@ -134,8 +136,8 @@ def set_permissions(art: Path) -> None:
         path.chmod(DIR_MODE if path.is_dir() else FILE_MODE)
 
 
-def write_manifest(art: Path, manifest: dict[str, Any]) -> None:
-    manifest = {"schema_version": SCHEMA_VERSION, **manifest, "files": file_records(art)}
+def write_manifest(art: Path, manifest: dict[str, Any], known: dict[str, dict[str, Any]] | None = None) -> None:
+    manifest = {"schema_version": SCHEMA_VERSION, **manifest, "files": file_records(art, known)}
     (art / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=False))
     set_permissions(art)
 

@@ -54,9 +54,13 @@ def lifted_weight_names(exported: torch.export.ExportedProgram) -> list[str]:
     return [spec.target for spec in exported.graph_signature.input_specs if spec.kind.name in kinds]
 
 
-def load_inductor_step(path: Path, weight_names: list[str], weights: dict[str, torch.Tensor]):
+def load_inductor_artifact(path: Path):
+    """The saved compiled step (no weights needed: bind_inductor_step binds them)."""
+    return torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
+
+
+def bind_inductor_step(compiled, weight_names: list[str], weights: dict[str, torch.Tensor]):
     """The compiled step as a callable over the flat step inputs (kv_caches as a list)."""
-    compiled = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
     lifted = [weights[name] for name in weight_names]
 
     def step(input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc, logits_indices,

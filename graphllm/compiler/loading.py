@@ -1,5 +1,6 @@
 """Loading a verified artifact: model config, post-pass weights, and the compiled step."""
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -12,7 +13,7 @@ import graphllm.ops.quantized_linear  # noqa: F401
 import graphllm.ops.rms_norm  # noqa: F401
 import graphllm.ops.silu_and_mul  # noqa: F401
 from graphllm.compiler import artifact as A
-from graphllm.compiler.inductor_lowering import STEP_INDUCTOR, load_inductor_step
+from graphllm.compiler.inductor_lowering import STEP_INDUCTOR, bind_inductor_step, load_inductor_artifact
 from graphllm.compiler.lower import load_package
 from graphllm.compiler.weights_io import ChunkMismatch, read_safetensors
 from graphllm.models.registry import resolve_architecture
@@ -43,14 +44,23 @@ def load_weights(art: Path, manifest: dict, device: torch.device, rank: int = 0)
 def load_compiled_step(art: Path, manifest: dict, device: torch.device, rank: int = 0,
                        lap: Callable[[str], None] = lambda phase: None):
     """(ModelConfig, weights by name, the compiled step callable) of tensor-parallel rank `rank`; lap(phase)
-    is called as the weights and the step are loaded (start-up timings)."""
+    is called as they load (start-up timings). The inductor lowering's compiled step loads while the weights
+    stream in on their reader threads (it takes them only when bound): "step" is the time to load it, then
+    "weights" what is left of reading them; the AOTInductor package (CPU) takes its weights as it loads."""
     _, model_config = resolve_architecture(manifest["model"]["config"])
-    weights = load_weights(art, manifest, device, rank)
-    lap("weights")
     lowered = manifest["lowering"]
-    if lowered["kind"] == "inductor":
-        step = load_inductor_step(art / STEP_INDUCTOR, lowered["weight_names"], weights)
-    else:
+    if lowered["kind"] != "inductor":
+        weights = load_weights(art, manifest, device, rank)
+        lap("weights")
         step = load_package(art / A.STEP_PACKAGE, weights, device)
-    lap("step")
-    return model_config, weights, step
+        lap("step")
+        return model_config, weights, step
+    with ThreadPoolExecutor(1) as reader:
+        reading = reader.submit(load_weights, art, manifest, device, rank)
+        try:
+            compiled = load_inductor_artifact(art / STEP_INDUCTOR)
+        finally:
+            lap("step")
+            weights = reading.result()  # raises what reading raised (a damaged file) once the step is loaded
+    lap("weights")
+    return model_config, weights, bind_inductor_step(compiled, lowered["weight_names"], weights)

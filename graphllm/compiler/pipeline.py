@@ -55,7 +55,8 @@ COMPILER_MODULES = ("graphllm.ir.capture", "graphllm.ir.graph", "graphllm.compil
                     "graphllm.kernels.quant_layout",
                     "graphllm.compiler.weights_io", "graphllm.models.config", "graphllm.models.registry",
                     "graphllm.models.llama", "graphllm.models.layers", "graphllm.models.olmo2", "graphllm.models.phi3",
-                    "graphllm.models.moe", "graphllm.models.mixtral", "graphllm.models.qwen3_moe", "graphllm.ops.moe")
+                    "graphllm.models.moe", "graphllm.models.mixtral", "graphllm.models.qwen3_moe", "graphllm.ops.moe",
+                    "graphllm.models.gemma", "graphllm.models.gemma_config")
 
 
 @functools.cache
@@ -233,10 +234,17 @@ def tensor_constants(exported: torch.export.ExportedProgram) -> dict[str, torch.
     return {k: v for k, v in exported.constants.items() if isinstance(v, torch.Tensor)}
 
 
-def save_rank_weights(constants: dict[str, torch.Tensor], ranks: list, out: Path) -> dict[str, str]:
-    """Every rank's weights file (the compiled step's constants and the rank graph's weights); rank 0's
-    aliases, which tie the same names on every rank."""
-    return [save_weights({**constants, **g.weights}, out / A.rank_weights(r)) for r, (g, _) in enumerate(ranks)][0]
+def save_rank_weights(constants: dict[str, torch.Tensor], ranks: list, out: Path) -> tuple[dict, dict]:
+    """Every rank's weights file (the compiled step's constants and the rank graph's weights), each hashed for
+    the manifest as soon as it is written; (rank 0's aliases, which tie the same names on every rank, the
+    files' manifest records)."""
+    aliases, records = {}, {}
+    for r, (g, _) in enumerate(ranks):
+        name = A.rank_weights(r)
+        rank_aliases = save_weights({**constants, **g.weights}, out / name)
+        aliases = aliases if r else rank_aliases
+        records[name] = A.file_record(out / name)
+    return aliases, records
 
 
 class GraphDumps:
@@ -299,7 +307,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
                 written = writer.submit(save_rank_weights, tensor_constants(exported), ranks, staging)
                 lowered = {"kind": "inductor", "weight_names": lower_inductor(exported, staging / STEP_INDUCTOR)}
         with timer.phase("write"):  # what is left of the weights, then graphs and tokenizer files
-            aliases = written.result()
+            aliases, weight_records = written.result()
             for name in COPIED_FILES:
                 if (model_dir / name).is_file():
                     shutil.copy2(model_dir / name, staging / name)
@@ -324,7 +332,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
         "environment": A.environment_fingerprint(device),
         "timings": timer.seconds,
     }
-    A.write_manifest(staging, manifest)
+    A.write_manifest(staging, manifest, known=weight_records)
     shutil.rmtree(out, ignore_errors=True)
     staging.rename(out)
     timer.bar.close()
