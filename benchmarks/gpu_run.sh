@@ -127,7 +127,7 @@ for stage in "$@"; do
         tests/gpu -k "float32 and ${stage#f32-}" 2>&1 | grep -v "Assertion .ind" ;;
     throughput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
         --attention-backend "${stage#throughput-}" --json "$OUT/r/$stage.json" ;;
-    latency-*) bench latency --preset llama-3-8b --batch-sizes 1,8,32,128 --input-len 128 --output-len 256 \
+    latency-*) bench latency --preset llama-3-8b --batch-sizes 1,8,32,128,256 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --plot "$OUT/r/$stage.png" ;;
     profile8-*) bench latency --preset llama-3-8b --batch-sizes 8 --input-len 128 --output-len 64 \
         --attention-backend "${stage#profile8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;

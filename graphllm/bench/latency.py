@@ -35,7 +35,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register `latency` under `graphllm bench`."""
     p = subparsers.add_parser("latency", help="prefill and decode speed per batch size, against the bandwidth ceiling")
     add_common_args(p, max_num_seqs=None)
-    p.add_argument("--batch-sizes", type=parse_levels, default=(1, 8, 32, 128), help="e.g. 1,8,32,128")
+    p.add_argument("--batch-sizes", type=parse_levels, default=(1, 8, 32, 128, 256), help="e.g. 1,8,32,128,256")
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per sequence")
     p.add_argument("--output-len", type=int, default=256, help="generated tokens per sequence (ignore_eos)")
     p.add_argument("--bandwidth-tbs", type=float, help="memory bandwidth in TB/s for the ceiling (default: measured)")
@@ -167,13 +167,14 @@ def add_ceiling_share(results: list[dict], per_seq_ceiling: float | None) -> Non
 
 def format_table(report: dict) -> str:
     rows = [("batch", "prefill ms", "decode s", "tok/s/seq", "tok/s", "ceiling",
-             "decode step ms sched/model/sample/rest", "HF tok/s", "ours/HF")]
+             "decode step ms sched/model/sample/rest", "step p50/p99 ms", "HF tok/s", "ours/HF")]
     for r in report["results"]:
         d = r["step_breakdown_ms"].get("decode")
         parts = "/".join(f"{d[f'{k}_ms']:.2f}" for k in ("schedule", "model", "sample", "rest")) if d else "-"
+        tail = f"{d['p50_ms']:.2f}/{d['p99_ms']:.2f}" if d else "-"
         hf = r.get("transformers") or {}
         rows.append((r["batch_size"], f"{r['prefill_s'] * 1e3:.1f}", f"{r['decode_s']:.3f}",
-                     fmt(r["decode_tok_s_per_seq"]), fmt(r["decode_tok_s"]), fmt(r["ceiling_share"], ".1%"), parts,
+                     fmt(r["decode_tok_s_per_seq"]), fmt(r["decode_tok_s"]), fmt(r["ceiling_share"], ".1%"), parts, tail,
                      fmt(hf.get("decode_tok_s")), fmt((r.get("ratio") or {}).get("decode_tok_s"), ".2f")))
     c = report["ceiling"]
     note = (f"ceiling: {c['tok_s_per_seq']:.1f} tok/s per sequence = {c['bandwidth_tbs']:.2f} TB/s "

@@ -9,6 +9,7 @@ schedule / prepare+model / sample / rest.
 import argparse
 import gc
 import json
+import math
 import platform
 import random
 import time
@@ -308,14 +309,22 @@ class StepTimer:
         self.records = []
 
     def summary(self) -> dict[str, dict]:
-        """Per phase: steps, and the mean milliseconds of each part and of the whole step."""
+        """Per phase: steps, the mean milliseconds of each part and of the whole step, and the whole step's
+        median and 99th percentile (nearest rank), so a slow tail shows beside a good mean."""
         out = {}
         for phase in ("prefill", "decode"):
             recs = [r for p, r in self.records if p == phase]
             if recs:
+                totals = sorted(1e3 * r["total"] for r in recs)
                 out[phase] = {"steps": len(recs), **{f"{k}_ms": 1e3 * sum(r[k] for r in recs) / len(recs)
-                                                      for k in (*PARTS, "total")}}
+                                                      for k in (*PARTS, "total")},
+                              "p50_ms": percentile(totals, 50), "p99_ms": percentile(totals, 99)}
         return out
+
+
+def percentile(ordered: list[float], q: float) -> float:
+    """The nearest-rank q-th percentile of an ascending list."""
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
 
 def free_engine() -> None:

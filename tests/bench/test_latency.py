@@ -51,6 +51,7 @@ def test_one_entry_per_batch_size_every_sequence_gets_exactly_output_len(tiny_mo
         assert steps["prefill"]["steps"] == 1 and steps["decode"]["steps"] == OUTPUT_LEN - 1
         parts = sum(steps["decode"][f"{p}_ms"] for p in ("schedule", "model", "sample", "rest"))
         assert parts == pytest.approx(steps["decode"]["total_ms"]) and steps["decode"]["model_ms"] > 0
+        assert 0 < steps["decode"]["p50_ms"] <= steps["decode"]["p99_ms"]
         assert r["ceiling_share"] == pytest.approx(r["decode_tok_s_per_seq"] / report["ceiling"]["tok_s_per_seq"])
     assert report["ceiling"]["tok_s_per_seq"] == pytest.approx(0.5e12 / report["weights"]["decode_read_bytes"])
     assert report["engine"]["max_num_seqs"] >= 3 and report["engine"]["max_num_batched_tokens"] >= 3 * INPUT_LEN
@@ -100,3 +101,10 @@ def test_a_moe_token_reads_only_the_experts_it_routes_to(tiny_model_dir):
     counted = decode_weight_bytes(path, torch.bfloat16)
     assert counted["routed_expert_share"] == routed < 1
     assert counted["decode_read_bytes"] == round(2 * (dense + experts * routed))
+
+
+def test_percentile_is_the_nearest_rank():
+    from graphllm.bench.workload import percentile
+    ordered = [float(i) for i in range(1, 101)]
+    assert percentile(ordered, 50) == 50.0 and percentile(ordered, 99) == 99.0 and percentile(ordered, 100) == 100.0
+    assert percentile([3.0], 99) == 3.0 and percentile([1.0, 9.0], 50) == 1.0
