@@ -34,7 +34,17 @@ CONFIGS = {
                                          norm_topk_prob=True, tie_word_embeddings=False)),
     "qwen3_moe-mixed": ("Qwen3MoeConfig", dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=48,
                                                norm_topk_prob=False, mlp_only_layers=[0], tie_word_embeddings=True)),
+    # Gemma: layer 0 sliding (window shorter than the prompts), layer 1 global, query_pre_attn_scalar != head_dim;
+    # Gemma 2 with both soft caps small enough to bend (the attention one changes greedy tokens); Gemma 3 with its
+    # layer types the other way round, linear rope scaling on the global layer, the local rope base apart
+    "gemma2": ("Gemma2Config", dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=8,
+                                    attn_logit_softcapping=1.0, final_logit_softcapping=5.0)),
+    "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
+                                        layer_types=["full_attention", "sliding_attention"],
+                                        rope_scaling={"rope_type": "linear", "factor": 8.0})),
 }
+# Gemma's norms scale by (1 + weight) and start at zero: random weights make a dropped `1 +` or weight show
+RANDOM_NORMS = ("gemma2", "gemma3")
 
 
 def make_tokenizer() -> transformers.PreTrainedTokenizerFast:
@@ -51,7 +61,13 @@ def make_hf_model(arch: str, seed: int = 0) -> transformers.PreTrainedModel:
     config_cls, extra = CONFIGS[arch]
     config = getattr(transformers, config_cls)(**COMMON, **extra)
     torch.manual_seed(seed)
-    return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    if arch in RANDOM_NORMS:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.normal_(0.0, 0.5)
+    return model
 
 
 def save_model_folder(model: transformers.PreTrainedModel, path: Path, **save_kwargs) -> Path:

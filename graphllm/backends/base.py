@@ -17,6 +17,8 @@ class AttentionShape(NamedTuple):
     num_kv_heads: int
     head_dim: int
     sliding_window: int = 0  # <= 0: full attention
+    logit_softcap: float = 0.0  # > 0: scores soft-capped, cap * tanh(s / cap) (Gemma 2); 0: off
+    scale: float = 0.0  # softmax scale; 0: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
 
 
 class HostMeta(NamedTuple):
@@ -85,14 +87,16 @@ class AttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 positions: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                 seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                sliding_window: int) -> torch.Tensor:
+                sliding_window: int, logit_softcap: float = 0.0) -> torch.Tensor:
         raise NotImplementedError
 
     def rope_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
                      slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                     query_start_loc: torch.Tensor, scale: float, sliding_window: int) -> torch.Tensor:
+                     query_start_loc: torch.Tensor, scale: float, sliding_window: int,
+                     logit_softcap: float = 0.0) -> torch.Tensor:
         """forward() of q and k rotated by cos, sin ([T, D]); backends with a fused rotary + KV-write
         kernel override it. The result is contiguous."""
         return self.forward(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, kv_cache, positions,
-                            slot_mapping, block_tables, seq_lens, query_start_loc, scale, sliding_window)
+                            slot_mapping, block_tables, seq_lens, query_start_loc, scale, sliding_window,
+                            logit_softcap)

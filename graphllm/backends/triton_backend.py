@@ -16,18 +16,22 @@ class TritonBackend(AttentionBackend):
     name = "triton"
 
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
-                scale, sliding_window):
+                scale, sliding_window, logit_softcap=0.0):
         store_kv(k, v, kv_cache, slot_mapping, self.scales_for(kv_cache))
-        return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window)
+        return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window,
+                            logit_softcap)
 
     def rope_forward(self, q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens,
-                     query_start_loc, scale, sliding_window):
+                     query_start_loc, scale, sliding_window, logit_softcap=0.0):
         q = rope_store_kv(q, k, v, cos, sin, kv_cache, slot_mapping, self.scales_for(kv_cache))
-        return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window)
+        return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window,
+                            logit_softcap)
 
-    def _attend(self, q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window):
+    def _attend(self, q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window, logit_softcap):
         if q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
-                                          sliding_window, kv_scales=self.scales_for(kv_cache))
+                                          sliding_window, kv_scales=self.scales_for(kv_cache),
+                                          logit_softcap=logit_softcap)
         return paged_prefill_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
-                                       scale, sliding_window, kv_scales=self.scales_for(kv_cache))
+                                       scale, sliding_window, kv_scales=self.scales_for(kv_cache),
+                                       logit_softcap=logit_softcap)

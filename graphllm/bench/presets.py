@@ -58,6 +58,31 @@ PRESETS: dict[str, dict] = {
                           num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
                           vocab_size=151936, rope_theta=1000000.0, max_position_embeddings=40960,
                           rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
+    # gemma-2-9b's config.json (google): no layer_types (even layers slide), both soft caps
+    "gemma-2-9b": dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", hidden_size=3584,
+                       intermediate_size=14336, num_hidden_layers=42, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=256, query_pre_attn_scalar=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                       final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh", vocab_size=256000,
+                       rope_theta=10000.0, max_position_embeddings=8192, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                       attention_bias=False, pad_token_id=0, bos_token_id=2, eos_token_id=1),
+    # gemma-3-1b-pt's config.json (google): the text-only Gemma 3, 5 local layers to 1 global
+    "gemma-3-1b": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=1152,
+                       intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
+                       head_dim=256, query_pre_attn_scalar=256, sliding_window=512, sliding_window_pattern=6,
+                       attn_logit_softcapping=None, final_logit_softcapping=None, hidden_activation="gelu_pytorch_tanh",
+                       vocab_size=262144, rope_theta=1000000.0, rope_local_base_freq=10000.0, rope_scaling=None,
+                       max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                       attention_bias=False, pad_token_id=0, bos_token_id=2, eos_token_id=1),
+    # gemma-3-12b-pt's text_config (google; the published model wraps it in Gemma3ForConditionalGeneration with
+    # a vision tower): as a text-only Gemma3ForCausalLM, global layers with linear rope scaling 8
+    "gemma-3-12b": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=3840,
+                        intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8,
+                        head_dim=256, query_pre_attn_scalar=256, sliding_window=1024, sliding_window_pattern=6,
+                        attn_logit_softcapping=None, final_logit_softcapping=None,
+                        hidden_activation="gelu_pytorch_tanh", vocab_size=262208, rope_theta=1000000.0,
+                        rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0},
+                        max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                        attention_bias=False, pad_token_id=0, bos_token_id=2, eos_token_id=1),
 }
 
 

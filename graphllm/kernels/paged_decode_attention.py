@@ -16,6 +16,10 @@ slicing them out (the prefill kernel takes the other sequences).
 A float8 cache (graphllm/kernels/kv_quant.py) is read with its per-tensor scales folded out of the
 inner loop: K and V tiles convert exactly to q's dtype for tl.dot, k_scale multiplies the
 softmax scale on the host and v_scale the unnormalised output once per program.
+
+Gemma 2's attention-logit soft cap (logit_softcap > 0) turns the scaled scores s into
+cap * tanh(s / cap) before the mask: in the kernels' log2 domain that is c * tanh(s2 / c) with
+c = cap * log2(e), behind a constexpr so that uncapped launches keep their instructions.
 """
 
 import functools
@@ -25,6 +29,7 @@ import triton
 import triton.language as tl
 
 from graphllm.kernels.kv_quant import KVScales, dequantize_kv, is_fp8
+from graphllm.kernels.reference import soft_cap
 
 LOG2E = 1.4426950408889634
 FULL_WAVES = 4  # split until about this many (sequence, KV head, split) programs per SM
@@ -37,8 +42,8 @@ CPU_SM_COUNT = 8  # stand-in for the interpreter
 def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                      block_tables: torch.Tensor, seq_lens: torch.Tensor,
                                      scale: float, sliding_window: int,
-                                     kv_scales: KVScales = KVScales()) -> torch.Tensor:
-    """The float32 oracle: per sequence, gather its pages, mask the window, softmax. [B, Hq, D].
+                                     kv_scales: KVScales = KVScales(), logit_softcap: float = 0.0) -> torch.Tensor:
+    """The float32 oracle: per sequence, gather its pages, soft-cap, mask the window, softmax. [B, Hq, D].
 
     A float8 cache is read as float(x) * kv_scales."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
@@ -51,7 +56,7 @@ def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_c
         values = dequantize_kv(v_cache[pages].flatten(0, 1)[:seq_len], kv_scales.v)
         keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=1)  # [L, Hq, D]
         values = values.repeat_interleave(num_heads // num_kv_heads, dim=1)
-        scores = torch.einsum("hd,lhd->hl", q[b].float(), keys) * scale  # [Hq, L]
+        scores = soft_cap(torch.einsum("hd,lhd->hl", q[b].float(), keys) * scale, logit_softcap)  # [Hq, L]
         if sliding_window > 0:
             scores[:, :max(seq_len - sliding_window, 0)] = float("-inf")
         out[b] = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
@@ -88,14 +93,23 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: 
 
 
 @triton.jit
+def soft_cap_log2(s, softcap_log2):
+    """softcap_log2 * tanh(s / softcap_log2), tanh(x) = 1 - 2 / (exp(2x) + 1): Triton has no tanh in
+    every version (nor in the interpreter); exp2 of a large x is inf and gives 1, of a small one 0 and -1."""
+    return softcap_log2 * (1.0 - 2.0 / (tl.exp2(s / softcap_log2 * (2.0 * 1.4426950408889634)) + 1.0))
+
+
+@triton.jit
 def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
-                         stride_cb, stride_co, stride_ch, scale_log2, v_scale,
+                         stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
+                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+                         SOFTCAP: tl.constexpr):
     """Online softmax of q ([BLOCK_G, BLOCK_D]: one token's query heads of KV head kvh) over the
     keys at positions lo..hi-1 of the pages in `table`; returns (acc, l, m), acc unnormalised.
     Shared by the decode kernel and the prefill kernel's one-token sequences. KV_FP8: a float8
-    cache, whose k_scale the caller folded into scale_log2; acc comes back times v_scale."""
+    cache, whose k_scale the caller folded into scale_log2; acc comes back times v_scale.
+    SOFTCAP: soft-cap the scores (soft_cap_log2) before the mask."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     offs_n = tl.arange(0, BLOCK_N)
@@ -111,6 +125,8 @@ def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_s
         kv_mask = valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_G, BLOCK_N]
+        if SOFTCAP:
+            s = soft_cap_log2(s, softcap_log2)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a valid key
         p = tl.exp2(s - m_new[:, None])
@@ -142,10 +158,11 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          query_start_loc_ptr, out_ptr, part_out_ptr, part_lse_ptr,
                          stride_qb, stride_qh, stride_ob, stride_oh,
                          stride_cb, stride_co, stride_ch,  # k/v cache: block, offset, head
-                         stride_bt, scale_log2, v_scale, sliding_window, num_splits, block_size,
+                         stride_bt, scale_log2, v_scale, softcap_log2, sliding_window, num_splits, block_size,
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
-                         MIXED: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr):
+                         MIXED: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+                         SOFTCAP: tl.constexpr):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_row = _query_row(query_start_loc_ptr, b, MIXED)
     if MIXED:  # a constexpr branch: a plain decode launch keeps its instructions
@@ -168,8 +185,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, m_i = one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
-                                         stride_cb, stride_co, stride_ch, scale_log2, v_scale,
-                                         BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8)
+                                         stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
+                                         BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # l_i = 0: empty range, zeros and lse -inf
     out = acc / l_safe[:, None]
@@ -214,7 +231,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                            sliding_window: int, num_splits: int | None = None,
                            kv_scales: KVScales = KVScales(), query_start_loc: torch.Tensor | None = None,
-                           out: torch.Tensor | None = None, num_warps: int = 4) -> torch.Tensor:
+                           out: torch.Tensor | None = None, num_warps: int = 4,
+                           logit_softcap: float = 0.0) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -223,7 +241,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     seq_len - 1 and sees keys max(0, seq_len - sliding_window) .. seq_len - 1 (all keys when
     sliding_window <= 0). A sequence with seq_len 0 gets zeros. Output in q's dtype, softmax in
     float32. num_splits None: default_num_splits from shapes (no host sync either way). A
-    float8_e4m3fn cache is read as float(x) * kv_scales.
+    float8_e4m3fn cache is read as float(x) * kv_scales. logit_softcap > 0: the scaled scores s
+    become logit_softcap * tanh(s / logit_softcap) before the window mask (Gemma 2).
 
     Mixed step: with query_start_loc ([B + 1]) q is [T, Hq, D], the step's new tokens; only the
     rows of sequences with exactly one new token are computed, into `out` ([T, Hq, D], made
@@ -257,14 +276,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     kv_fp8 = is_fp8(k_cache.dtype)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
+    softcap = logit_softcap > 0
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, starts, out, part_out, part_lse,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), scale_log2, kv_scales.v, sliding_window, num_splits, block_size,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        block_tables.stride(0), scale_log2, kv_scales.v, logit_softcap * LOG2E if softcap else 1.0, sliding_window,
+        num_splits, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, MIXED=mixed,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, num_warps=num_warps, num_stages=3)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
+        num_warps=num_warps, num_stages=3)
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, starts, out, out.stride(0), out.stride(1), num_splits,

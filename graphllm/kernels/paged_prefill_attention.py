@@ -19,14 +19,17 @@ binary search), so the grid cdiv(T, BLOCK_Q) + B bounds the tile count from shap
 programs past their sequence's tokens exit (vLLM's unified-attention trick; no host sync).
 A float8 cache is read as in the decode kernel: tiles converted exactly to q's dtype, k_scale
 folded into the softmax scale on the host, v_scale applied once to the unnormalised output.
+Gemma 2's soft cap (logit_softcap > 0) is applied to the scaled scores before the mask, as in the
+decode kernel (soft_cap_log2, behind the SOFTCAP constexpr).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.paged_decode_attention import one_token_attention, paged_decode_attention
+from graphllm.kernels.paged_decode_attention import one_token_attention, paged_decode_attention, soft_cap_log2
 from graphllm.kernels.kv_quant import KVScales, dequantize_kv, is_fp8
+from graphllm.kernels.reference import soft_cap
 
 LOG2E = 1.4426950408889634
 # From this many sequences a step's one-token rows run in the decode kernel's own launch. Not yet
@@ -39,8 +42,8 @@ def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
                                       v_cache: torch.Tensor, block_tables: torch.Tensor,
                                       seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                                       scale: float, sliding_window: int,
-                                      kv_scales: KVScales = KVScales()) -> torch.Tensor:
-    """The float32 oracle: per sequence, gather its pages, causal (+ window) mask, softmax.
+                                      kv_scales: KVScales = KVScales(), logit_softcap: float = 0.0) -> torch.Tensor:
+    """The float32 oracle: per sequence, gather its pages, soft-cap, causal (+ window) mask, softmax.
 
     A float8 cache is read as float(x) * kv_scales."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
@@ -55,7 +58,8 @@ def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
         values = dequantize_kv(v_cache[pages].flatten(0, 1)[:seq_len], kv_scales.v)
         keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=1)  # [L, Hq, D]
         values = values.repeat_interleave(num_heads // num_kv_heads, dim=1)
-        scores = torch.einsum("thd,lhd->htl", q[first:last].float(), keys) * scale  # [Hq, t, L]
+        scores = soft_cap(torch.einsum("thd,lhd->htl", q[first:last].float(), keys) * scale,
+                          logit_softcap)  # [Hq, t, L]
         q_pos = torch.arange(seq_len - (last - first), seq_len, device=q.device)[:, None]  # [t, 1]
         k_pos = torch.arange(seq_len, device=q.device)[None, :]  # [1, L]
         visible = k_pos <= q_pos
@@ -84,9 +88,9 @@ def _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kvh, token, seq_len,
                stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt,
-               scale_log2, v_scale, sliding_window, block_size, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
-               BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-               KV_FP8: tl.constexpr):
+               scale_log2, v_scale, softcap_log2, sliding_window, block_size, GROUP: tl.constexpr,
+               HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+               PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr):
     """Attention of sequence b's single new token (row `token`), all G heads of KV head kvh at once:
     a [BLOCK_G, D] query tile instead of [BLOCK_M, D], a quarter of the work for GQA 4."""
     offs_g = tl.arange(0, BLOCK_G)
@@ -100,7 +104,8 @@ def _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kv
         lo = tl.maximum(seq_len - sliding_window, 0)
     acc, l_i, _ = one_token_attention(q, k_cache_ptr, v_cache_ptr, block_tables_ptr + b.to(tl.int64) * stride_bt,
                                        kvh, lo, seq_len, block_size, stride_cb, stride_co, stride_ch, scale_log2,
-                                       v_scale, BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8)
+                                       v_scale, softcap_log2, BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8,
+                                       SOFTCAP)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + token.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask)
@@ -111,11 +116,11 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
                     query_start_loc_ptr, out_ptr,
                     stride_qt, stride_qh, stride_ot, stride_oh,
                     stride_cb, stride_co, stride_ch,  # k/v cache: block, offset, head
-                    stride_bt, scale_log2, v_scale, sliding_window, num_seqs, block_size,
+                    stride_bt, scale_log2, v_scale, softcap_log2, sliding_window, num_seqs, block_size,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_N: tl.constexpr, ONE_TOKEN_ROWS: tl.constexpr, PRECISION: tl.constexpr,
-                    KV_FP8: tl.constexpr):
+                    KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr):
     tile, kvh = tl.program_id(0), tl.program_id(1)
     b = _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
     q_first = tl.load(query_start_loc_ptr + b).to(tl.int32)
@@ -128,8 +133,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
         if ONE_TOKEN_ROWS:  # here, through the decode kernel's [BLOCK_G, D] loop
             _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kvh, q_first, seq_len,
                        stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt,
-                       scale_log2, v_scale, sliding_window, block_size, GROUP, HEAD_DIM, BLOCK_G, BLOCK_D,
-                       BLOCK_N, PRECISION, KV_FP8)
+                       scale_log2, v_scale, softcap_log2, sliding_window, block_size, GROUP, HEAD_DIM, BLOCK_G,
+                       BLOCK_D, BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
         return  # else the decode kernel's launch computes its rows
     prefix = seq_len - q_len  # position of the sequence's first new token
 
@@ -165,6 +170,8 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
         kv_mask = k_valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+        if SOFTCAP:
+            s = soft_cap_log2(s, softcap_log2)
         visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None]) \
             & (k_pos[None, :] >= q_min_key[:, None])
         s = tl.where(visible, s, float("-inf"))
@@ -191,7 +198,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             block_tables: torch.Tensor, seq_lens: torch.Tensor,
                             query_start_loc: torch.Tensor, scale: float,
                             sliding_window: int, kv_scales: KVScales = KVScales(),
-                            decode_kernel_min_seqs: int = DECODE_KERNEL_MIN_SEQS) -> torch.Tensor:
+                            decode_kernel_min_seqs: int = DECODE_KERNEL_MIN_SEQS,
+                            logit_softcap: float = 0.0) -> torch.Tensor:
     """Causal attention of the step's new tokens over their sequences' pages; returns [T, Hq, D].
 
     q: [T, Hq, D] (last-dim stride 1), sequence b's new tokens at rows
@@ -203,6 +211,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     sliding_window > 0. Output in q's dtype (rows of no sequence are left unwritten), softmax in
     float32; no host sync. A float8_e4m3fn cache is read as float(x) * kv_scales. With at least
     decode_kernel_min_seqs sequences, one-token sequences run in a launch of the decode kernel.
+    logit_softcap > 0: the scaled scores s become logit_softcap * tanh(s / logit_softcap) before the
+    mask (Gemma 2).
     """
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
@@ -214,19 +224,22 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     decode_launch = num_seqs >= decode_kernel_min_seqs
     if decode_launch:
         paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window,
-                               kv_scales=kv_scales, query_start_loc=query_start_loc, out=out)
+                               kv_scales=kv_scales, query_start_loc=query_start_loc, out=out,
+                               logit_softcap=logit_softcap)
     group = num_heads // num_kv_heads
     block_m = max(64, triton.next_power_of_2(group))
     block_q = block_m // group
     kv_fp8 = is_fp8(k_cache.dtype)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
+    softcap = logit_softcap > 0
     _prefill_kernel[(triton.cdiv(num_tokens, block_q) + num_seqs, num_kv_heads)](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        block_tables.stride(0), scale_log2, kv_scales.v, sliding_window, num_seqs, block_size,
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q,
+        block_tables.stride(0), scale_log2, kv_scales.v, logit_softcap * LOG2E if softcap else 1.0, sliding_window,
+        num_seqs, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_N=64 if head_dim <= 128 else 32, ONE_TOKEN_ROWS=not decode_launch,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, num_warps=4 if head_dim <= 128 else 8, num_stages=3)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
+        num_warps=4 if head_dim <= 128 else 8, num_stages=3)
     return out

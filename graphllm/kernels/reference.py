@@ -5,6 +5,7 @@ Plain torch, no triton (the CPU install has none):
   reference_silu_and_mul  silu(gate) * up, the same ops as LlamaMLP
   write_kv_cache          the KV-cache store of the attention op (kv_quant's float8 format too)
   reference_attention     causal paged attention over gathered pages, in float32
+  soft_cap                Gemma 2's logit soft-capping, cap * tanh(x / cap)
 
 The paged KV cache is one [2, num_blocks, block_size, Hkv, D] tensor per layer; the step
 metadata (slot_mapping, block_tables, query_start_loc, positions) is described in
@@ -44,13 +45,20 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
     flat[1].index_copy_(0, slot_mapping, v)
 
 
+def soft_cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
+    """cap * tanh(scores / cap), as transformers' Gemma 2 computes it; cap <= 0: scores unchanged."""
+    return cap * torch.tanh(scores / cap) if cap > 0 else scores
+
+
 def reference_attention(q: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
                         block_tables: torch.Tensor, query_start_loc: torch.Tensor,
-                        scale: float, sliding_window: int, kv_scales: KVScales = KVScales()) -> torch.Tensor:
+                        scale: float, sliding_window: int, kv_scales: KVScales = KVScales(),
+                        logit_softcap: float = 0.0) -> torch.Tensor:
     """Causal attention of every new token over its sequence's pages, in float32.
 
     q: [T, Hq, D]; returns [T, Hq, D]. Materialises [T, L, Hkv, D] keys (L = M * block_size):
     meant for small CPU batches and tests, not for speed. kv_scales: read a float8 cache with them.
+    logit_softcap > 0: the scaled scores become soft_cap(scores, logit_softcap) before the mask.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads = kv_cache.shape[3]
@@ -61,7 +69,7 @@ def reference_attention(q: torch.Tensor, kv_cache: torch.Tensor, positions: torc
     values = dequantize_kv(kv_cache[1][blocks].flatten(1, 2), kv_scales.v)
     group = num_heads // num_kv_heads
     qg = q.float().view(num_tokens, num_kv_heads, group, head_dim)
-    scores = torch.einsum("thgd,tlhd->thgl", qg, keys) * scale  # [T, Hkv, G, L]
+    scores = soft_cap(torch.einsum("thgd,tlhd->thgl", qg, keys) * scale, logit_softcap)  # [T, Hkv, G, L]
     key_pos = torch.arange(keys.shape[1], device=q.device)
     visible = key_pos[None, :] <= positions[:, None]  # [T, L]
     if sliding_window > 0:

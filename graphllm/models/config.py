@@ -11,7 +11,7 @@ from typing import Any
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    rope_type: str = "default"  # "default" | "llama3"
+    rope_type: str = "default"  # "default" | "llama3" | "linear" (inv_freq / factor: Gemma 3's global layers)
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -44,9 +44,25 @@ class ModelConfig:
     moe_intermediate_size: int = 0  # each expert's intermediate size (intermediate_size: the dense MLP's)
     norm_topk_prob: bool = False  # renormalise the top-k routing weights to sum to 1 (Mixtral: always)
     sparse_layers: tuple[int, ...] = ()  # the layers whose feed-forward is the MoE block; the rest are dense
+    # Gemma 2 / Gemma 3 (graphllm/models/gemma.py)
+    layer_types: tuple[str, ...] = ()  # per layer "sliding_attention" | "full_attention"; (): sliding_window everywhere
+    rope_local: RopeConfig | None = None  # the sliding layers' own rope (Gemma 3's rope_local_base_freq); None: `rope`
+    query_pre_attn_scalar: float = 0.0  # softmax scale query_pre_attn_scalar ** -0.5; 0: head_dim ** -0.5
+    attn_logit_softcapping: float = 0.0  # attention scores -> cap * tanh(scores / cap) before the mask; 0: off
+    final_logit_softcapping: float = 0.0  # the same on the lm_head logits; 0: off
+
+    def window_of(self, layer: int) -> int:
+        """Layer `layer`'s sliding window (0: full attention)."""
+        if self.layer_types and self.layer_types[layer] != "sliding_attention":
+            return 0
+        return self.sliding_window
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
 
-SUPPORTED_ROPE_TYPES = ("default", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
 
 def rope_from_hf(hf: dict[str, Any]) -> RopeConfig:
@@ -60,6 +76,8 @@ def rope_from_hf(hf: dict[str, Any]) -> RopeConfig:
         raise ValueError(f"rope type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
     if rope_type == "default":
         return RopeConfig(theta=float(theta))
+    if rope_type == "linear":
+        return RopeConfig(theta=float(theta), rope_type=rope_type, factor=float(params["factor"]))
     return RopeConfig(
         theta=float(theta), rope_type=rope_type, factor=float(params["factor"]),
         low_freq_factor=float(params.get("low_freq_factor", 1.0)),

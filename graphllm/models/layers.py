@@ -26,10 +26,12 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2], with Llama 3's long-context rescaling if asked."""
+    """Inverse frequencies [head_dim // 2], with Llama 3's long-context rescaling or linear scaling if asked."""
     inv_freq = 1.0 / rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
     if rope.rope_type == "default":
         return inv_freq
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor
     low_wavelen = rope.original_max_position_embeddings / rope.low_freq_factor
     high_wavelen = rope.original_max_position_embeddings / rope.high_freq_factor
     wavelen = 2 * math.pi / inv_freq
@@ -60,19 +62,23 @@ class RotaryEmbedding(nn.Module):
 
 
 class PagedAttention(nn.Module):
-    """Calls the attention op on layer `layer_idx`'s cache, meta.kv_caches[layer_idx]; no weights."""
+    """Calls the attention op on layer `layer_idx`'s cache, meta.kv_caches[layer_idx]; no weights.
+
+    Each layer has its own window (0: full), softmax scale (0: head_dim ** -0.5) and logit soft cap
+    (0: off): Gemma alternates sliding-window and global layers and scales by query_pre_attn_scalar."""
 
     def __init__(self, layer_idx: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 sliding_window: int = 0):
+                 sliding_window: int = 0, scale: float = 0.0, logit_softcap: float = 0.0):
         super().__init__()
         self.layer_idx = layer_idx
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = scale or head_dim ** -0.5
         self.sliding_window = sliding_window
+        self.logit_softcap = logit_softcap
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
         # q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D]
         return torch.ops.graphllm.attention(
             q, k, v, meta.kv_caches[self.layer_idx], positions, meta.slot_mapping, meta.block_tables,
-            meta.seq_lens, meta.query_start_loc, self.scale, self.sliding_window)
+            meta.seq_lens, meta.query_start_loc, self.scale, self.sliding_window, self.logit_softcap)

@@ -9,6 +9,8 @@ from typing import Any, Callable
 from torch import nn
 
 from graphllm.models.config import ModelConfig, model_config_from_hf
+from graphllm.models.gemma import GemmaForCausalLM
+from graphllm.models.gemma_config import gemma2_config, gemma3_config
 from graphllm.models.llama import LlamaForCausalLM
 from graphllm.models.mixtral import MixtralForCausalLM
 from graphllm.models.olmo2 import Olmo2ForCausalLM
@@ -99,19 +101,29 @@ ARCHITECTURES: dict[str, tuple[type[nn.Module], ConfigBuilder]] = {
     "Phi3ForCausalLM": (Phi3ForCausalLM, _phi3),
     "MixtralForCausalLM": (MixtralForCausalLM, _mixtral),
     "Qwen3MoeForCausalLM": (Qwen3MoeForCausalLM, _qwen3_moe),
+    "Gemma2ForCausalLM": (GemmaForCausalLM, gemma2_config),
+    "Gemma3ForCausalLM": (GemmaForCausalLM, gemma3_config),
 }
 
 
 # config.json fields that change the math in families we do not build yet (Gemma's soft-caps and query
-# scale, Granite's multipliers, partial rope): a config that sets one is refused by name, never run
-# without it. Phi-3 reads partial_rotary_factor itself (its builder refuses anything but 1.0).
+# scale outside Gemma, Granite's multipliers, partial rope): a config that sets one is refused by name, never
+# run without it. Phi-3 reads partial_rotary_factor itself (its builder refuses anything but 1.0); the
+# architectures in MATH_FIELDS_READ read theirs (models/gemma.py).
 MATH_FIELDS = {"attn_logit_softcapping": None, "final_logit_softcapping": None, "query_pre_attn_scalar": None,
                "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": None,
                "logits_scaling": 1.0, "partial_rotary_factor": 1.0}
 
 
+GEMMA_MATH_FIELDS = ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar")
+MATH_FIELDS_READ: dict[str, tuple[str, ...]] = {"Gemma2ForCausalLM": GEMMA_MATH_FIELDS,
+                                                "Gemma3ForCausalLM": GEMMA_MATH_FIELDS}
+
+
 def _reject_math_fields(hf: dict[str, Any], arch: str) -> None:
     for key, neutral in MATH_FIELDS.items():
+        if key in MATH_FIELDS_READ.get(arch, ()):
+            continue
         if hf.get(key) is not None and hf[key] != neutral:
             raise ValueError(f"config.json sets {key}={hf[key]!r}, which changes the math of {arch} in a way "
                              "graphllm does not implement: refused rather than run without it")

@@ -32,20 +32,26 @@ def pointer_types(kv_fp8: bool) -> dict[str, str]:
     cache = "*fp8e4nv" if kv_fp8 else "*bf16"
     return {"q_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache, "block_tables_ptr": "*i64",
             "seq_lens_ptr": "*i64", "query_start_loc_ptr": "*i64", "out_ptr": "*bf16", "part_out_ptr": "*fp32",
-            "part_lse_ptr": "*fp32", "scale_log2": "fp32", "v_scale": "fp32"}
+            "part_lse_ptr": "*fp32", "scale_log2": "fp32", "v_scale": "fp32", "softcap_log2": "fp32"}
 
 
 def variants():
     """(kernel, argument types, constexprs, launch options) for each variant the launchers can ask for."""
     for direct, mixed, kv_fp8 in itertools.product((True, False), repeat=3):
         yield decode._decode_split_kernel, pointer_types(kv_fp8), dict(
-            SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=mixed, KV_FP8=kv_fp8), {}
+            SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=mixed, KV_FP8=kv_fp8, SOFTCAP=False), {}
+    for direct in (True, False):  # Gemma 2's soft cap (bf16 cache)
+        yield decode._decode_split_kernel, pointer_types(False), dict(
+            SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=False, SOFTCAP=True), {}
     for mixed in (True, False):
         yield decode._decode_reduce_kernel, pointer_types(False), dict(
             HEAD_DIM=128, BLOCK_S=8, BLOCK_D=128, MIXED=mixed), {}
-    for one_token_rows, kv_fp8 in itertools.product((True, False), repeat=2):
+    for one_token_rows, kv_fp8, softcap in itertools.product((True, False), (True, False), (False, True)):
+        if kv_fp8 and softcap:
+            continue
         yield prefill._prefill_kernel, pointer_types(kv_fp8), dict(
-            SHAPE, BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16, ONE_TOKEN_ROWS=one_token_rows, KV_FP8=kv_fp8), {}
+            SHAPE, BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16, ONE_TOKEN_ROWS=one_token_rows, KV_FP8=kv_fp8,
+            SOFTCAP=softcap), {}
     for kv_fp8 in (False, True):
         types = dict(pointer_types(kv_fp8), k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
                      q_out_ptr="*bf16", slot_ptr="*i64", k_scale="fp32")
@@ -74,7 +80,7 @@ def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run outside Triton's interpreter"
     failed = 0
     for kernel, types, constexprs, options in variants():
-        flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8")}
+        flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP")}
         try:
             print(f"{kernel.__name__} {flags}: {check(kernel, types, constexprs, options)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every variant, then fail

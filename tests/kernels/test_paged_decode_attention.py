@@ -1,5 +1,5 @@
 """Split-KV paged decode attention equals the float32 reference, for any number of splits, over a
-cache of q's dtype or a float8 one read with its scales."""
+cache of q's dtype or a float8 one read with its scales, with and without Gemma 2's logit soft cap."""
 
 import math
 
@@ -16,6 +16,7 @@ from tests.kernels.conftest import (  # noqa: E402
     LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
 
 FP8_SCALES = KVScales(k=0.37, v=1.9)  # not 1.0: a dropped or swapped scale shows
+SOFTCAP = 0.7  # below most |scaled scores| here (randn q, k): a dropped or misplaced cap shows
 
 # (Hq, Hkv, D, block_size, seq_lens, sliding_window)
 SMALL = [
@@ -33,7 +34,8 @@ LARGE = [
 ]
 
 
-def run_case(case, dtype, num_splits, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_scales=KVScales()):
+def run_case(case, dtype, num_splits, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_scales=KVScales(),
+             logit_softcap=0.0):
     """cache_dtype None: q's dtype."""
     num_heads, num_kv_heads, head_dim, block_size, seq_lens, window = case
     kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim,
@@ -42,8 +44,8 @@ def run_case(case, dtype, num_splits, seed=0, index_dtype=torch.int64, cache_dty
     seq_lens_t = torch.tensor(seq_lens, device=q.device, dtype=index_dtype)
     block_tables = block_tables.to(index_dtype)
     args = (q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, 1 / math.sqrt(head_dim), window)
-    got = paged_decode_attention(*args, num_splits=num_splits, kv_scales=kv_scales)
-    assert_close(got, paged_decode_attention_reference(*args, kv_scales=kv_scales))
+    got = paged_decode_attention(*args, num_splits=num_splits, kv_scales=kv_scales, logit_softcap=logit_softcap)
+    assert_close(got, paged_decode_attention_reference(*args, kv_scales=kv_scales, logit_softcap=logit_softcap))
 
 
 @pytest.mark.parametrize("num_splits", [1, 3, None])
@@ -72,6 +74,29 @@ def test_decode_fp8_cache_unit_scales():
     run_case(SMALL[4], torch.float32, num_splits=None, cache_dtype=FP8_KV_DTYPE)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("case", [SMALL[0], SMALL[3]])
+def test_decode_soft_cap_matches_reference(case, num_splits):
+    run_case(case, torch.float32, num_splits, logit_softcap=SOFTCAP)
+
+
+def test_decode_soft_cap_half_fp8_cache():
+    run_case(SMALL[2], LOW_DTYPE, num_splits=2, logit_softcap=SOFTCAP)
+    run_case(SMALL[3], torch.float32, num_splits=2, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES,
+             logit_softcap=SOFTCAP)
+
+
+def test_decode_soft_cap_changes_the_output():
+    """The cap is not a no-op on these inputs: the capped reference differs from the uncapped one."""
+    num_heads, num_kv_heads, head_dim, block_size, seq_lens, window = SMALL[3]
+    kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, torch.float32, 0)
+    q = randn((len(seq_lens), num_heads, head_dim), torch.float32, 1)
+    args = (q, kv_cache[0], kv_cache[1], block_tables, torch.tensor(seq_lens, device=q.device),
+            1 / math.sqrt(head_dim), window)
+    capped = paged_decode_attention_reference(*args, logit_softcap=SOFTCAP)
+    assert (capped - paged_decode_attention_reference(*args)).abs().max() > 0.05
+
+
 def test_decode_more_splits_than_tiles():
     run_case((8, 2, 64, 16, [70, 1], 0), torch.float32, num_splits=8)  # most splits are empty
 
@@ -86,6 +111,13 @@ def test_decode_accepts_int32_metadata():
 @pytest.mark.parametrize("case", LARGE)
 def test_decode_matches_reference_large(case, dtype, num_splits):
     run_case(case, dtype, num_splits)
+
+
+@gpu_only
+@pytest.mark.parametrize("num_splits", [1, None])
+@pytest.mark.parametrize("case", LARGE[:2])
+def test_decode_soft_cap_matches_reference_large(case, num_splits):
+    run_case(case, torch.bfloat16, num_splits, logit_softcap=50.0 / 16)  # Gemma 2's 50, scores ~16x ours
 
 
 @gpu_only

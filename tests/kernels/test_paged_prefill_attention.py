@@ -1,5 +1,5 @@
 """Varlen paged prefill attention equals the float32 reference: prefill, chunked, mixed batches, over
-a cache of q's dtype or a float8 one read with its scales."""
+a cache of q's dtype or a float8 one read with its scales, with and without Gemma 2's logit soft cap."""
 
 import math
 
@@ -15,6 +15,7 @@ from tests.kernels.conftest import (  # noqa: E402
     LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
 
 FP8_SCALES = KVScales(k=0.37, v=1.9)  # not 1.0: a dropped or swapped scale shows
+SOFTCAP = 0.7  # below most |scaled scores| here (randn q, k): a dropped or misplaced cap shows
 
 # (Hq, Hkv, D, block_size, [(cached, new) per sequence], sliding_window)
 SMALL = [
@@ -32,7 +33,7 @@ LARGE = [
 
 
 def run_case(case, dtype, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_scales=KVScales(),
-             decode_kernel_min_seqs=DECODE_KERNEL_MIN_SEQS):
+             decode_kernel_min_seqs=DECODE_KERNEL_MIN_SEQS, logit_softcap=0.0):
     """cache_dtype None: q's dtype; decode_kernel_min_seqs 0: one-token rows in the decode kernel's launch."""
     num_heads, num_kv_heads, head_dim, block_size, chunks, window = case
     seq_lens = [cached + new for cached, new in chunks]
@@ -45,8 +46,9 @@ def run_case(case, dtype, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_
     block_tables = block_tables.to(index_dtype)
     args = (q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, starts,
             1 / math.sqrt(head_dim), window)
-    got = paged_prefill_attention(*args, kv_scales=kv_scales, decode_kernel_min_seqs=decode_kernel_min_seqs)
-    assert_close(got, paged_prefill_attention_reference(*args, kv_scales=kv_scales))
+    got = paged_prefill_attention(*args, kv_scales=kv_scales, decode_kernel_min_seqs=decode_kernel_min_seqs,
+                                  logit_softcap=logit_softcap)
+    assert_close(got, paged_prefill_attention_reference(*args, kv_scales=kv_scales, logit_softcap=logit_softcap))
 
 
 def min_seqs(decode_launch: bool) -> int:
@@ -58,6 +60,16 @@ def min_seqs(decode_launch: bool) -> int:
 @pytest.mark.parametrize("case", SMALL)
 def test_prefill_matches_reference_fp32(case, decode_launch):
     run_case(case, torch.float32, decode_kernel_min_seqs=min_seqs(decode_launch))
+
+
+@pytest.mark.parametrize("decode_launch", [False, True])
+@pytest.mark.parametrize("case", SMALL[2:4])  # mixed with one-token rows; sliding window
+def test_prefill_soft_cap_matches_reference(case, decode_launch):
+    run_case(case, torch.float32, decode_kernel_min_seqs=min_seqs(decode_launch), logit_softcap=SOFTCAP)
+
+
+def test_prefill_soft_cap_half_queries():
+    run_case(SMALL[1], LOW_DTYPE, logit_softcap=SOFTCAP)
 
 
 @pytest.mark.parametrize("case", SMALL[1:3])
@@ -87,6 +99,13 @@ def test_prefill_accepts_int32_metadata(decode_launch):
 def test_prefill_matches_reference_large(case, dtype):
     run_case(case, dtype)
     run_case(case, dtype, decode_kernel_min_seqs=0)
+
+
+@gpu_only
+@pytest.mark.parametrize("case", LARGE[:2])
+def test_prefill_soft_cap_matches_reference_large(case):
+    run_case(case, torch.bfloat16, logit_softcap=50.0 / 16)
+    run_case(case, torch.bfloat16, decode_kernel_min_seqs=0, logit_softcap=50.0 / 16)
 
 
 @gpu_only

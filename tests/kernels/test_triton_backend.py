@@ -1,6 +1,7 @@
 """The triton attention backend inside the engine: the same greedy tokens as the PyTorch
 reference backend (float32), through prefill, chunked prefill (8-token budget) and decode, for
-grouped-query attention (llama), a sliding window (mistral) and head_dim 32 (qwen3), with a KV
+grouped-query attention (llama), a sliding window (mistral), head_dim 32 (qwen3), Gemma's per-layer
+windows, query_pre_attn_scalar and attention-logit soft cap (gemma2, gemma3), with a KV
 cache of the model's dtype or a float8 one (kv_cache_dtype="fp8", both backends quantizing alike).
 On CPU the kernels run under Triton's interpreter (see conftest.py)."""
 
@@ -19,7 +20,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 @pytest.mark.parametrize("kv_cache_dtype", [
     "auto", pytest.param("fp8", marks=pytest.mark.skipif(not ON_GPU, reason=INTERPRETER_FP8_ROUNDING))])
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3", "gemma2", "gemma3"])
 def test_triton_backend_gives_the_reference_tokens(arch, kv_cache_dtype, tiny_model_dir):
     path, _ = tiny_model_dir(arch)
     options = dict(dtype="float32", device=DEVICE.type, cuda_graphs=False, max_num_batched_tokens=8,

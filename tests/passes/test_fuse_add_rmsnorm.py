@@ -12,7 +12,8 @@ from tests.passes.harness import (assert_same_function, clone_inputs, copy_graph
 FUSED = (torch.ops.graphllm.rms_norm.default, torch.ops.graphllm.add_rms_norm.default)
 
 
-PRE_NORM = [arch for arch in ARCHS if arch != "olmo2"]  # OLMo 2: test_olmo2_norms_are_left_alone
+# OLMo 2: test_olmo2_norms_are_left_alone; Gemma: test_gemma_norms_are_left_alone
+PRE_NORM = [arch for arch in ARCHS if arch != "olmo2" and not arch.startswith("gemma")]
 
 
 @pytest.fixture(scope="module", params=PRE_NORM)
@@ -180,3 +181,16 @@ def test_olmo2_norms_are_left_alone():
     norms = 4 * config.num_hidden_layers + 1  # q_norm, k_norm and the two post-norms per layer, the final norm
     assert ops_before["rsqrt.default"] == ops_after["rsqrt.default"] == norms
     assert_same_function(before, after, config, seeds=(1,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gemma_norms_are_left_alone(arch, dtype):
+    """Gemma's RMSNorm scales by (1 + weight) in float32 (models/gemma.py): not RMSNorm's module, nor its
+    math, so the pass fuses none of its norms (4 per layer, Gemma 3's q/k norms, the final one) and the
+    function is the same."""
+    before, after, counts, ops_before, ops_after, config = run_pass(FuseAddRMSNorm(), arch, dtype)
+    assert counts == {"rms_norm": 0, "add_rms_norm": 0}
+    norms = (6 if arch == "gemma3" else 4) * config.num_hidden_layers + 1
+    assert ops_before["rsqrt.default"] == ops_after["rsqrt.default"] == norms
+    assert_same_function(before, after, config, seeds=(1,), dtype=dtype)

@@ -30,6 +30,27 @@ def test_same_function_when_forced_on_cpu(arch):
     assert_same_function(before, after, config, seeds=(1, 2))
 
 
+@pytest.mark.parametrize("arch", ("gemma2", "gemma3"))
+def test_gemma_layers_keep_their_window_scale_soft_cap_and_rope(arch):
+    """Gemma's attention nodes carry a per-layer scale, window and soft cap (a 12th argument, which export
+    leaves out when it is the default 0): they move over as they are; Gemma 3's sliding and global layers
+    rotate with cos/sin of their own rope."""
+    before, config = tiny_step_graph(arch)
+    after = copy_graph(before)
+    assert FuseRopeAttention()(after) == {"fused": config.num_hidden_layers}
+
+    def scalars(node, first: int) -> tuple:  # (scale, sliding_window, logit_softcap)
+        return (*node.args[first:first + 2], node.args[first + 2] if len(node.args) > first + 2 else 0.0)
+
+    old = [scalars(n, 9) for n in before.graph.nodes if n.target == ops.attention.default]
+    fused = [n for n in after.graph.nodes if n.target == ops.rope_attention.default]
+    assert [scalars(n, 11) for n in fused] == old
+    assert old == [(config.attention_scale, config.window_of(i), config.attn_logit_softcapping)
+                   for i in range(config.num_hidden_layers)]
+    assert len({n.args[3] for n in fused}) == (2 if arch == "gemma3" else 1)  # the cos nodes
+    assert_same_function(before, after, config, seeds=(1,))
+
+
 def test_cpu_graph_is_left_alone():
     graph, _ = tiny_step_graph("llama")
     code = graph.gm.code

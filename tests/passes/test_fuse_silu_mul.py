@@ -59,7 +59,10 @@ def gate_up_graph(arch: str, dtype: torch.dtype = torch.float32):
     return plain, split, config
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+SWIGLU = [arch for arch in ARCHS if not arch.startswith("gemma")]  # Gemma: test_gemma_geglu_is_left_alone
+
+
+@pytest.fixture(scope="module", params=SWIGLU)
 def fused(request):
     """(plain, before = gate/up fused, after = + FuseSiluMul, counts, config), one run per arch."""
     plain, before, config = gate_up_graph(request.param)
@@ -150,3 +153,17 @@ def test_bfloat16():
     assert FuseSiluMul()(after) == {"fused": config.num_hidden_layers}
     assert op_counts(after.gm)["silu.default"] == 0
     assert_same_function(before, after, config, seeds=(1,), dtype=torch.bfloat16, atol=2e-2)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gemma_geglu_is_left_alone(arch):
+    """Gemma's MLP is gelu(gate, tanh) * up: fuse_gate_up still merges the linears (the same function), and
+    this pass, which matches silu only, leaves the GeGLU as it is."""
+    plain, before, config = gate_up_graph(arch)
+    after = copy_graph(before)
+    assert FuseSiluMul()(after) == {"fused": 0}
+    ops = op_counts(after.gm)
+    assert ops["split_with_sizes.default"] == config.num_hidden_layers  # gate_up_proj, split in two
+    assert ops["gelu.default"] == config.num_hidden_layers and ops["silu_and_mul.default"] == 0
+    assert format_graph(after.gm) == format_graph(before.gm)
+    assert_same_function(plain, after, config, seeds=(1,))

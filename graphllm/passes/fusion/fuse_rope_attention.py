@@ -15,6 +15,8 @@ and after, for one layer (apply_rotary of graphllm/kernels/rotary.py, as capture
 ->
     out = graphllm.rope_attention.default(xq, xk, v, cos, sin, kv_cache, positions, ...)
 
+The trailing scalars (scale, sliding_window and, when given, logit_softcap) move over as they are.
+
 Both rotations must use the same cos and sin nodes, of x's dtype and shape [T, D]. Rotary nodes
 that nothing else reads are erased. Like skinny_linear, only graphs whose example inputs are on
 the listed devices are rewritten (`devices`, which the pass manager reads): on CPU the op would run the rotary eagerly, no faster than
@@ -115,7 +117,7 @@ class FuseRopeAttention(GraphPass):
     def apply(self, graph: StepGraph) -> dict[str, int]:
         fused = 0
         for node in list(graph.graph.nodes):
-            if not _call(node, torch.ops.graphllm.attention.default, 11):
+            if not any(_call(node, torch.ops.graphllm.attention.default, n) for n in (11, 12)):  # logit_softcap
                 continue
             q, k, v, *rest = node.args
             rq, rk = match_rotary(q), match_rotary(k)
