@@ -17,7 +17,8 @@ def tokens(outs):
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mixtral", "qwen3_moe-mixed"])  # MoE: the Triton fused_moe
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mixtral", "qwen3_moe-mixed", "gemma2", "gemma3", "olmo2", "phi3"])
+# MoE: the Triton fused_moe; Gemma: the soft-capped, per-layer-window Triton attention
 def test_graphs_match_eager_and_transformers(arch, tiny_model_dir, compiled_dir):
     path, hf = tiny_model_dir(arch)
     expected = transformers_greedy(hf, PROMPTS, max_new_tokens=24)
