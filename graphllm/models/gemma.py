@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from graphllm.kernels.reference import soft_cap
 from graphllm.kernels.rotary import apply_rotary
 from graphllm.models.config import ModelConfig
-from graphllm.models.layers import PagedAttention, RotaryEmbedding
+from graphllm.models.layers import RotaryEmbedding
+from graphllm.models.llama import LlamaAttention
 from graphllm.ops.attention import AttentionMetadata
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -47,33 +48,9 @@ class GemmaRMSNorm(nn.Module):
         return (x * (1.0 + self.weight.float())).to(dtype)
 
 
-class GemmaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_idx: int):
-        super().__init__()
-        hidden, heads, kv_heads, d = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                                      config.head_dim)
-        self.head_dim = d
-        self.q_proj = nn.Linear(hidden, heads * d, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_heads * d, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_heads * d, bias=False)
-        self.o_proj = nn.Linear(heads * d, hidden, bias=False)
-        if config.qk_norm:  # Gemma 3
-            self.q_norm = GemmaRMSNorm(d, config.rms_norm_eps)
-            self.k_norm = GemmaRMSNorm(d, config.rms_norm_eps)
-        self.attn = PagedAttention(layer_idx, heads, kv_heads, d, config.window_of(layer_idx),
-                                   config.attention_scale, config.attn_logit_softcapping)
-
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        num_tokens = x.shape[0]
-        q = self.q_proj(x).view(num_tokens, -1, self.head_dim)  # [T, Hq, D]
-        k = self.k_proj(x).view(num_tokens, -1, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(num_tokens, -1, self.head_dim)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = self.attn(q, k, v, positions, meta)  # [T, Hq, D]
-        return self.o_proj(out.reshape(num_tokens, -1))
+class GemmaAttention(LlamaAttention):
+    """Llama's attention; the config gives each layer its window, scale and soft cap (Gemma refuses a bias)."""
+    qk_norm = GemmaRMSNorm  # Gemma 3
 
 
 class GemmaMLP(nn.Module):

@@ -16,6 +16,8 @@ from graphllm.kernels.rotary import apply_rotary
 
 
 class LlamaAttention(nn.Module):
+    qk_norm: type[nn.Module] = RMSNorm  # Qwen3's per-head q/k norms (Gemma 3 names its own)
+
     def __init__(self, config: ModelConfig, layer_idx: int):
         super().__init__()
         hidden, heads, kv_heads = config.hidden_size, config.num_attention_heads, config.num_key_value_heads
@@ -25,9 +27,10 @@ class LlamaAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=config.attention_bias)
         self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
         if config.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.attn = PagedAttention(layer_idx, heads, kv_heads, self.head_dim, config.sliding_window)
+            self.q_norm = self.qk_norm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = self.qk_norm(self.head_dim, config.rms_norm_eps)
+        self.attn = PagedAttention(layer_idx, heads, kv_heads, self.head_dim, config.window_of(layer_idx),
+                                   config.attention_scale, config.attn_logit_softcapping)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
