@@ -27,7 +27,7 @@ from graphllm.kernels.reference import soft_cap
 from graphllm.kernels.rotary import apply_rotary
 from graphllm.models.config import ModelConfig
 from graphllm.models.layers import RotaryEmbedding
-from graphllm.models.llama import LlamaAttention
+from graphllm.models.llama import LlamaAttention, LlamaForCausalLM
 from graphllm.ops.attention import AttentionMetadata
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -108,20 +108,11 @@ class GemmaModel(nn.Module):
         return self.norm(x)
 
 
-class GemmaForCausalLM(nn.Module):
+class GemmaForCausalLM(LlamaForCausalLM):
     """Gemma2ForCausalLM and Gemma3ForCausalLM (text only): see the module docstring."""
 
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.config = config
-        self.model = GemmaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def build_model(self, config: ModelConfig) -> nn.Module:
+        return GemmaModel(config)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # hidden: [N, hidden] (only the positions that sample) -> [N, vocab], soft-capped (Gemma 2)

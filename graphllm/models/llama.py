@@ -101,10 +101,14 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, self.decoder_layer, self.norm)
+        self.model = self.build_model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def build_model(self, config: ModelConfig) -> nn.Module:
+        """The decoder stack under `model` (models/gemma.py builds its own)."""
+        return LlamaModel(config, self.decoder_layer, self.norm)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
