@@ -11,9 +11,10 @@ w13 stacks each expert's gate rows then its up rows. The result is a new contigu
 
 The model's sparse block calls it (graphllm/models/moe.py), so the captured graph holds one node per MoE
 layer, whatever the routing: the op is opaque to tracing and nothing in it is data-dependent from the
-graph's side. On CUDA it runs the Triton kernels (graphllm/kernels/fused_moe.py: grouped GEMMs over the
-pairs sorted by expert on the device, CUDA-graph safe); elsewhere the PyTorch reference (one pass over the
-chosen experts). Inductor calls it as an extern op; it has no decomposition.
+graph's side. On CUDA it runs the Triton kernels (graphllm/kernels/fused_moe.py: routing, then the experts'
+grouped GEMMs with SiLU·mul and the k-sum fused in; three launches at decode sizes, CUDA-graph safe);
+elsewhere the PyTorch reference (one pass over the chosen experts). Inductor calls it as an extern op; it
+has no decomposition.
 """
 
 import torch
@@ -37,10 +38,10 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w
               top_k: int, renormalize: bool) -> torch.Tensor:
     """x [T, H], router_logits [T, E], w13 [E, 2I, H], w2 [E, H, I] -> [T, H] in x's dtype."""
     _check_shapes(x, router_logits, w13, w2, top_k)
-    topk_weights, topk_ids = select_experts(router_logits, top_k, renormalize)  # [T, k] float32, int64
     if x.is_cuda:
-        from graphllm.kernels.fused_moe import fused_experts
-        return fused_experts(x, topk_weights, topk_ids, w13, w2)
+        from graphllm.kernels.fused_moe import fused_moe as triton_fused_moe
+        return triton_fused_moe(x, router_logits, w13, w2, top_k, renormalize)
+    topk_weights, topk_ids = select_experts(router_logits, top_k, renormalize)  # [T, k] float32, int64
     return reference_fused_experts(x, topk_weights, topk_ids, w13, w2)
 
 

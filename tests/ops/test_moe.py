@@ -121,3 +121,16 @@ def test_one_node_under_torch_compile():
     assert len(graphs) == 1
     targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert targets.count(fused_moe.default) + targets.count(fused_moe) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton path runs on CUDA tensors")
+@pytest.mark.parametrize("num_tokens", (1, 8, 64, 200))
+@pytest.mark.parametrize("num_experts, top_k, size", [(128, 8, 48), (8, 2, 96)])  # Qwen3-MoE's, Mixtral's routing
+def test_cuda_equals_the_cpu_reference(num_tokens, num_experts, top_k, size):
+    """On CUDA the op runs the Triton kernels (graphllm/kernels/fused_moe.py): the same function as on CPU.
+    float32 logits: bfloat16 ones tie, and CPU torch.topk breaks ties its own way."""
+    x, logits, w13, w2 = operands(num_tokens, num_experts, size, torch.bfloat16)
+    logits = logits.float()
+    expected = fused_moe(x, logits, w13, w2, top_k, True)
+    got = fused_moe(*(t.cuda() for t in (x, logits, w13, w2)), top_k, True)
+    torch.testing.assert_close(got.cpu().float(), expected.float(), atol=2e-2, rtol=2e-2)
