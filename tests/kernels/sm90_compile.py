@@ -1,4 +1,4 @@
-"""Compile graphllm's attention Triton kernels for sm_90 (the H200) with no GPU present.
+"""Compile graphllm's attention and fused-MoE Triton kernels for sm_90 (the H200) with no GPU present.
 
     python -m tests.kernels.sm90_compile      # prints one line per kernel variant, exit 1 on a failure
 
@@ -20,6 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from graphllm.kernels import fused_moe, moe_align, moe_experts, moe_routing
 from graphllm.kernels import paged_decode_attention as decode
 from graphllm.kernels import paged_prefill_attention as prefill
 from graphllm.kernels import rope_store_kv as rope
@@ -59,6 +60,33 @@ def variants():
             rope.LAUNCH_OPTIONS
 
 
+MOE_POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "act_ptr": "*bf16", "ids_ptr": "*i32", "sorted_ids_ptr": "*i32",
+                "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "weights_ptr": "*fp32", "terms_ptr": "*bf16",
+                "out_ptr": "*bf16", "counters_ptr": "*i32", "logits_ptr": "*bf16"}
+
+
+def moe_variants():
+    """The fused MoE kernels as fused_moe.plan launches them, at Qwen3-30B-A3B's shape (E 128, k 8, bf16): one
+    token, 8 tokens (scanning topk_ids) and a prefill (sorted rows), and Mixtral's E 8, k 2 at 64 tokens."""
+    for renormalize in (True, False):
+        yield moe_routing._topk_softmax_kernel, MOE_POINTERS, dict(TOP_K=8, RENORMALIZE=renormalize, E_POW2=128,
+                                                                   K_POW2=8), {"num_warps": 1}
+    yield moe_align._moe_align_kernel, MOE_POINTERS, dict(BLOCK_M=64, E_POW2=128, CHUNK=128), {"num_warps": 8}
+    for tokens, top_k, experts in ((1, 8, 128), (8, 8, 128), (64, 2, 8), (4096, 8, 128)):
+        config = fused_moe.plan(tokens, top_k, experts)
+        pairs = tokens * top_k
+        flags = (dict(SORTED=True, BY_EXPERT=False, PAIRS=1) if config["SORTED"] else
+                 dict(SORTED=False, BY_EXPERT=experts <= pairs, PAIRS=triton.next_power_of_2(pairs)))
+        common = dict(TOP_K=top_k, BLOCK_M=config["BLOCK_M"], DOT_FP32=False, PRECISION="tf32", **flags)
+        options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
+        yield moe_experts._gate_up_silu_kernel, MOE_POINTERS, dict(
+            common, BLOCK_N=config["gate_up"][0], BLOCK_K=config["gate_up"][1]), options
+        yield moe_experts._down_weighted_kernel, MOE_POINTERS, dict(
+            common, BLOCK_N=config["down"][0], BLOCK_K=config["down"][1], BLOCK_T=fused_moe.SUM_TOKENS), options
+    yield moe_experts._sum_over_k_kernel, MOE_POINTERS, dict(TOP_K=8, BLOCK_T=fused_moe.SUM_TOKENS,
+                                                             BLOCK_N=fused_moe.SUM_COLUMNS), {}
+
+
 def compile_sm90(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, options: dict) -> dict:
     """The compiled kernel's assembly (cubin, ptx, ...); arguments not typed are int32 scalars."""
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in kernel.arg_names}
@@ -79,8 +107,9 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run outside Triton's interpreter"
     failed = 0
-    for kernel, types, constexprs, options in variants():
-        flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP")}
+    for kernel, types, constexprs, options in (*variants(), *moe_variants()):
+        flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
+                                                               "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE")}
         try:
             print(f"{kernel.__name__} {flags}: {check(kernel, types, constexprs, options)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every variant, then fail
