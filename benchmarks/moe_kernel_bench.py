@@ -8,7 +8,7 @@ TOKENS: a comma list of token counts (default 1,8,32,256); MODELS: qwen3,mixtral
 Each model gets LAYERS[model] layers of its own random bf16 weights (more than STREAM_BYTES in all, so
 every call streams its experts from HBM, not L2) and random float32 router logits per layer and token
 count. A call is torch.ops.graphllm.fused_moe-equivalent fused_moe(x, logits, w13, w2, k, renormalize);
-timings replay a CUDA graph of one call per layer, the median of TRIALS replays, divided by the layers.
+timings replay a CUDA graph of one call per layer, the median of quant_kernel_sweep.TRIALS replays, divided by the layers.
 
 The ceiling is the bytes a call must read: the chosen experts' w13 and w2 (each distinct expert once,
 counted from the routing) plus x, the logits and the output; "% copy" divides that by a device-to-device
@@ -26,6 +26,7 @@ import torch
 import triton
 
 from graphllm.kernels.fused_moe import fused_moe, fused_moe_reference, plan
+from quant_kernel_sweep import copy_bandwidth, graph_seconds  # noqa: E402  (run as a script: benchmarks/ on the path)
 
 MODELS = {  # hidden, moe intermediate, experts, top_k, renormalize (norm_topk_prob)
     "qwen3": (2048, 768, 128, 8, True),
@@ -34,7 +35,6 @@ MODELS = {  # hidden, moe intermediate, experts, top_k, renormalize (norm_topk_p
 LAYERS = {"qwen3": 8, "mixtral": 4}  # 9.6 GB and 11.3 GB of experts
 TOKENS = (1, 8, 32, 256)
 STREAM_BYTES = 400e6  # 8x the H200's L2: every layer's experts come from HBM
-TRIALS = 7
 DTYPE = torch.bfloat16
 DEVICE = "cuda"
 
@@ -59,38 +59,6 @@ def candidates(num_tokens: int) -> dict[str, dict]:
     return {"sorted:128x64": {**sorted_, "gate_up": (128, 64), "down": (128, 64)},
             "sorted:64x128w8": {**sorted_, "gate_up": (64, 128), "down": (64, 128), "num_warps": 8},
             "sorted:bm64": {**sorted_, "BLOCK_M": 64, "gate_up": (64, 64), "down": (128, 64)}}
-
-
-def graph_seconds(calls: list) -> float:
-    """Median over TRIALS of one call's seconds, from CUDA-graph replays of all calls in sequence."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    times = []
-    for _ in range(TRIALS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(3):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / 3 / len(calls))
-    del graph
-    return statistics.median(times)
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a 1 GiB device-to-device copy, counting the read and the write."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=DEVICE)
-    dst = torch.empty_like(src)
-    seconds = graph_seconds([lambda: dst.copy_(src)] * 4)
-    del src, dst
-    return 2 * (1 << 30) / seconds
 
 
 def make_layers(model: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
