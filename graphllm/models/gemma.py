@@ -27,7 +27,7 @@ from graphllm.kernels.reference import soft_cap
 from graphllm.kernels.rotary import apply_rotary
 from graphllm.models.config import ModelConfig
 from graphllm.models.layers import RotaryEmbedding
-from graphllm.models.llama import LlamaAttention, LlamaForCausalLM
+from graphllm.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from graphllm.ops.attention import AttentionMetadata
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -53,12 +53,8 @@ class GemmaAttention(LlamaAttention):
     qk_norm = GemmaRMSNorm  # Gemma 3
 
 
-class GemmaMLP(nn.Module):
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+class GemmaMLP(LlamaMLP):
+    """GeGLU: Llama's projections with tanh-approximated GELU in place of SiLU."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
