@@ -9,6 +9,8 @@ here reads the environment: the CLI entry (graphllm/cli) does, once, and fills t
 from dataclasses import dataclass
 from pathlib import Path
 
+from graphllm.runtime.spec_decode.config import SpeculativeConfig, as_speculative_config
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOWERINGS = ("auto", "aoti", "inductor")
 ATTENTION_BACKENDS = ("auto", "flashinfer", "triton", "torch")
@@ -68,8 +70,16 @@ class EngineConfig:
     # where ranks 1..N-1 started elsewhere (torchrun, on this node or others) meet rank 0, e.g.
     # tcp://host:port; None: the engine starts them itself on this node
     distributed_init_method: str | None = None
+    # speculative decoding (vLLM's speculative_config): a dict of SpeculativeConfig's fields, e.g.
+    # {"method": "ngram", "num_speculative_tokens": 4} or {"model": DRAFT_DIR, "num_speculative_tokens": 4};
+    # kept as a SpeculativeConfig (graphllm/runtime/spec_decode/)
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self):
+        object.__setattr__(self, "speculative_config", as_speculative_config(self.speculative_config))
+        if self.speculative_config is not None and self.num_decode_steps > 1:
+            raise ValueError("speculative_config and num_decode_steps > 1 do not combine: each is a way of "
+                             "producing several tokens per schedule; choose one")
         check_quantization(self.quantization, self.quantization_group_size)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")

@@ -7,6 +7,7 @@ schedule / prepare+model / sample / rest.
 """
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -115,7 +116,7 @@ def build_engine(args: argparse.Namespace, model_dir: Path, max_num_seqs: int, m
         attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
         async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
         calculate_kv_scales=args.calculate_kv_scales, enable_prefix_caching=args.enable_prefix_caching,
-        cache_dir=cache_dir(args, Path(args.work)), **pass_switches(args))
+        speculative_config=args.speculative_config, cache_dir=cache_dir(args, Path(args.work)), **pass_switches(args))
     start = time.perf_counter()
     engine = Engine(config)
     print(f"engine ready in {time.perf_counter() - start:.1f} s ({'eager' if args.eager else 'compiled'}, "
@@ -142,7 +143,9 @@ def engine_facts(engine) -> dict:
             "max_num_seqs": state.limits.max_num_seqs, "max_num_batched_tokens": state.limits.max_num_batched_tokens,
             "max_model_len": state.max_model_len, "num_kv_blocks": state.num_kv_blocks,
             "kv_cache_gib": state.kv_cache_bytes / 2**30, "kv_cache_dtype": str(state.kv_cache_dtype)[6:],
-            "async_scheduling": engine.async_scheduling}
+            "async_scheduling": engine.async_scheduling,
+            "spec_decode": (dataclasses.asdict(engine.spec_decoder.stats.snapshot()) if engine.spec_decoder is not None
+                            else None)}
 
 
 def device_name(device: torch.device) -> str:

@@ -2,6 +2,7 @@
 
 import argparse
 import dataclasses
+import json
 
 from graphllm.config import (ATTENTION_BACKENDS, CHECKPOINT_QUANTIZATIONS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS,
                              CompileConfig, EngineConfig)
@@ -66,6 +67,10 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calculate-kv-scales", action="store_true",
                         help="fp8 KV cache: scales from the K/V amax of a calibration prefill at start-up "
                              "(default: the checkpoint's k_scale/v_scale, else 1.0)")
+    parser.add_argument("--speculative-config", type=json_object, metavar="JSON",
+                        help='speculative decoding (vLLM\'s), e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                             '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or \'{"model": "DRAFT_DIR", '
+                             '"num_speculative_tokens": 4}\'')
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -88,9 +93,20 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                           async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
                           enable_prefix_caching=args.enable_prefix_caching,
                           calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
-                          **pass_switches(args))
+                          speculative_config=getattr(args, "speculative_config", None), **pass_switches(args))
     torchrun = getattr(args, "torchrun", None)
     return config if torchrun is None else under_torchrun(config, torchrun)
+
+
+def json_object(text: str) -> dict:
+    """--speculative-config's value: a JSON object (its keys are checked by SpeculativeConfig)."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def under_torchrun(config: EngineConfig, torchrun) -> EngineConfig:

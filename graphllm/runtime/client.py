@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from graphllm.runtime.outputs import RequestOutput
 from graphllm.runtime.sampling_params import SamplingParams
+from graphllm.runtime.spec_decode.stats import SpecDecodeStats
 from graphllm.runtime.structured_output import StructuredOutputsParams
 
 Prompt = str | list[int]
@@ -37,6 +38,7 @@ class EngineStats(NamedTuple):
     num_blocks: int  # KV-cache blocks the pool holds
     prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache, since start
     prefix_cache_hits: int = 0  # of those, tokens found cached
+    spec_decode: SpecDecodeStats | None = None  # speculative decoding's counters, since start (None: not speculating)
 
 
 @runtime_checkable

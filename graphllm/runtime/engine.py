@@ -29,6 +29,7 @@ from graphllm.runtime.sampler import Sampler
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.runtime.sequence import Sequence
 from graphllm.runtime.setup import build_runtime
+from graphllm.runtime.spec_decode.decoder import build_speculative_decoder
 from graphllm.runtime.step_loop import StepLoop
 from graphllm.runtime.stream_driver import StreamDriver
 from graphllm.runtime.structured_output import StructuredOutputManager
@@ -50,8 +51,10 @@ class Engine:
                                                           list(self.state.eos_token_ids))
         self._post = PostProcessor(Sampler(), self.scheduler, self.state, self.tokenizer, self.requests,
                                    self.structured_outputs)
+        self.spec_decoder = build_speculative_decoder(config, rt, self._post)  # None without speculative_config
         # public, unlike the other rooms: benchmarks time its parts
-        self.step_loop = StepLoop(config, self.scheduler, self.pool, self.runner, self.state, self._post)
+        self.step_loop = StepLoop(config, self.scheduler, self.pool, self.runner, self.state, self._post,
+                                  self.spec_decoder)
         self._streams = StreamDriver(self.step_loop.step, self.scheduler.has_unfinished)
 
     @classmethod
@@ -91,6 +94,9 @@ class Engine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if params.structured_outputs is not None and self.spec_decoder is not None:
+            raise ValueError("structured_outputs cannot be combined with speculative decoding (speculative_config) "
+                             "yet: start an engine without speculative_config for constrained requests")
         request = Request(request_id, prompt_text, prompt_ids, params)
         # a grammar compiles once per request (ValueError when it does not); each sequence matches on its own
         grammar = None if params.structured_outputs is None else self.structured_outputs.compile(
@@ -243,8 +249,9 @@ class Engine:
         """Running and waiting requests and free KV blocks; read without the lock (a step may run)."""
         running = len({seq.request_id for seq in list(self.scheduler.running)})
         waiting = len({seq.request_id for seq in list(self.scheduler.waiting)})
+        spec = self.spec_decoder.stats.snapshot() if self.spec_decoder is not None else None
         return EngineStats(running, waiting, self.pool.num_free_blocks, self.pool.num_blocks,
-                           self.pool.prefix_cache_queries, self.pool.prefix_cache_hits)
+                           self.pool.prefix_cache_queries, self.pool.prefix_cache_hits, spec)
 
     def check_structured_outputs(self, params) -> None:
         """Compile params' grammar now (xgrammar caches it for add_request); ValueError if it does not compile."""

@@ -86,25 +86,40 @@ def unpack(packed: torch.Tensor, shapes: list[tuple[int, ...]]) -> list[torch.Te
 
 
 def prepare_step(batch: list[ScheduledSeq], block_size: int) -> HostStep:
+    """The flat inputs of one step. A sequence that samples and carries proposed tokens
+    (seq.spec_token_ids, speculative decoding) runs them after its new tokens, and each of them adds a
+    logits row: its k + 1 rows are the target's distributions after its last token and each proposal."""
     b = len(batch)
     starts = np.fromiter((s.seq.num_computed_tokens for s in batch), np.int64, b)  # [B]
     num_new = np.fromiter((s.num_new_tokens for s in batch), np.int64, b)  # [B]
-    seq_lens = starts + num_new
+    samples = starts + num_new == np.fromiter((s.seq.num_tokens for s in batch), np.int64, b)  # [B]
+    num_spec = np.fromiter((len(s.seq.spec_token_ids) for s in batch), np.int64, b) * samples  # [B]
+    num_query = num_new + num_spec  # [B]
+    seq_lens = starts + num_query
     query_start_loc = np.zeros(b + 1, np.int64)
-    np.cumsum(num_new, out=query_start_loc[1:])
+    np.cumsum(num_query, out=query_start_loc[1:])
     tables = block_table_array([s.seq.block_table for s in batch])  # [B, M]
     if query_start_loc[-1] == b:  # decode: one token each
         input_ids = np.fromiter((s.seq.token_ids[start] for s, start in zip(batch, starts.tolist())), np.int64, b)
         positions, seq_of_token = starts, np.arange(b)
     else:
-        input_ids = np.array([t for s, start, n in zip(batch, starts.tolist(), num_new.tolist())
-                              for t in s.seq.token_ids[start:start + n]], np.int64)
-        seq_of_token = np.repeat(np.arange(b), num_new)  # [T]
+        input_ids = np.array([t for s, start, n, k in zip(batch, starts.tolist(), num_new.tolist(), num_spec.tolist())
+                              for t in s.seq.token_ids[start:start + n] + s.seq.spec_token_ids[:k]], np.int64)
+        seq_of_token = np.repeat(np.arange(b), num_query)  # [T]
         positions = np.arange(query_start_loc[-1]) - query_start_loc[seq_of_token] + starts[seq_of_token]
     slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size  # [T]
-    samples = seq_lens == np.fromiter((s.seq.num_tokens for s in batch), np.int64, b)
-    logits_indices = query_start_loc[1:][samples] - 1
-    return HostStep(input_ids, positions, slots, tables, seq_lens, query_start_loc, logits_indices)
+    return HostStep(input_ids, positions, slots, tables, seq_lens, query_start_loc,
+                    logits_rows(query_start_loc, samples, num_spec))
+
+
+def logits_rows(query_start_loc: np.ndarray, samples: np.ndarray, num_spec: np.ndarray) -> np.ndarray:
+    """[N] the flat rows whose logits the step returns: each sampling sequence's last 1 + k rows."""
+    ends = query_start_loc[1:][samples]  # [S]
+    if not num_spec.any():
+        return ends - 1
+    counts = num_spec[samples] + 1  # [S]
+    first = np.repeat(ends - counts, counts)  # [N]
+    return first + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
 
 
 def pending_inputs(batch: list[ScheduledSeq], host: HostStep) -> tuple[np.ndarray, np.ndarray] | None:

@@ -99,6 +99,21 @@ class BlockPool:
             if self.cached.get(key) == block:
                 del self.cached[key]
 
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """Keep only what seq's first num_tokens tokens need: num_computed_tokens is capped there and the
+        blocks past them go back to the pool, at the head of the free queue (they hold nothing cached).
+        Speculative decoding's roll-back of rejected tokens, whose K/V a verify step wrote."""
+        keep = -(-num_tokens // self.block_size)
+        for block in reversed(seq.block_table[keep:]):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                self.free_blocks[block] = None
+                self.free_blocks.move_to_end(block, last=False)
+        del seq.block_table[keep:]
+        del seq.block_keys[num_tokens // self.block_size:]  # keys past them may name tokens that change
+        seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
+        seq.num_registered_blocks = min(seq.num_registered_blocks, num_tokens // self.block_size)
+
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """Let child share all of parent's blocks (copy-free); each gains a reference."""
         for block in parent.block_table:

@@ -35,10 +35,14 @@ class PostProcessor:
         """Sample one token per row of logits on the host and append it to its sequence."""
         out = self.sampler(logits, self.sampling_rows(seqs))
         for seq, token, logprobs in zip(seqs, out.token_ids, out.logprobs):
-            seq.append_token(token)
-            if logprobs is not None:
-                seq.logprobs.append(self._decode_logprobs(logprobs))
-            self.update_stop(seq, token)
+            self.append_token(seq, token, logprobs)
+
+    def append_token(self, seq: Sequence, token: int, logprobs: dict | None) -> None:
+        """Give seq a sampled token (and its logprobs entry, if asked for), then check its stops."""
+        seq.append_token(token)
+        if logprobs is not None:
+            seq.logprobs.append(self._decode_logprobs(logprobs))
+        self.update_stop(seq, token)
 
     def sample_on_device(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor | None:
         """The rows' tokens [R] left on the device; None when a row needs sample() instead."""

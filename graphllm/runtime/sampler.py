@@ -224,15 +224,22 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     row_idx = [i for i, r in enumerate(rows) if not r.params.greedy]
     if not row_idx:
         return token_ids
-    device = logits.device
-    idx = _index(row_idx, device)
-    params = [rows[i].params for i in row_idx]
-    sub = logits[idx] / _column([p.temperature for p in params], device)  # [b, V]
-    sub = apply_top_k_top_p(sub, _top_k(params, sub.shape[1], device), _top_p(params, device))
-    sub = apply_min_p(sub, _min_p(params, device))
-    probs = torch.softmax(sub, dim=-1)  # [b, V]
+    idx = _index(row_idx, logits.device)
+    probs = sampling_probs(logits[idx], [rows[i].params for i in row_idx])  # [b, V]
     token_ids[idx] = exponential_race(probs, [rows[i].generator for i in row_idx])
     return token_ids
+
+
+def sampling_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """The distribution a non-greedy row samples from: temperature, top-k, top-p, min-p, softmax.
+
+    logits: [b, V] float32, penalties and min_tokens already applied (speculative decoding's verifier
+    calls it per position too); returns [b, V]."""
+    device = logits.device
+    sub = logits / _column([p.temperature for p in params], device)  # [b, V]
+    sub = apply_top_k_top_p(sub, _top_k(params, sub.shape[1], device), _top_p(params, device))
+    sub = apply_min_p(sub, _min_p(params, device))
+    return torch.softmax(sub, dim=-1)  # [b, V]
 
 
 def exponential_race(

@@ -7,6 +7,12 @@ sequence is preempted (its blocks freed, its tokens recomputed later) and goes b
 front of the waiting queue. Waiting sequences are admitted only when nobody was preempted; with
 prefix caching a waiting sequence first takes the cached blocks of its longest cached prefix
 (kv_cache.BlockPool), and only the rest of its tokens count against the step's budget.
+
+Speculative decoding: a running sequence may carry proposed tokens (seq.spec_token_ids) to verify
+after its last one. They are granted last, from what the step has left once running and waiting
+sequences are served: token budget, free blocks (they never preempt anyone) and, for a compiled step,
+logits rows (max_num_logits: its sampled-rows dimension is bounded by its compiled max_num_seqs); the
+rest of the proposals are dropped.
 """
 
 from collections import deque
@@ -27,9 +33,11 @@ class ScheduledSeq(NamedTuple):
 
 
 class Scheduler:
-    def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(self, pool: BlockPool, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_num_logits: int | None = None):
         self.pool = pool
         self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self.max_num_logits = max_num_logits  # logits rows a step may return; None: no limit
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -41,12 +49,29 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> list[ScheduledSeq]:
-        budget = self.max_num_batched_tokens
-        scheduled, preempted = self._schedule_running(budget)
-        budget -= sum(s.num_new_tokens for s in scheduled)
+        scheduled, preempted = self._schedule_running(self.max_num_batched_tokens)
         if not preempted:
-            scheduled += self._schedule_waiting(budget)
+            scheduled += self._schedule_waiting(self._budget_left(scheduled))
+        self._grant_spec_tokens(scheduled, self._budget_left(scheduled))
         return scheduled
+
+    def _budget_left(self, scheduled: list[ScheduledSeq]) -> int:
+        return self.max_num_batched_tokens - sum(s.num_new_tokens for s in scheduled)
+
+    def _grant_spec_tokens(self, scheduled: list[ScheduledSeq], budget: int) -> None:
+        """Keep, in batch order, the proposals that fit the step's leftover tokens, rows and blocks."""
+        rows = budget if self.max_num_logits is None else self.max_num_logits - sum(s.samples for s in scheduled)
+        for s in scheduled:
+            spec = s.seq.spec_token_ids
+            if not spec:
+                continue
+            n = max(0, min(len(spec), budget, rows)) if s.samples else 0
+            while n and not self.pool.can_allocate(s.seq, s.num_new_tokens + n):
+                n -= 1
+            del spec[n:]
+            if n:
+                self.pool.allocate(s.seq, s.num_new_tokens + n)
+                budget, rows = budget - n, rows - n
 
     def _schedule_running(self, budget: int) -> tuple[list[ScheduledSeq], bool]:
         scheduled, preempted, i = [], False, 0
@@ -94,6 +119,7 @@ class Scheduler:
         else:
             self.running.remove(seq)
         self.pool.free(seq)
+        seq.spec_token_ids.clear()
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
@@ -107,4 +133,5 @@ class Scheduler:
             self.waiting.remove(seq)
         self.pool.free(seq)
         seq.discard_pending()
+        seq.spec_token_ids.clear()
         seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason

@@ -55,6 +55,9 @@ class Sequence:
     num_cached_tokens: int | None = None  # prompt tokens its first admission found in the prefix cache
     grammar: Any = None  # its xgrammar GrammarMatcher under structured output (runtime/structured_output.py)
     grammar_open: bool = False  # past its reasoning (structured_output.grammar_live)
+    # speculative decoding: tokens proposed after token_ids, verified by the next step (never in token_ids;
+    # the scheduler trims them to its budgets, runtime/spec_decode/decoder.py sets and clears them)
+    spec_token_ids: list[int] = field(default_factory=list)
     prompt_token_ids: list[int] = field(init=False)  # token_ids[:num_prompt_tokens]
     output_token_ids: list[int] = field(init=False)  # token_ids[num_prompt_tokens:]
 

@@ -235,7 +235,7 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
                                                    (step, local_model_config(model_config, ranks)),
                                                    config.distributed_init_method)
     return assemble(config, limits, art, None, model_config, step, dtype, device, buckets,
-                    checkpoint_kv_scales(manifest), timer)
+                    checkpoint_kv_scales(manifest), timer, max_num_logits=manifest["compile"]["max_num_seqs"])
 
 
 def artifact_ranks(config: EngineConfig, manifest: dict, art: Path) -> int:
@@ -280,8 +280,11 @@ def resolve_limits(config: EngineConfig, built: dict | None = None) -> Limits:
 def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module | None,
              model_config: ModelConfig, step, dtype: torch.dtype, device: torch.device,
              buckets: tuple[int, ...] | None = None, layer_kv_scales: list[KVScales] | None = None,
-             timer: StartupTimer | None = None) -> Runtime:
+             timer: StartupTimer | None = None, max_num_logits: int | None = None) -> Runtime:
     """The parts eager and compiled engines share: tokenizer, KV cache, scheduler, runner.
+
+    max_num_logits: the most logits rows the step returns (a compiled step's sampled-rows dimension is
+    bounded by its compiled max_num_seqs); None: no limit. Only speculative proposals can reach it.
 
     The compiled step takes a KV cache of any element type (the attention op, an opaque call in
     the graph, is all that reads or writes it), so one artifact serves both kv_cache_dtype values.
@@ -300,7 +303,7 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
                          eos_token_ids(path, model_config, tokenizer), model_config, limits, timer.seconds)
     timer.lap("kv_cache")
     pool = BlockPool(num_blocks, limits.block_size, config.enable_prefix_caching)
-    scheduler = Scheduler(pool, limits.max_num_seqs, limits.max_num_batched_tokens)
+    scheduler = Scheduler(pool, limits.max_num_seqs, limits.max_num_batched_tokens, max_num_logits)
     shape = AttentionShape(model_config.num_attention_heads, model_config.num_key_value_heads,
                            model_config.head_dim, model_config.sliding_window)
     if config.calculate_kv_scales and kv_dtype != dtype:  # ignored unless the cache is fp8 (as vLLM)

@@ -6,9 +6,12 @@ One call of `step` is one engine step, in one of three forms:
   steps back to back, each step's argmax fed to the next on the device, read back once;
 - async scheduling (config.async_scheduling): launch step N + 1 before reading back step N, so
   that the host's work for one step overlaps the device's work for the other.
+Speculative decoding (config.speculative_config) runs synchronously: proposals are made before a
+step from the tokens read back after the one before, and verified after it (spec_decode/decoder.py).
 """
 
 import threading
+import time
 from typing import NamedTuple
 
 import torch
@@ -22,6 +25,7 @@ from graphllm.runtime.sampler import plain_greedy
 from graphllm.runtime.scheduler import ScheduledSeq, Scheduler
 from graphllm.runtime.sequence import Sequence
 from graphllm.runtime.setup import RuntimeState
+from graphllm.runtime.spec_decode.decoder import SpeculativeDecoder
 from graphllm.runtime.stopping import reached_length
 
 
@@ -35,13 +39,15 @@ class InFlight(NamedTuple):
 
 class StepLoop:
     def __init__(self, config: EngineConfig, scheduler: Scheduler, pool: BlockPool, runner: ModelRunner,
-                 state: RuntimeState, post: PostProcessor):
+                 state: RuntimeState, post: PostProcessor, spec: SpeculativeDecoder | None = None):
         self.scheduler, self.pool, self.runner, self.state, self.post = scheduler, pool, runner, state, post
         self.num_decode_steps = config.num_decode_steps
+        self.spec = spec
         # async scheduling needs a backend whose per-step planning cannot disturb the step in flight,
-        # and gives way to queued decode steps (num_decode_steps > 1), which overlap the host their own way
+        # and gives way to queued decode steps (num_decode_steps > 1), which overlap the host their own way,
+        # and to speculative decoding (its proposals need the tokens read back)
         self.async_scheduling: bool = (config.async_scheduling and config.num_decode_steps == 1
-                                       and not runner.backend.plans_on_host)
+                                       and not runner.backend.plans_on_host and spec is None)
         self._in_flight: InFlight | None = None  # the step whose tokens are still on the device
         # held by a step and by whoever adds or aborts requests: steps may run in a worker thread
         self.lock = threading.Lock()
@@ -58,6 +64,8 @@ class StepLoop:
     def _step(self) -> list[RequestOutput]:
         if self.async_scheduling:
             return self._step_async()
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if not batch:
             return []
@@ -65,11 +73,14 @@ class StepLoop:
         if num_steps > 1:
             self._run_decode_steps(batch, num_steps)
         else:
-            logits = self.runner.execute(batch)
+            start = time.perf_counter()
+            logits = self.runner.execute(batch)  # [N, V]: 1 + k rows for a sequence with k proposals
             sampling = [s.seq for s in batch if s.samples]
             for seq, num_new in batch:
                 seq.num_computed_tokens += num_new
-            if sampling:
+            if self.spec is not None and any(seq.spec_token_ids for seq in sampling):
+                self.spec.verify(logits, sampling, since=start)
+            elif sampling:
                 self.post.constrain(logits, sampling)
                 self.post.sample(logits, sampling)
         return self.post.report({s.seq.request_id for s in batch})

@@ -39,6 +39,27 @@ class EngineCollector:
                                   value=stats.prefix_cache_queries)
         yield CounterMetricFamily("graphllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                                   value=stats.prefix_cache_hits)
+        spec = getattr(stats, "spec_decode", None)
+        if spec is not None:
+            yield from spec_decode_metrics(spec)
+
+
+def spec_decode_metrics(spec):
+    """Speculative decoding's counters under vLLM's names (vllm:spec_decode_* -> graphllm:spec_decode_*)."""
+    yield CounterMetricFamily("graphllm:spec_decode_num_drafts", "Verified proposals (one per sequence and step).",
+                              value=spec.num_drafts)
+    yield CounterMetricFamily("graphllm:spec_decode_num_draft_tokens", "Proposed tokens verified.",
+                              value=spec.num_draft_tokens)
+    yield CounterMetricFamily("graphllm:spec_decode_num_accepted_tokens", "Proposed tokens the target accepted.",
+                              value=spec.num_accepted_tokens)
+    per_position = CounterMetricFamily("graphllm:spec_decode_num_accepted_tokens_per_pos",
+                                       "Accepted tokens by their position in the proposal.", labels=["position"])
+    for position, count in enumerate(spec.accepted_per_position):
+        per_position.add_metric([str(position)], count)
+    yield per_position
+    yield CounterMetricFamily("graphllm:spec_decode_draft_seconds", "Time spent proposing.", value=spec.draft_seconds)
+    yield CounterMetricFamily("graphllm:spec_decode_verify_seconds", "Time spent in verify steps.",
+                              value=spec.verify_seconds)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -108,3 +108,11 @@ def test_percentile_is_the_nearest_rank():
     ordered = [float(i) for i in range(1, 101)]
     assert percentile(ordered, 50) == 50.0 and percentile(ordered, 99) == 99.0 and percentile(ordered, 100) == 100.0
     assert percentile([3.0], 99) == 3.0 and percentile([1.0, 9.0], 50) == 1.0
+
+
+def test_speculative_config_reaches_the_engine(tiny_model_dir, tmp_path):
+    model = every_token_eos(tiny_model_dir("llama")[0], tmp_path / "eos-model")
+    report = run_latency(tmp_path, model, "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}')
+    for r in report["results"]:
+        assert r["generated_tokens"] == [OUTPUT_LEN] * r["batch_size"]
+    assert report["engine"]["spec_decode"] is not None and not report["engine"]["async_scheduling"]
