@@ -54,6 +54,8 @@
 #   fam-tests  (issue 20) the new families (Gemma 2/3, OLMo 2, Phi-3) through compiled CUDA graphs against
 #              transformers, and the soft-capped attention kernel tests;  clean  drop the presets and artifacts (disk)
 #   moe-bench  benchmarks/moe_kernel_bench.py: the fused MoE op alone at Qwen3-30B-A3B's and Mixtral's layer shapes
+#   spec-bench / spec-tests  (issue 21) bench spec (oracle proposer: verify-step cost and speed-up for k 1, 2, 4, 8
+#              at batch 1, 8, 32, acceptance 100% and 60%), and the speculative-decoding tests on the GPU
 #   moe-tests  (issue 20) the fused MoE kernel and op tests and the MoE CUDA-graph tests on the GPU
 #   fam-P      (issue 20) bench latency at batch 1 and 8 of preset P (olmo-2-7b, phi-3-mini, ...), the usual limits
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
@@ -173,6 +175,10 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         -k "gemma or olmo2 or phi3 or softcap or soft_cap" ;;
     clean) rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; df -h /tmp | tail -1 ;;
     moe-bench) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$stage.json" ;;
+    spec-bench) bench spec --preset llama-3-8b --batch-sizes 1,8,32 --num-speculative-tokens 1,2,4,8 \
+        --acceptance-rates 1.0,0.6 --input-len 128 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    spec-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        tests/runtime/test_spec_decode.py tests/runtime/test_spec_decode_parts.py tests/bench/test_spec_bench.py ;;
     moe-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_fused_moe.py tests/kernels/test_moe_*.py tests/ops/test_moe.py tests/gpu/test_cuda_graphs.py -k "moe or mixtral" ;;
     qsweep-pairs) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-pairs.json" 240 int4 1,4,16 \

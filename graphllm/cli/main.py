@@ -6,7 +6,7 @@ objects passed down (args.py)."""
 import argparse
 import sys
 
-from graphllm.bench import latency, serve_bench, throughput
+from graphllm.bench import latency, serve_bench, spec_bench, throughput
 from graphllm.cli.args import add_engine_args, add_model_args, add_sampling_args
 from graphllm.cli.commands import cmd_bench_compile, cmd_compile, cmd_generate, cmd_inspect
 from graphllm.cli.environment import Environment
@@ -60,6 +60,7 @@ def add_bench_parsers(bench) -> None:
     serve_bench.add_parser(bench)
     latency.add_parser(bench)
     throughput.add_parser(bench)
+    spec_bench.add_parser(bench)
 
 
 def main(argv: list[str] | None = None) -> int:

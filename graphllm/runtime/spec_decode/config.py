@@ -11,7 +11,7 @@ errors that name them. No I/O here: the draft model folder is read when the engi
 from dataclasses import dataclass, fields
 from typing import Any
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "oracle")  # oracle: graphllm bench spec only (spec_decode/oracle.py)
 NOT_YET = ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "suffix")  # vLLM's other methods
 DEFAULT_PROMPT_LOOKUP = 5  # vLLM's, when neither prompt_lookup_min nor prompt_lookup_max is given
 
@@ -57,8 +57,10 @@ class SpeculativeConfig:
         check_int("num_speculative_tokens", self.num_speculative_tokens, 1)
         if method == "ngram":
             self._resolve_prompt_lookup()
-        else:
+        elif method == "draft_model":
             self._check_draft_model()
+        elif self.model is not None or self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
+            raise ValueError("speculative_config: method 'oracle' (a benchmark's proposer) takes no other options")
 
     def _resolve_prompt_lookup(self) -> None:
         if self.model is not None:

@@ -158,6 +158,9 @@ def build_speculative_decoder(config, runtime, post: PostProcessor) -> Speculati
     if spec.method == "ngram":
         from graphllm.runtime.spec_decode.ngram import NgramProposer
         proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+    elif spec.method == "oracle":  # graphllm bench spec: it hands the proposer its references
+        from graphllm.runtime.spec_decode.oracle import OracleProposer
+        proposer = OracleProposer(runtime.state.model_config.vocab_size, config.seed)
     else:
         from graphllm.runtime.spec_decode.draft_model import DraftModelProposer
         proposer = DraftModelProposer.load(spec, config, runtime.state, runtime.tokenizer)

@@ -1,0 +1,34 @@
+"""bench spec: the oracle proposer's acceptance, and the benchmark end to end on a tiny model (CPU)."""
+
+import json
+
+import pytest
+
+from graphllm.cli.main import main
+from graphllm.runtime.spec_decode.oracle import expected_acceptance, per_token_probability
+
+
+@pytest.mark.parametrize("rate, k", [(1.0, 4), (0.6, 4), (0.6, 1), (0.3, 8), (0.0, 2)])
+def test_the_oracle_hits_its_acceptance_rate_on_average(rate, k):
+    p = per_token_probability(rate, k)
+    assert expected_acceptance(p, k) == pytest.approx(rate, abs=1e-9)
+    assert (p == 1.0) == (rate == 1.0)
+
+
+def test_bench_spec_generates_the_plain_tokens_and_accepts_what_the_oracle_gets_right(tiny_model_dir, tmp_path):
+    path, _ = tiny_model_dir("llama")
+    out = tmp_path / "spec.json"
+    code = main(["bench", "spec", "--model", str(path), "--eager", "--device", "cpu", "--work", str(tmp_path / "w"),
+                 "--batch-sizes", "1,3", "--num-speculative-tokens", "1,3", "--acceptance-rates", "1.0,0.5",
+                 "--input-len", "6", "--output-len", "24", "--json", str(out)])
+    assert code == 0  # the benchmark itself fails when a speculative run's tokens differ from the plain run's
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["batch_size"], r["k"], r["acceptance_target"]) for r in rows] == [
+        (b, k, rate) for b in (1, 3) for k, rate in [(0, None), (1, 1.0), (1, 0.5), (3, 1.0), (3, 0.5)]]
+    for r in rows:
+        plain = next(p for p in rows if p["batch_size"] == r["batch_size"] and p["k"] == 0)
+        if r["acceptance_target"] == 1.0:  # every proposal right: k + 1 tokens a step, all proposals accepted
+            assert r["acceptance_rate"] == 1.0 and r["decode_steps"] < plain["decode_steps"]
+            assert r["mean_accepted_length"] == pytest.approx(1 + r["k"], rel=0.25)
+        elif r["acceptance_target"] == 0.5:
+            assert 0.0 < r["acceptance_rate"] < 1.0
