@@ -9,7 +9,7 @@ here reads the environment: the CLI entry (graphllm/cli) does, once, and fills t
 from dataclasses import dataclass
 from pathlib import Path
 
-from graphllm.runtime.spec_decode.config import SpeculativeConfig, as_speculative_config
+from graphllm.speculative_config import SpeculativeConfig, as_speculative_config
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOWERINGS = ("auto", "aoti", "inductor")
@@ -72,7 +72,7 @@ class EngineConfig:
     distributed_init_method: str | None = None
     # speculative decoding (vLLM's speculative_config): a dict of SpeculativeConfig's fields, e.g.
     # {"method": "ngram", "num_speculative_tokens": 4} or {"model": DRAFT_DIR, "num_speculative_tokens": 4};
-    # kept as a SpeculativeConfig (graphllm/runtime/spec_decode/)
+    # kept as a SpeculativeConfig (graphllm/speculative_config.py; the decoder: graphllm/runtime/spec_decode/)
     speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self):

@@ -18,7 +18,7 @@ from graphllm.runtime.kv_cache import BlockPool
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.runtime.scheduler import ScheduledSeq, Scheduler
 from graphllm.runtime.sequence import Sequence, SequenceStatus
-from graphllm.runtime.spec_decode.config import SpeculativeConfig
+from graphllm.speculative_config import SpeculativeConfig
 from graphllm.runtime.spec_decode.ngram import lookup
 from graphllm.runtime.spec_decode.rejection_sampler import Drafts, accept
 from graphllm.runtime.spec_decode.stats import SpecDecodeStats

@@ -31,7 +31,7 @@ from graphllm.runtime.postprocess import PostProcessor
 from graphllm.runtime.sampler import (SamplingRow, _has_penalty, apply_min_tokens, apply_penalties,
                                       compute_raw_logprobs, gather_logprobs, sampling_probs)
 from graphllm.runtime.sequence import Sequence
-from graphllm.runtime.spec_decode.config import SpeculativeConfig
+from graphllm.speculative_config import SpeculativeConfig
 from graphllm.runtime.spec_decode.rejection_sampler import Drafts, accept
 from graphllm.runtime.spec_decode.stats import SpecDecodeStats
 

@@ -26,7 +26,7 @@ from graphllm.models.registry import resolve_architecture
 from graphllm.runtime.scheduler import ScheduledSeq
 from graphllm.runtime.sequence import Sequence
 from graphllm.runtime.setup import Runtime, RuntimeState, build_runtime, load_tokenizer
-from graphllm.runtime.spec_decode.config import SpeculativeConfig
+from graphllm.speculative_config import SpeculativeConfig
 
 
 class DraftCopy(NamedTuple):
