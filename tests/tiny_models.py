@@ -42,6 +42,20 @@ CONFIGS = {
     "gemma3": ("Gemma3TextConfig", dict(head_dim=16, query_pre_attn_scalar=12, sliding_window=6,
                                         layer_types=["full_attention", "sliding_attention"],
                                         rope_scaling={"rope_type": "linear", "factor": 8.0})),
+    # DeepSeek-V2 (MLA + shared experts): V2-Lite's layout (q_proj, no q_lora_rank), layer 0 dense, yarn rope with
+    # V2-Lite's mscales over a short original context, experts scaled; then with the q lora path and default rope
+    "deepseek_v2": ("DeepseekV2Config", dict(
+        kv_lora_rank=32, q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+        n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=2, moe_intermediate_size=24,
+        first_k_dense_replace=1, routed_scaling_factor=1.5, topk_method="greedy", norm_topk_prob=False,
+        num_key_value_heads=4,  # MLA: one latent per token; transformers wants as many KV heads as query heads
+        rope_scaling={"rope_type": "yarn", "factor": 40.0, "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                      "mscale_all_dim": 0.707, "original_max_position_embeddings": 16},
+        max_position_embeddings=640, tie_word_embeddings=False)),  # 640 / 16: the factor 40 as V2-Lite
+    "deepseek_v2-qlora": ("DeepseekV2Config", dict(
+        kv_lora_rank=24, q_lora_rank=40, qk_nope_head_dim=8, qk_rope_head_dim=16, v_head_dim=16,
+        n_routed_experts=4, num_experts_per_tok=3, n_shared_experts=1, moe_intermediate_size=32,
+        first_k_dense_replace=1, topk_method="greedy", num_key_value_heads=4, tie_word_embeddings=False)),
 }
 # Gemma's norms scale by (1 + weight) and start at zero: random weights make a dropped `1 +` or weight show
 RANDOM_NORMS = ("gemma2", "gemma3")
@@ -59,7 +73,7 @@ def make_tokenizer() -> transformers.PreTrainedTokenizerFast:
 
 def make_hf_model(arch: str, seed: int = 0) -> transformers.PreTrainedModel:
     config_cls, extra = CONFIGS[arch]
-    config = getattr(transformers, config_cls)(**COMMON, **extra)
+    config = getattr(transformers, config_cls)(**{**COMMON, **extra})  # extra may override COMMON
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     if arch in RANDOM_NORMS:

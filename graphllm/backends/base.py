@@ -19,6 +19,8 @@ class AttentionShape(NamedTuple):
     sliding_window: int = 0  # <= 0: full attention
     logit_softcap: float = 0.0  # > 0: scores soft-capped, cap * tanh(s / cap) (Gemma 2); 0: off
     scale: float = 0.0  # softmax scale; 0: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
+    uniform: bool = True  # every layer has this window, soft cap and scale (False: Gemma's alternating layers)
+    mla: bool = False  # multi-head latent attention (DeepSeek-V2): graphllm.mla_attention over a latent cache
 
 
 class HostMeta(NamedTuple):
@@ -89,6 +91,12 @@ class AttentionBackend:
                 seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
                 sliding_window: int, logit_softcap: float = 0.0) -> torch.Tensor:
         raise NotImplementedError
+
+    def mla_forward(self, q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
+                    slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                    query_start_loc: torch.Tensor, scale: float, kv_lora_rank: int) -> torch.Tensor:
+        """graphllm.mla_attention (graphllm/ops/mla_attention.py); only the torch reference runs it."""
+        raise NotImplementedError(f"attention backend {self.name!r} does not run multi-head latent attention (MLA)")
 
     def rope_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,
                      sin: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,

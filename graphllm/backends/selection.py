@@ -24,6 +24,9 @@ def flashinfer_supports(shape: AttentionShape, dtype: torch.dtype,
         return f"FlashInfer kernels take float16/bfloat16, not {dtype}"
     if shape.head_dim not in (64, 128, 256):
         return f"FlashInfer has no kernels for head_dim {shape.head_dim}"
+    if not shape.uniform:
+        return ("graphllm plans FlashInfer once for every layer, and this model's layers differ in sliding window, "
+                "scale or logit soft cap (Gemma); use the triton or torch backend")
     if importlib.util.find_spec("flashinfer") is None:
         return "flashinfer is not installed (pip install flashinfer-python)"
     return None
@@ -47,6 +50,18 @@ def triton_supports(device: torch.device, kv_cache_dtype: torch.dtype | None = N
     return None
 
 
+def mla_backend(name: str, kv_cache_dtype: torch.dtype | None, kv_scales: KVScales) -> AttentionBackend:
+    """Multi-head latent attention (DeepSeek-V2) runs on the torch reference only: no Triton or FlashInfer MLA
+    kernel yet, and no float8 latent cache. auto picks the reference, also on CUDA."""
+    if name not in ("auto", "torch"):
+        raise ValueError(f"attention backend {name!r} does not run multi-head latent attention (MLA, DeepSeek-V2) "
+                         "yet; use attention_backend 'torch' (or 'auto')")
+    if is_fp8(kv_cache_dtype):
+        raise ValueError("a float8 KV cache is not supported for multi-head latent attention (MLA, DeepSeek-V2) "
+                         "yet; use kv_cache_dtype 'auto'")
+    return TorchBackend(kv_scales)
+
+
 def select_backend(name: str, shape: AttentionShape, dtype: torch.dtype, device: torch.device,
                    block_size: int, kv_cache_dtype: torch.dtype | None = None,
                    kv_scales: KVScales = KVScales()) -> AttentionBackend:
@@ -55,6 +70,8 @@ def select_backend(name: str, shape: AttentionShape, dtype: torch.dtype, device:
     kv_cache_dtype: the cache's element type (None: the model's dtype); kv_scales: a float8
     cache's per-tensor scales.
     """
+    if shape.mla:
+        return mla_backend(name, kv_cache_dtype, kv_scales)
     if name == "auto":
         if device.type != "cuda":
             name = "torch"

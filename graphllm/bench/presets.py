@@ -83,6 +83,21 @@ PRESETS: dict[str, dict] = {
                         rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 8.0},
                         max_position_embeddings=131072, rms_norm_eps=1e-6, tie_word_embeddings=True,
                         attention_bias=False, pad_token_id=0, bos_token_id=2, eos_token_id=1),
+    # DeepSeek-V2-Lite's config.json (deepseek-ai): 15.7B parameters (2.4B active), MLA with a 512 + 64 latent
+    # cache per token, layer 0 dense, then 64 routed experts (top 6, greedy) and 2 shared ones; yarn rope
+    "deepseek-v2-lite": dict(architectures=["DeepseekV2ForCausalLM"], model_type="deepseek_v2", hidden_size=2048,
+                             intermediate_size=10944, moe_intermediate_size=1408, num_hidden_layers=27,
+                             num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512, q_lora_rank=None,
+                             qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64,
+                             num_experts_per_tok=6, n_shared_experts=2, first_k_dense_replace=1, moe_layer_freq=1,
+                             topk_method="greedy", scoring_func="softmax", norm_topk_prob=False,
+                             routed_scaling_factor=1.0, n_group=1, topk_group=1, aux_loss_alpha=0.001,
+                             vocab_size=102400, rope_theta=10000, max_position_embeddings=163840,
+                             rope_scaling={"type": "yarn", "factor": 40, "beta_fast": 32, "beta_slow": 1,
+                                           "mscale": 0.707, "mscale_all_dim": 0.707,
+                                           "original_max_position_embeddings": 4096},
+                             rms_norm_eps=1e-6, tie_word_embeddings=False, attention_bias=False,
+                             bos_token_id=100000, eos_token_id=100001),
 }
 
 

@@ -56,7 +56,8 @@ COMPILER_MODULES = ("graphllm.ir.capture", "graphllm.ir.graph", "graphllm.compil
                     "graphllm.compiler.weights_io", "graphllm.models.config", "graphllm.models.registry",
                     "graphllm.models.llama", "graphllm.models.layers", "graphllm.models.olmo2", "graphllm.models.phi3",
                     "graphllm.models.moe", "graphllm.models.mixtral", "graphllm.models.qwen3_moe", "graphllm.ops.moe",
-                    "graphllm.models.gemma", "graphllm.models.gemma_config")
+                    "graphllm.models.gemma", "graphllm.models.gemma_config", "graphllm.models.deepseek_v2",
+                    "graphllm.models.mla", "graphllm.ops.mla_attention", "graphllm.kernels.mla_reference")
 
 
 @functools.cache

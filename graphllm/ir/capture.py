@@ -58,7 +58,7 @@ def example_step_inputs(config: ModelConfig, dtype: torch.dtype, device: torch.d
     seq_lens = torch.tensor([4, 17, 4], **i64)
     query_start_loc = torch.tensor([0, 4, 5, 9], **i64)
     logits_indices = torch.tensor([3, 4], **i64)
-    shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    shape = config.kv_cache_shape(num_blocks, block_size)
     kv_caches = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
     return (input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc, logits_indices,
             kv_caches)

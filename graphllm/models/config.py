@@ -16,6 +16,12 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    # yarn (DeepSeek-V2's rope_scaling; accepted only where a family asks for it: models/deepseek_v2.py)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0
+    mscale_all_dim: float = 0.0
+    truncate: bool = True
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,14 @@ class ModelConfig:
     query_pre_attn_scalar: float = 0.0  # softmax scale query_pre_attn_scalar ** -0.5; 0: head_dim ** -0.5
     attn_logit_softcapping: float = 0.0  # attention scores -> cap * tanh(scores / cap) before the mask; 0: off
     final_logit_softcapping: float = 0.0  # the same on the lm_head logits; 0: off
+    # DeepSeek-V2 multi-head latent attention (graphllm/models/deepseek_v2.py); kv_lora_rank 0: not MLA
+    kv_lora_rank: int = 0  # the compressed latent c_kv each token caches
+    q_lora_rank: int = 0  # 0: q_proj; else q_a_proj -> q_a_layernorm -> q_b_proj
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0  # the decoupled rope key k_pe, one per token, shared by the heads (cached)
+    v_head_dim: int = 0
+    n_shared_experts: int = 0  # one dense MLP of n_shared_experts * moe_intermediate_size beside the routed ones
+    routed_scaling_factor: float = 1.0  # multiplies the routed experts' output
 
     def window_of(self, layer: int) -> int:
         """Layer `layer`'s sliding window (0: full attention)."""
@@ -61,21 +75,34 @@ class ModelConfig:
     def attention_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def kv_cache_shape(self, num_blocks: int, block_size: int) -> tuple[int, ...]:
+        """One layer's paged cache: [2 (K, V), blocks, block_size, Hkv, D]; with MLA one plane of one "head",
+        the latent c_kv and the rope key k_pe side by side: [1, blocks, block_size, 1, kv_lora_rank + rope]."""
+        if self.is_mla:
+            return (1, num_blocks, block_size, 1, self.kv_lora_rank + self.qk_rope_head_dim)
+        return (2, num_blocks, block_size, self.num_key_value_heads, self.head_dim)
+
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3", "linear")
 
 
-def rope_from_hf(hf: dict[str, Any]) -> RopeConfig:
+def rope_from_hf(hf: dict[str, Any], supported: tuple[str, ...] = SUPPORTED_ROPE_TYPES) -> RopeConfig:
     """Rope settings from either `rope_parameters` (v5) or `rope_theta` + `rope_scaling` (v4)."""
     params = dict(hf.get("rope_parameters") or {})
     scaling = hf.get("rope_scaling") or {}
     params = {**scaling, **params}
     theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"rope type {rope_type!r} is not supported (supported: {SUPPORTED_ROPE_TYPES})")
+    if rope_type not in supported:
+        raise ValueError(f"rope type {rope_type!r} is not supported (supported: {supported})")
     if rope_type == "default":
         return RopeConfig(theta=float(theta))
+    if rope_type == "yarn":
+        return yarn_rope(float(theta), params)
     if rope_type == "linear":
         return RopeConfig(theta=float(theta), rope_type=rope_type, factor=float(params["factor"]))
     return RopeConfig(
@@ -86,6 +113,20 @@ def rope_from_hf(hf: dict[str, Any]) -> RopeConfig:
     )
 
 
+def yarn_rope(theta: float, params: dict[str, Any]) -> RopeConfig:
+    """transformers' yarn parameters; an explicit attention_factor (which would replace the mscale ratio) is
+    refused by name."""
+    if params.get("attention_factor") is not None:
+        raise ValueError(f"yarn rope with attention_factor={params['attention_factor']!r} is not supported yet")
+    if params.get("factor") is None:
+        raise ValueError("yarn rope without a factor is not supported yet")
+    return RopeConfig(theta=theta, rope_type="yarn", factor=float(params["factor"]),
+                      original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+                      beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
+                      mscale=float(params.get("mscale") or 0), mscale_all_dim=float(params.get("mscale_all_dim") or 0),
+                      truncate=bool(params.get("truncate", True)))
+
+
 def _eos_ids(hf: dict[str, Any]) -> tuple[int, ...]:
     eos = hf.get("eos_token_id")
     if eos is None:
@@ -94,8 +135,9 @@ def _eos_ids(hf: dict[str, Any]) -> tuple[int, ...]:
 
 
 def model_config_from_hf(hf: dict[str, Any], architecture: str, **family: Any) -> ModelConfig:
-    """Common Llama-family fields; `family` holds the architecture's own flags (qk_norm, ...)."""
+    """Common Llama-family fields; `family` holds the architecture's own flags (qk_norm, ..., a rope of its own)."""
     heads = hf["num_attention_heads"]
+    rope = family.pop("rope", None) or rope_from_hf(hf)
     return ModelConfig(
         architecture=architecture,
         vocab_size=hf["vocab_size"],
@@ -107,7 +149,7 @@ def model_config_from_hf(hf: dict[str, Any], architecture: str, **family: Any) -
         head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
         rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
         max_position_embeddings=hf.get("max_position_embeddings", 4096),
-        rope=rope_from_hf(hf),
+        rope=rope,
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         eos_token_ids=_eos_ids(hf),
         **family,

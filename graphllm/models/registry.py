@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 from torch import nn
 
-from graphllm.models.config import ModelConfig, model_config_from_hf
+from graphllm.models.config import ModelConfig, model_config_from_hf, rope_from_hf
+from graphllm.models.deepseek_v2 import DeepseekV2ForCausalLM
 from graphllm.models.gemma import GemmaForCausalLM
 from graphllm.models.gemma_config import gemma2_config, gemma3_config
 from graphllm.models.llama import LlamaForCausalLM
@@ -90,6 +91,40 @@ def _qwen3_moe(hf: dict[str, Any], arch: str) -> ModelConfig:
                                 norm_topk_prob=bool(hf.get("norm_topk_prob", False)), sparse_layers=sparse)
 
 
+def _check_deepseek_v2_routing(hf: dict[str, Any], arch: str) -> None:
+    """DeepSeek-V2's routing variants that graphllm (and transformers' DeepseekV2 router) do not run, by name."""
+    if (method := hf.get("topk_method") or "greedy") != "greedy":
+        raise ValueError(f"config.json sets topk_method={method!r}: only 'greedy' expert selection is supported "
+                         "(DeepSeek-V2-Lite's); group_limited_greedy and noaux_tc are not implemented yet")
+    if (scoring := hf.get("scoring_func") or "softmax") != "softmax":
+        raise ValueError(f"config.json sets scoring_func={scoring!r}: {arch}'s router scores with softmax only")
+    _reject(hf, "norm_topk_prob", f"{arch} with renormalised top-k weights (transformers' DeepseekV2 ignores it, "
+                                  "DeepSeek's own code renormalises instead of scaling)")
+    _reject(hf, "mlp_bias", "a bias on the MLP projections")
+
+
+def _deepseek_v2(hf: dict[str, Any], arch: str) -> ModelConfig:
+    experts = int(hf.get("n_routed_experts") or 0)
+    if not experts:
+        raise ValueError(f"config.json sets n_routed_experts={hf.get('n_routed_experts')!r}: a dense {arch} is not "
+                         "supported yet")
+    _check_moe(hf, arch, experts)
+    _check_deepseek_v2_routing(hf, arch)
+    first_dense, freq = int(hf.get("first_k_dense_replace") or 0), int(hf.get("moe_layer_freq") or 1)
+    sparse = tuple(i for i in range(hf["num_hidden_layers"]) if i >= first_dense and i % freq == 0)
+    nope, rope = int(hf["qk_nope_head_dim"]), int(hf["qk_rope_head_dim"])
+    heads = hf["num_attention_heads"]
+    # head_dim: a query/key head (nope + rope); one KV head per query head is what standard attention would cache
+    shape = {**hf, "head_dim": nope + rope, "num_key_value_heads": heads}
+    return model_config_from_hf(
+        shape, arch, rope=rope_from_hf(hf, ("default", "yarn")), attention_bias=bool(hf.get("attention_bias", False)), num_experts=experts,
+        num_experts_per_tok=hf["num_experts_per_tok"], moe_intermediate_size=int(hf["moe_intermediate_size"]),
+        sparse_layers=sparse, kv_lora_rank=int(hf["kv_lora_rank"]), q_lora_rank=int(hf.get("q_lora_rank") or 0),
+        qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=int(hf["v_head_dim"]),
+        n_shared_experts=int(hf.get("n_shared_experts") or 0),
+        routed_scaling_factor=float(hf.get("routed_scaling_factor") or 1.0))
+
+
 ConfigBuilder = Callable[[dict[str, Any], str], ModelConfig]
 
 ARCHITECTURES: dict[str, tuple[type[nn.Module], ConfigBuilder]] = {
@@ -103,6 +138,7 @@ ARCHITECTURES: dict[str, tuple[type[nn.Module], ConfigBuilder]] = {
     "Qwen3MoeForCausalLM": (Qwen3MoeForCausalLM, _qwen3_moe),
     "Gemma2ForCausalLM": (GemmaForCausalLM, gemma2_config),
     "Gemma3ForCausalLM": (GemmaForCausalLM, gemma3_config),
+    "DeepseekV2ForCausalLM": (DeepseekV2ForCausalLM, _deepseek_v2),
 }
 
 

@@ -21,6 +21,7 @@ that its known tokens key, up to num_tokens - 1 tokens: its last token is always
 
 import array
 import hashlib
+import math
 from collections import OrderedDict
 
 import torch
@@ -197,14 +198,15 @@ class BlockPool:
 
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, kv_cache_dtype: torch.dtype) -> int:
-    """Bytes of one block over all layers, K and V, in the cache's element type."""
-    per_layer = 2 * block_size * config.num_key_value_heads * config.head_dim
+    """Bytes of one block over all layers, K and V (MLA: the latent entries), in the cache's element type."""
+    per_layer = math.prod(config.kv_cache_shape(1, block_size))
     return per_layer * config.num_hidden_layers * kv_cache_dtype.itemsize
 
 
 def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, kv_cache_dtype: torch.dtype,
                        device: torch.device) -> list[torch.Tensor]:
     """One [2, num_blocks, block_size, Hkv, D] tensor per layer (the step's kv_caches input), of
-    kv_cache_dtype: the model's dtype, or float8_e4m3fn (graphllm/kernels/kv_quant.py)."""
-    shape = (2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    kv_cache_dtype: the model's dtype, or float8_e4m3fn (graphllm/kernels/kv_quant.py). An MLA model's is
+    [1, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim] (ModelConfig.kv_cache_shape)."""
+    shape = config.kv_cache_shape(num_blocks, block_size)
     return [torch.zeros(shape, dtype=kv_cache_dtype, device=device) for _ in range(config.num_hidden_layers)]

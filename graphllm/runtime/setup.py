@@ -304,9 +304,9 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     timer.lap("kv_cache")
     pool = BlockPool(num_blocks, limits.block_size, config.enable_prefix_caching)
     scheduler = Scheduler(pool, limits.max_num_seqs, limits.max_num_batched_tokens, max_num_logits)
-    shape = AttentionShape(model_config.num_attention_heads, model_config.num_key_value_heads,
-                           model_config.head_dim, model_config.sliding_window)
-    if config.calculate_kv_scales and kv_dtype != dtype:  # ignored unless the cache is fp8 (as vLLM)
+    shape = attention_shape(model_config)
+    # ignored unless the cache is fp8 (as vLLM); an fp8 MLA cache is refused by select_backend below
+    if config.calculate_kv_scales and kv_dtype != dtype and not shape.mla:
         from graphllm.runtime.kv_calibration import calculate_kv_scales
         layer_kv_scales = calculate_kv_scales(step, model_config, tokenizer, shape, dtype, device, limits.block_size)
         logger.info("fp8 KV cache scales from a calibration prefill, per layer: k %s, v %s",
@@ -326,6 +326,17 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     runner = ModelRunner(step, kv_caches, limits.block_size, device, graphs, backend)
     logger.info("start-up phases (s): %s", ", ".join(f"{k} {v:.2f}" for k, v in timer.seconds.items()))
     return Runtime(model, tokenizer, state, pool, scheduler, runner)
+
+
+def attention_shape(model_config: ModelConfig) -> AttentionShape:
+    """The model's attention for the backends: its layers' window, scale and soft cap where they all agree;
+    where they differ (Gemma's sliding and global layers) the first layer's, and uniform False."""
+    layers = {(model_config.window_of(i), model_config.attention_scale, model_config.attn_logit_softcapping)
+              for i in range(model_config.num_hidden_layers)}
+    window, scale, softcap = next(iter(layers)) if len(layers) == 1 else (
+        model_config.window_of(0), model_config.attention_scale, model_config.attn_logit_softcapping)
+    return AttentionShape(model_config.num_attention_heads, model_config.num_key_value_heads, model_config.head_dim,
+                          window, softcap, scale, uniform=len(layers) == 1, mla=model_config.is_mla)
 
 
 def capture_graphs(step, kv_caches, buckets, max_blocks_per_seq: int, padding_block: int, block_size: int,

@@ -88,3 +88,15 @@ def test_the_op_outside_a_scope_is_an_error():
         assert torch.ops.graphllm.attention(q, q, q, cache, torch.zeros(1, **i64), torch.zeros(1, **i64),
                                             torch.zeros(1, 1, **i64), torch.ones(1, **i64), torch.tensor([0, 1]),
                                             1.0, 0).shape == q.shape
+
+
+def test_flashinfer_is_refused_for_layers_that_differ_at_start_not_at_the_first_step(tiny_model_dir):
+    from graphllm.models.loader import read_hf_config
+    from graphllm.models.registry import resolve_architecture
+    from graphllm.runtime.setup import attention_shape
+    shapes = {arch: attention_shape(resolve_architecture(read_hf_config(tiny_model_dir(arch)[0]))[1])
+              for arch in ("llama", "gemma2")}
+    assert shapes["llama"].uniform and not shapes["gemma2"].uniform
+    at_128 = shapes["gemma2"]._replace(head_dim=128)  # the tiny model's head_dim 16 is refused first
+    assert "layers differ" in (flashinfer_supports(at_128, torch.bfloat16) or "")
+    assert shapes["llama"].scale == pytest.approx(shapes["llama"].head_dim ** -0.5)

@@ -56,7 +56,7 @@ def random_step_inputs(config, seed: int, dtype: torch.dtype = torch.float32, nu
         sample.append(starts[-1] - 1)
     width = max(map(len, tables))
     tables = [t + [0] * (width - len(t)) for t in tables]
-    shape = (2, NUM_BLOCKS, BLOCK_SIZE, config.num_key_value_heads, config.head_dim)
+    shape = config.kv_cache_shape(NUM_BLOCKS, BLOCK_SIZE)
     caches = [torch.randn(shape, generator=gen).to(dtype) for _ in range(config.num_hidden_layers)]
     t = lambda v: torch.tensor(v, dtype=torch.int64)  # noqa: E731
     return t(ids), t(pos), t(slots), t(tables), t(lens), t(starts), t(sample), caches

@@ -115,6 +115,10 @@ class ShardTP(GraphPass):
     @classmethod
     def for_model(cls, config, rank: int, world_size: int, group_name: str) -> "ShardTP":
         """The pass for rank `rank` of a ModelConfig's model."""
+        if getattr(config, "kv_lora_rank", 0):
+            raise ValueError(f"{config.architecture} uses multi-head latent attention (MLA, DeepSeek-V2): tensor "
+                             "parallelism does not split its latent projections or cache yet; use "
+                             "--tensor-parallel-size 1")
         if getattr(config, "num_experts", 0):
             raise ValueError(f"{config.architecture} is a mixture of experts: tensor parallelism does not split its "
                              "experts (graphllm.fused_moe) yet; use --tensor-parallel-size 1")
