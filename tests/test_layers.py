@@ -3,7 +3,7 @@
 Read from the source with ast (nothing is executed), every import counted, also those inside
 functions: a lazy import is still a dependency. Rooms, ground up (docs/ARCHITECTURE.md):
 
-  base      version, config, device, demo: leaves that import nothing of graphllm but each other
+  base      version, config, speculative_config, device, demo: leaves that import nothing of graphllm but each other
   kernels   Triton kernels and their pure-torch references: import nothing of graphllm but kernels/
   backends  attention backends (torch, triton, flashinfer) and the scope that activates one
   ops       custom-op registration
@@ -25,7 +25,7 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "graphllm"
 LAYERS = [  # (room, module prefixes), ground up
-    ("base", ("graphllm.version", "graphllm.config", "graphllm.device", "graphllm.demo")),
+    ("base", ("graphllm.version", "graphllm.config", "graphllm.speculative_config", "graphllm.device", "graphllm.demo")),
     ("kernels", ("graphllm.kernels",)),
     ("backends", ("graphllm.backends",)),
     ("ops", ("graphllm.ops",)),
