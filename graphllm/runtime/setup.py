@@ -173,7 +173,7 @@ def build_tensor_parallel_runtime(config: EngineConfig, path: Path, device: torc
     dtype = resolve_dtype(config.dtype, hf, device)
     _, model_config = resolve_architecture(hf)
     n = config.tensor_parallel_size
-    ShardTP.for_model(model_config, 0, n, TP_GROUP)  # before any process starts: what it cannot shard, by name
+    ShardTP.for_model(model_config, 0, n, TP_GROUP, eager=True)  # before any process starts: what it cannot shard
     step, local = start_tensor_parallel(n, RankStep(str(path), False, dtype), dtype,
                                         init_method=config.distributed_init_method)
     return assemble(config, resolve_limits(config), path, None, local, step, dtype, device)

@@ -58,7 +58,7 @@ def shard_step(path: str | Path, rank: int, world_size: int, dtype: torch.dtype,
     model, config = load_model_shapes(path, dtype, device)
     graph = capture(model, config, dtype, device)
     del model
-    shard = ShardTP.for_model(config, rank, world_size, TP_GROUP)
+    shard = ShardTP.for_model(config, rank, world_size, TP_GROUP, eager=True)
     shard(graph)
     graph.drop_unused_weights()  # a tied embedding's second name, which no node reads
     graph.recompile()

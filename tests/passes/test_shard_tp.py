@@ -55,7 +55,7 @@ def free_port() -> int:
 
 
 @pytest.mark.parametrize("arch, world_size", [("llama", 2), ("qwen2", 2), ("llama", 4), ("qwen3", 2), ("mistral", 4),
-                                              ("llama-vocab-126", 4)])
+                                              ("llama-vocab-126", 4), ("mixtral", 2), ("qwen3_moe-mixed", 2)])
 def test_every_rank_computes_the_unsharded_step(arch, world_size, tiny_model_dir, tmp_path):
     """tiny configs: 4 query heads, 2 KV heads (N = 4 replicates each KV head on two ranks); qwen2 ties its
     embedding to lm_head; a vocabulary of 126 pads to 128 at N = 4 (the last rank holds two zero rows)."""
@@ -70,8 +70,12 @@ def test_every_rank_computes_the_unsharded_step(arch, world_size, tiny_model_dir
         folder = str(tiny_model_dir(arch)[0])
     mp.spawn(run_rank, args=(world_size, free_port(), folder, results), nprocs=world_size, join=True)
     assert sorted(results) == list(range(world_size))
-    # 2 layers; vocab: the embedding and lm_head (one all-reduce more: the embedding's rows)
-    assert results[0] == {"column": 5 * 2, "row": 2 * 2, "all_reduce": 2 * 2 + 1, "vocab": 2}
+    # 2 layers; vocab: the embedding and lm_head (one all-reduce more: the embedding's rows); an MoE layer: q/k/v
+    # and o_proj split, its experts split by their intermediate size (one all-reduce), its router whole
+    sparse = {"mixtral": 2, "qwen3_moe-mixed": 1}.get(arch, 0)  # qwen3_moe-mixed: layer 0 is dense
+    dense = 2 - sparse
+    assert results[0] == {"column": 5 * dense + 3 * sparse, "row": 2 * dense + sparse, "experts": sparse,
+                          "all_reduce": 2 * dense + 2 * sparse + 1, "vocab": 2}
 
 
 def test_shapes_that_do_not_divide_are_refused_with_the_numbers():
@@ -95,6 +99,17 @@ def test_check_shapes_names_an_inconsistent_graph():
     owner.register_parameter("weight", torch.nn.Parameter(owner.weight.detach()[:, :40], requires_grad=False))
     with pytest.raises(ValueError, match="does not type-check with rank shapes"):
         check_shapes(graph)
+
+
+def test_moe_is_refused_in_eager_tensor_parallelism_and_when_its_experts_do_not_divide():
+    from graphllm.bench.presets import PRESETS
+    from graphllm.models.registry import resolve_architecture
+    _, config = resolve_architecture(PRESETS["qwen3-30b-a3b"])  # moe_intermediate_size 768
+    ShardTP.for_model(config, 0, 2, "0")  # a compiled artifact shards the experts
+    with pytest.raises(ValueError, match="eager tensor parallelism does not read a rank's slices of its experts"):
+        ShardTP.for_model(config, 0, 2, "0", eager=True)
+    with pytest.raises(ValueError, match="moe_intermediate_size 768 does not divide by 5"):
+        ShardTP.for_model(config, 0, 5, "0")
 
 
 def test_families_it_cannot_split_yet_are_refused_by_name():

@@ -62,6 +62,25 @@ def test_compiled_greedy_tokens_equal_transformers(arch, tiny_model_dir, tmp_pat
     assert all(p.exitcode == 0 for p in step.workers)
 
 
+def test_compiled_moe_at_tp2_splits_its_experts_and_gives_transformers_tokens(tiny_model_dir, tmp_path):
+    """Mixtral at N = 2, compiled: each rank holds half of every expert's intermediate rows (shard_tp), and the
+    ranks' partial expert sums are all-reduced."""
+    from safetensors import safe_open
+    path, hf = tiny_model_dir("mixtral")
+    engine = Engine.from_pretrained(path, tensor_parallel_size=2, compile=True, cache_dir=str(tmp_path))
+    step = engine.runner.step
+    try:
+        art = next((tmp_path / "artifacts").iterdir())
+        with safe_open(art / "weights.rank1.safetensors", "pt") as f:
+            w2 = next(n for n in f.keys() if n.endswith("experts.down_proj"))
+            assert f.get_slice(w2).get_shape()[2] == hf.config.intermediate_size // 2
+        outs = engine.generate(PROMPTS, GREEDY)
+        assert [o.outputs[0].token_ids for o in outs] == transformers_tokens(hf)
+    finally:
+        step.stop()
+    assert all(p.exitcode == 0 for p in step.workers)
+
+
 def test_quantized_int4_at_tp2_generates_tp1s_tokens(tiny_model_dir, tmp_path):
     """Quantization runs after shard_tp, on each rank's slices: int4 groups of 32 fall on the shard
     boundaries here (K = 64 and 128 split in two), so rank weights quantize exactly as the whole ones."""

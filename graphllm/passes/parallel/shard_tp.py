@@ -14,6 +14,13 @@ size D, N ranks) and MLP (intermediate size I):
     g = linear(x, gate_proj.weight[I, H])              g = linear(x, gate_proj.weight[I/N, H])   (up_proj alike)
     d = linear(m, down_proj.weight[H, I])              d = all_reduce(linear(m, down_proj.weight[H, I/N]), group)
 
+A mixture-of-experts layer (graphllm.fused_moe, stacked experts) splits every expert by its intermediate
+size, as vLLM does; the router stays whole on every rank:
+
+    y = fused_moe(x, logits, w13[E, 2I, H], w2[E, H, I])   y = all_reduce(fused_moe(x, logits, w13_r[E, 2I/N, H],
+                                                                                    w2_r[E, H, I/N]), group)
+    (w13_r: rows [r*I/N, (r+1)*I/N) of the gate half and of the up half; w2_r: those columns)
+
 Column-parallel linears keep their bias slice; a row-parallel linear's bias is added by rank 0 only
 (the other ranks' is zeroed), so the all-reduce adds it once. With fewer KV heads than ranks each
 KV head is replicated on N/Hkv ranks: rank r reads KV head r // (N / Hkv), which serves its query
@@ -44,9 +51,11 @@ caches, for re-export; it runs first, before quantization (which then quantizes 
 the fusions.
 
 Refused with the numbers: heads or the intermediate size not divisible by N, N not a multiple of Hkv
-when Hkv < N, already-quantized linears (a pre-quantized checkpoint's; not sharded yet). Refused by name
-(for_model): mixtures of experts (Mixtral, Qwen3-MoE), the families that keep q/k/v fused or norm q/k
-over all heads, and Gemma 2 / 3 (not checked yet).
+when Hkv < N, already-quantized linears (a pre-quantized checkpoint's; not sharded yet), an expert
+intermediate size that does not divide. Refused by name (for_model): mixtures of experts in eager tensor
+parallelism (a rank reads its slices of the checkpoint's per-expert tensors: not written yet; compiled
+artifacts shard them), the families that keep q/k/v fused or norm q/k over all heads, DeepSeek-V2 and
+Gemma 2 / 3 (not checked yet).
 """
 
 import torch
@@ -58,6 +67,7 @@ from graphllm.models.loader import RankSlice
 from graphllm.passes.base import GraphPass
 
 LINEAR = torch.ops.aten.linear.default
+FUSED_MOE = "graphllm::fused_moe"  # its overload's name (the op registers when an MoE model is imported)
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
 QUANTIZED = ("fp8_linear", "int8_linear", "int4_linear")
@@ -82,7 +92,7 @@ class ShardTP(GraphPass):
         self.intermediate_size = intermediate_size
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
-        counts = {"column": 0, "row": 0, "all_reduce": 0, "vocab": 0}
+        counts = {"column": 0, "row": 0, "all_reduce": 0, "vocab": 0, "experts": 0}
         _drop_input_guards(graph)
         self._sharded: dict[str, int] = {}  # get_attr target -> vocabulary size, once sliced
         self.plan: dict[str, RankSlice] = {}  # weight name -> the part of it this rank holds
@@ -99,6 +109,11 @@ class ShardTP(GraphPass):
                 self._all_reduce_after(graph, node)
                 counts["row"] += 1
                 counts["all_reduce"] += 1
+            elif _is_fused_moe(node):
+                self._shard_experts(graph, node)
+                self._all_reduce_after(graph, node)
+                counts["experts"] += 1
+                counts["all_reduce"] += 1
             elif member in VOCAB and self.vocab_parallel:  # embed_tokens: a tied lm_head
                 self._shard_lm_head(graph, node)
                 counts["vocab"] += 1
@@ -113,15 +128,20 @@ class ShardTP(GraphPass):
         return counts
 
     @classmethod
-    def for_model(cls, config, rank: int, world_size: int, group_name: str) -> "ShardTP":
-        """The pass for rank `rank` of a ModelConfig's model."""
+    def for_model(cls, config, rank: int, world_size: int, group_name: str, eager: bool = False) -> "ShardTP":
+        """The pass for rank `rank` of a ModelConfig's model; eager: for a step whose ranks read their slices of
+        the checkpoint themselves (runtime/tensor_parallel.shard_step), not a compiled artifact."""
         if getattr(config, "kv_lora_rank", 0):
             raise ValueError(f"{config.architecture} uses multi-head latent attention (MLA, DeepSeek-V2): tensor "
                              "parallelism does not split its latent projections or cache yet; use "
                              "--tensor-parallel-size 1")
-        if getattr(config, "num_experts", 0):
-            raise ValueError(f"{config.architecture} is a mixture of experts: tensor parallelism does not split its "
-                             "experts (graphllm.fused_moe) yet; use --tensor-parallel-size 1")
+        if getattr(config, "num_experts", 0) and eager:
+            raise ValueError(f"{config.architecture} is a mixture of experts: eager tensor parallelism does not read "
+                             "a rank's slices of its experts yet; compile it (graphllm compile --tensor-parallel-size "
+                             "N, or compile=True), which shards them, or use --tensor-parallel-size 1")
+        if getattr(config, "num_experts", 0) and getattr(config, "moe_intermediate_size", 0) % world_size:
+            raise ValueError(f"tensor parallelism splits each expert's intermediate size: "
+                             f"moe_intermediate_size {config.moe_intermediate_size} does not divide by {world_size}")
         if getattr(config, "fused_qkv_gate_up", False):
             raise ValueError(f"{config.architecture} keeps q/k/v and gate/up fused as its checkpoint stores them: "
                              "tensor parallelism does not split those yet")
@@ -179,6 +199,19 @@ class ShardTP(GraphPass):
         if len(node.args) > 2 and node.args[2] is not None and self.rank != 0:
             bias = attr_tensor(graph.gm, node.args[2])
             self._slice(graph, node.args[2], RankSlice(0, 0, bias.shape[0], zeros=True), torch.zeros_like)
+
+    def _shard_experts(self, graph: StepGraph, node: fx.Node) -> None:
+        """Rank r's rows of each expert's gate and up halves (w13 [E, 2I, H]) and its columns of w2 [E, H, I].
+        No RankSlice: the two halves are not one range (eager ranks refuse MoE: for_model)."""
+        size = attr_tensor(graph.gm, node.args[3]).shape[2]  # I
+        if size % self.world_size:
+            raise ValueError(f"tensor parallelism splits each expert's intermediate size: {size} does not divide by "
+                             f"{self.world_size}")
+        per = size // self.world_size
+        lo, hi = self.rank * per, (self.rank + 1) * per
+        _replace_weight(graph, node.args[2],
+                        lambda w: torch.cat([w[:, lo:hi], w[:, size + lo:size + hi]], 1).contiguous())
+        _replace_weight(graph, node.args[3], lambda w: w[:, :, lo:hi].contiguous())
 
     def _slice(self, graph: StepGraph, attr: fx.Node, part: RankSlice, shard) -> None:
         """Swap attr's weight for rank r's part of it, and note the part in `plan` (what a rank reads)."""
@@ -315,6 +348,10 @@ def _padded_rows(weight: torch.Tensor, start: int, rows: int) -> torch.Tensor:
     have = max(0, min(rows, weight.shape[0] - start))
     out[:have] = weight[start:start + have]
     return out
+
+
+def _is_fused_moe(node: fx.Node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "name", lambda: "")() == FUSED_MOE
 
 
 def _member(node: fx.Node) -> str | None:
