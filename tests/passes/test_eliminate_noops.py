@@ -31,7 +31,7 @@ def test_float32_graph_loses_every_same_dtype_cast_and_assert(arch):
     assert ops_after[TO] == rope_casts(arch)  # positions int64 -> float32 in rope: a real cast
     assert ops_after[ASSERT] == 0
     assert counts == {"cast": ops_before[TO] - rope_casts(arch), "assert": ops_before[ASSERT], "view": 0, "clone": 0}
-    assert ops_after["attention.default"] == config.num_hidden_layers
+    assert ops_after["attention.default"] + ops_after["mla_attention.default"] == config.num_hidden_layers
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -41,8 +41,9 @@ def test_bfloat16_graph_keeps_its_real_casts(arch):
     assert counts == {"cast": 0, "assert": ops_before[ASSERT], "view": 0, "clone": 0}
     assert ops_after[TO] == ops_before[TO] and ops_after[ASSERT] == 0
     upcasts = [n for n in after.graph.nodes if n.target is aten.to.dtype and n.args[1] == torch.float32]
-    # positions, plus each RMSNorm's (one mean each)
-    assert len(upcasts) == rope_casts(arch) + norm_upcasts(arch) * ops_before["mean.dim"]
+    # positions, plus each RMSNorm's (one mean each); MLA rotates its q and k rope parts in float32
+    mla = 2 * config.num_hidden_layers if config.is_mla else 0
+    assert len(upcasts) == rope_casts(arch) + norm_upcasts(arch) * ops_before["mean.dim"] + mla
 
 
 def test_second_run_changes_nothing():

@@ -22,9 +22,16 @@ def fused(request):
     return (request.param, *run_pass(FuseAddRMSNorm(), request.param))
 
 
+def mla_norms(arch: str) -> int:
+    """Norms per layer inside DeepSeek-V2's attention, not after a residual add: kv_a_layernorm, and
+    q_a_layernorm when q goes through a low-rank projection (the -qlora config)."""
+    return (2 if arch.endswith("qlora") else 1) if arch.startswith("deepseek") else 0
+
+
 def expected_counts(arch: str, layers: int) -> dict[str, int]:
     """Embedding -> rms_norm; every later layer norm and the final norm read a residual add."""
-    return {"rms_norm": 1 + (2 * layers if arch.startswith("qwen3") else 0), "add_rms_norm": 2 * layers}
+    inner = 2 * layers if arch.startswith("qwen3") else mla_norms(arch) * layers
+    return {"rms_norm": 1 + inner, "add_rms_norm": 2 * layers}
 
 
 def fused_nodes(graph: StepGraph) -> list:
@@ -48,7 +55,7 @@ def test_bit_identical_in_float32(fused):
 def test_counts_and_ops(fused):
     arch, _, _, counts, ops_before, ops_after, config = fused
     layers = config.num_hidden_layers
-    norms = 2 * layers + 1 + (2 * layers if arch.startswith("qwen3") else 0)
+    norms = 2 * layers + 1 + (2 * layers if arch.startswith("qwen3") else mla_norms(arch) * layers)
     assert counts == expected_counts(arch, layers)
     assert ops_before["rsqrt.default"] == norms and ops_after["rsqrt.default"] == 0
     assert ops_before["pow.Tensor_Scalar"] == norms and ops_after["pow.Tensor_Scalar"] == 0

@@ -84,9 +84,17 @@ def test_bit_identical_to_the_split_graph(fused):
         assert torch.equal(after(*b_in), before(*a_in))
 
 
+def swiglu_paths(config) -> list[str]:
+    """The module path of every SwiGLU the step runs, in order: a dense layer's MLP, and an MoE layer's shared
+    experts (DeepSeek-V2); routed experts are one fused_moe."""
+    shared = getattr(config, "n_shared_experts", 0)
+    return [f"model.model.layers.{i}.mlp" + (".shared_experts" if i in config.sparse_layers else "")
+            for i in range(config.num_hidden_layers) if i not in config.sparse_layers or shared]
+
+
 def test_counts_and_ops(fused):
     _, before, after, counts, config = fused
-    layers = config.num_hidden_layers - len(config.sparse_layers)  # dense MLPs (an MoE layer's is one fused_moe)
+    layers = len(swiglu_paths(config))
     ops_before, ops_after = op_counts(before.gm), op_counts(after.gm)
     assert counts == {"fused": layers}
     assert ops_before["silu.default"] == layers and ops_after["silu.default"] == 0
@@ -98,12 +106,12 @@ def test_counts_and_ops(fused):
 
 
 def test_op_reads_the_gate_up_linear_and_keeps_the_source(fused):
-    _, _, after, _, _ = fused
+    _, _, after, _, config = fused
     nodes = [n for n in after.graph.nodes if n.target == SILU_AND_MUL]
-    for layer, node in enumerate(nodes):
+    assert [module_path(node) for node in nodes] == swiglu_paths(config)
+    for node in nodes:
         (gate_up,) = node.args
         assert gate_up.target == aten.linear.default and list(gate_up.users) == [node]
-        assert module_path(node) == f"model.model.layers.{layer}.mlp"
         phi3 = "models/phi3.py" in node.meta["stack_trace"]  # its MLP keeps the checkpoint's gate_up_proj
         assert ("up * F.silu(gate)" if phi3 else "F.silu(self.gate_proj(x)) * self.up_proj(x)") in node.meta[
             "stack_trace"]
