@@ -94,9 +94,6 @@ class Engine:
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        if params.structured_outputs is not None and self.spec_decoder is not None:
-            raise ValueError("structured_outputs cannot be combined with speculative decoding (speculative_config) "
-                             "yet: start an engine without speculative_config for constrained requests")
         request = Request(request_id, prompt_text, prompt_ids, params)
         # a grammar compiles once per request (ValueError when it does not); each sequence matches on its own
         grammar = None if params.structured_outputs is None else self.structured_outputs.compile(

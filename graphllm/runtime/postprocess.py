@@ -31,6 +31,11 @@ class PostProcessor:
         """Apply the grammars of structured-output rows to logits, in place (before either sampling path)."""
         self.structured.constrain(logits, seqs)
 
+    def constrain_drafts(self, logits: torch.Tensor, seqs: list[Sequence], proposals: list[list[int]]) -> None:
+        """The same for a verify step's 1 + k rows per sequence (speculative decoding): row j is masked by
+        the grammar as it stands after proposals[:j]."""
+        self.structured.constrain_drafts(logits, seqs, proposals)
+
     def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """Sample one token per row of logits on the host and append it to its sequence."""
         out = self.sampler(logits, self.sampling_rows(seqs))

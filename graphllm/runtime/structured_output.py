@@ -21,7 +21,9 @@ inside reasoning): the grammar waits, and the text is free, until the output hol
 
 Logprobs are of the constrained logits, as in vLLM (the bitmask is applied before the sampler). A
 sequence with a grammar never runs queued decode steps (StepLoop._decode_steps): their tokens are
-argmaxes taken on the device, where no mask can reach them.
+argmaxes taken on the device, where no mask can reach them. Under speculative decoding each of a verify
+step's rows is masked by the grammar as it stands after the proposals before it (constrain_drafts), so a
+proposal the grammar forbids is rejected and the target's token there obeys the grammar.
 """
 
 import json
@@ -127,6 +129,41 @@ class StructuredOutputManager:
         device[:logits.shape[0]].copy_(host[:logits.shape[0]], non_blocking=True)
         xgr.apply_token_bitmask_inplace(logits, device[:logits.shape[0]], vocab_size=self.vocab_size,
                                         indices=rows)
+
+    def constrain_drafts(self, logits: torch.Tensor, seqs: list, proposals: list[list[int]]) -> None:
+        """Mask, in place, a verify step's rows (logits [sum of 1 + k, V], each sequence's 1 + k rows in turn):
+        row j of a sequence whose grammar is live gets its grammar's mask after proposals[:j]. The matcher
+        walks the proposals and is rolled back afterwards; the tokens a verify step emits are accepted
+        later, one by one (PostProcessor.update_stop), like sampled ones. Past a proposal the grammar
+        refuses, rows stay unmasked: that proposal's own row forbids it, so no later row is ever used."""
+        import xgrammar as xgr
+        host, device = self._buffers(logits.shape[0], logits.device)
+        rows, first = [], 0
+        for seq, tokens in zip(seqs, proposals):
+            if grammar_live(seq):
+                rows += self._fill_along(seq.grammar, tokens, host, first)
+            first += 1 + len(tokens)
+        if not rows:
+            return
+        device[:logits.shape[0]].copy_(host[:logits.shape[0]], non_blocking=True)
+        xgr.apply_token_bitmask_inplace(logits, device[:logits.shape[0]], vocab_size=self.vocab_size,
+                                        indices=rows)
+
+    @staticmethod
+    def _fill_along(matcher, tokens: list[int], host: torch.Tensor, first: int) -> list[int]:
+        """Fill host rows first.. with matcher's masks along tokens; the rows filled."""
+        rows, walked = [], 0
+        for j in range(len(tokens) + 1):
+            matcher.fill_next_token_bitmask(host, first + j)
+            rows.append(first + j)
+            if j == len(tokens) or not matcher.accept_token(tokens[j]):
+                break
+            walked += 1
+            if matcher.is_terminated():
+                break  # the grammar ends at this proposal: the rows after it are never used
+        if walked:
+            matcher.rollback(walked)
+        return rows
 
     def _buffers(self, rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The host bitmask (pinned where a GPU is) and its device copy, [capacity, V / 32] int32 each,

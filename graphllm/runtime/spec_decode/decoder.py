@@ -18,8 +18,11 @@
                       lies past num_computed_tokens, where it is overwritten before it is read, and prefix
                       caching keys only blocks of computed (accepted) tokens.
 
-Structured outputs are refused together with speculation (Engine.add_request): the grammar would have to be
-advanced through each proposal and rolled back.
+Structured outputs: before acceptance, row j of a sequence with a live grammar is masked by its grammar as it
+stands after the proposals before j (StructuredOutputManager.constrain_drafts: the matcher walks the proposals
+and is rolled back), so a proposal the grammar forbids is rejected and every emitted token obeys the grammar.
+The emitted tokens are then accepted by the matcher one by one, as sampled ones are. A grammar that opens
+inside the run (a reasoning model's reasoning_end) ends the run there: the rows after it were not masked.
 """
 
 import time
@@ -31,6 +34,7 @@ from graphllm.runtime.postprocess import PostProcessor
 from graphllm.runtime.sampler import (SamplingRow, _has_penalty, apply_min_tokens, apply_penalties,
                                       compute_raw_logprobs, gather_logprobs, sampling_probs)
 from graphllm.runtime.sequence import Sequence
+from graphllm.runtime.structured_output import grammar_live
 from graphllm.speculative_config import SpeculativeConfig
 from graphllm.runtime.spec_decode.rejection_sampler import Drafts, accept
 from graphllm.runtime.spec_decode.stats import SpecDecodeStats
@@ -101,6 +105,8 @@ class SpeculativeDecoder:
                         [seq.generator for seq in seqs])
         rows = [row for seq, tokens in zip(seqs, drafts.tokens) for row in self.position_rows(seq, tokens)]
         logits = logits.to(torch.float32, copy=True)  # [R, V], processed in place below
+        self.post.constrain_drafts(logits, seqs, drafts.tokens)  # grammars first, as before the sampler
+        waiting = [seq.grammar is not None and not grammar_live(seq) for seq in seqs]  # reasoning, say
         raw = compute_raw_logprobs(logits, rows)  # before any processing, as the sampler does
         logits = apply_min_tokens(apply_penalties(logits, rows), rows)
         probs = None
@@ -111,12 +117,13 @@ class SpeculativeDecoder:
             probs[index] = sampling_probs(logits[index], [rows[i].params for i in sampled])
         num_accepted, emitted = accept(drafts, logits.argmax(dim=-1), probs)
         logprobs = self._logprobs(raw, rows, drafts, emitted, logits.device)
-        for seq, proposed, tokens, a, first in zip(seqs, drafts.tokens, emitted, num_accepted, drafts.row_offsets()):
+        for seq, proposed, tokens, a, first, wait in zip(seqs, drafts.tokens, emitted, num_accepted,
+                                                         drafts.row_offsets(), waiting):
             self.stats.record(len(proposed), a)
-            self._append(seq, tokens, logprobs[first:first + len(tokens)])
+            appended = self._append(seq, tokens, logprobs[first:first + len(tokens)], wait)
             seq.spec_token_ids = []
-            if not seq.is_finished:  # roll back: K/V is valid for the last input and the accepted proposals
-                seq.num_computed_tokens += a
+            if not seq.is_finished:  # roll back: K/V is valid for the last input and the tokens kept after it
+                seq.num_computed_tokens += appended - 1
                 self.pool.truncate(seq, seq.num_computed_tokens)
 
     def position_rows(self, seq: Sequence, proposals: list[int]) -> list[SamplingRow]:
@@ -142,12 +149,15 @@ class SpeculativeDecoder:
             tokens[first:first + len(out)] = torch.tensor(out)
         return gather_logprobs(raw, tokens.to(device), rows)
 
-    def _append(self, seq: Sequence, tokens: list[int], logprobs: list[dict | None]) -> None:
-        """Append tokens one by one with the usual stop checks; the ones after a stop are dropped."""
-        for token, entry in zip(tokens, logprobs):
+    def _append(self, seq: Sequence, tokens: list[int], logprobs: list[dict | None], grammar_waiting: bool) -> int:
+        """Append tokens one by one with the usual stop checks; the ones after a stop are dropped, and so are
+        those after the token that opens a grammar which was waiting (their rows were not masked). Returns
+        how many were appended."""
+        for count, (token, entry) in enumerate(zip(tokens, logprobs), start=1):
             self.post.append_token(seq, token, entry)
-            if seq.is_finished:
-                return
+            if seq.is_finished or (grammar_waiting and grammar_live(seq)):
+                return count
+        return len(tokens)
 
 
 def build_speculative_decoder(config, runtime, post: PostProcessor) -> SpeculativeDecoder | None:
