@@ -10,15 +10,25 @@ without proposals replay them. Reported per run: decode tok/s and its ratio to t
 decode-phase step (a verify step in a speculative run) and its ratio to a plain decode step, the measured
 acceptance rate and mean accepted length. Every speculative run must generate the plain run's tokens
 (greedy verification is exact); the benchmark checks that.
+
+`--method ngram` measures a real proposer instead: vLLM's prompt lookup on a copy-heavy prompt set, the
+built-in demo model's held-out arithmetic questions in its chat template (its answers restate the question:
+"17 plus 25 is 42."), greedy with EOS honoured (--output-len caps the answer). The demo model unless --model.
+A plain engine gives the baseline; one ngram engine per k then runs the same prompts.
 """
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 from graphllm.bench.latency import latency_prompts
 from graphllm.bench.serve_bench import parse_levels
 from graphllm.bench.workload import (StepTimer, add_common_args, build_engine, engine_facts, fmt, format_rows,
-                                     model_folder, params_for, prepare_work, warm_up, write_report)
+                                     free_engine, model_folder, params_for, prepare_work, warm_up, write_report)
+from graphllm.demo import DEMO_MODEL_DIR, chat_messages, held_out_questions
+from graphllm.runtime.sampling_params import SamplingParams
+
+MAX_DEMO_PROMPT = 64  # tokens: a demo question in its chat template is about 20-30
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -30,15 +40,23 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--acceptance-rates", type=lambda s: [float(x) for x in s.split(",")], default=[1.0, 0.6],
                    help="shares of proposed tokens the oracle gets right on average, e.g. 1.0,0.6")
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per sequence")
-    p.add_argument("--output-len", type=int, default=128, help="generated tokens per sequence (ignore_eos)")
+    p.add_argument("--output-len", type=int, default=128, help="generated tokens per sequence (ignore_eos; "
+                   "with --method ngram: at most, EOS ends an answer)")
+    p.add_argument("--method", choices=("oracle", "ngram"), default="oracle",
+                   help="oracle: proposals right at --acceptance-rates; ngram: prompt lookup on the demo model's "
+                        "arithmetic questions (module docstring)")
+    p.add_argument("--prompt-lookup-max", type=int, default=4, help="ngram: the longest n-gram looked up")
+    p.add_argument("--prompt-lookup-min", type=int, default=2, help="ngram: the shortest n-gram looked up")
     p.set_defaults(func=main)
     return p
 
 
-def run_batch(engine, timer: StepTimer, prompts: list[list[int]], output_len: int) -> tuple[list[list[int]], dict]:
-    """Generate for prompts, step-timed: (the tokens of each, {decode seconds, tok/s, mean decode step ms})."""
+def run_batch(engine, timer: StepTimer, prompts: list[list[int]], output_len: int,
+              params: SamplingParams | None = None) -> tuple[list[list[int]], dict]:
+    """Generate for prompts (default params: greedy, exactly output_len tokens), step-timed: (the tokens of
+    each, {decode seconds, tok/s, mean decode step ms})."""
     timer.reset()
-    outs = engine.generate(prompts, params_for(output_len))
+    outs = engine.generate(prompts, params or params_for(output_len))
     decode = timer.summary().get("decode") or {}
     steps, step_ms = decode.get("steps", 0), decode.get("total_ms", 0.0)
     decode_s = steps * step_ms / 1e3
@@ -66,18 +84,59 @@ def measure(engine, args: argparse.Namespace) -> list[dict]:
                     tokens, run = run_batch(engine, timer, prompts, args.output_len)
                     if tokens != reference:
                         raise AssertionError(f"batch {b}, k {k}, rate {rate}: speculative tokens differ from plain")
-                    drafts, proposed = stats.num_drafts - before.num_drafts, stats.num_draft_tokens - before.num_draft_tokens
-                    accepted = stats.num_accepted_tokens - before.num_accepted_tokens
-                    rows.append({"batch_size": b, "k": k, "acceptance_target": rate, **run,
-                                 "acceptance_rate": accepted / proposed if proposed else None,
-                                 "mean_accepted_length": 1 + accepted / drafts if drafts else None,
-                                 "speedup": ratio(run["decode_tok_s"], plain["decode_tok_s"]),
-                                 "step_ratio": ratio(run["step_ms"], plain["step_ms"])})
-                    print(f"batch {b}, k {k}, acceptance {rate}: {fmt(run['decode_tok_s'])} tok/s "
-                          f"(x{fmt(rows[-1]['speedup'], '.2f')}), step x{fmt(rows[-1]['step_ratio'], '.2f')}", flush=True)
+                    rows.append(spec_row(b, k, rate, run, plain, stats, before))
     finally:
         timer.remove()
     return rows
+
+
+def measure_ngram(args: argparse.Namespace, model_dir: Path) -> tuple[list[dict], dict]:
+    """Per batch size: the plain engine's run, then an ngram engine's per k (the tokens must be the same).
+    Returns the rows and the plain engine's facts."""
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len)
+    questions = [q for q, _ in held_out_questions(max(args.batch_sizes))]
+    max_len = MAX_DEMO_PROMPT + args.output_len + max(args.num_speculative_tokens) + 1
+    configs = [None] + [{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": args.prompt_lookup_max,
+                         "prompt_lookup_min": args.prompt_lookup_min} for k in args.num_speculative_tokens]
+    rows, plain, facts = [], {}, None
+    for config in configs:
+        engine = build_engine(argparse.Namespace(**{**vars(args), "speculative_config": config}), model_dir,
+                              max(args.batch_sizes), max_len, max(args.batch_sizes) * MAX_DEMO_PROMPT)
+        facts = facts or engine_facts(engine)
+        warm_up(engine, max(args.batch_sizes), 16)
+        timer, stats = StepTimer(engine), engine.spec_decoder.stats if config else None
+        try:
+            for b in args.batch_sizes:
+                prompts = [engine.apply_chat_template(chat_messages(q)) for q in questions[:b]]
+                before = stats.snapshot() if config else None
+                tokens, run = run_batch(engine, timer, prompts, args.output_len, params)
+                if config is None:
+                    plain[b] = (tokens, run)
+                    rows.append({"batch_size": b, "k": 0, "acceptance_target": None, **run})
+                    continue
+                if tokens != plain[b][0]:
+                    raise AssertionError(f"batch {b}, ngram k {config['num_speculative_tokens']}: tokens differ from plain")
+                rows.append(spec_row(b, config["num_speculative_tokens"], None, run, plain[b][1], stats, before))
+        finally:
+            timer.remove()
+            del engine
+            free_engine()
+    return rows, facts
+
+
+def spec_row(b: int, k: int, rate: float | None, run: dict, plain: dict, stats, before) -> dict:
+    """One speculative run's row: its acceptance from the proposer's counters (stats minus before)."""
+    drafts, proposed = stats.num_drafts - before.num_drafts, stats.num_draft_tokens - before.num_draft_tokens
+    accepted = stats.num_accepted_tokens - before.num_accepted_tokens
+    row = {"batch_size": b, "k": k, "acceptance_target": rate, **run,
+           "acceptance_rate": accepted / proposed if proposed else None,
+           "mean_accepted_length": 1 + accepted / drafts if drafts else None,
+           "speedup": ratio(run["decode_tok_s"], plain["decode_tok_s"]),
+           "step_ratio": ratio(run["step_ms"], plain["step_ms"])}
+    print(f"batch {b}, k {k}, acceptance {rate if rate is not None else 'measured'}: {fmt(run['decode_tok_s'])} "
+          f"tok/s (x{fmt(row['speedup'], '.2f')}), step x{fmt(row['step_ratio'], '.2f')}, accepted "
+          f"{fmt(row['acceptance_rate'], '.2f')}", flush=True)
+    return row
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -88,7 +147,8 @@ def format_table(report: dict) -> str:
     rows = [("batch", "k", "acceptance target / measured", "mean accepted len", "decode tok/s", "vs plain",
              "step ms", "step vs plain decode")]
     for r in report["results"]:
-        rate = "plain" if not r["k"] else f"{r['acceptance_target']:.2f} / {fmt(r['acceptance_rate'], '.2f')}"
+        target = "-" if r["acceptance_target"] is None else f"{r['acceptance_target']:.2f}"
+        rate = "plain" if not r["k"] else f"{target} / {fmt(r['acceptance_rate'], '.2f')}"
         rows.append((r["batch_size"], r["k"] or "-", rate, fmt(r.get("mean_accepted_length"), ".2f"),
                      fmt(r["decode_tok_s"]), fmt(r.get("speedup"), ".2f"), f"{r['step_ms']:.2f}",
                      fmt(r.get("step_ratio"), ".2f")))
@@ -97,9 +157,15 @@ def format_table(report: dict) -> str:
 
 def main(args: argparse.Namespace) -> int:
     work = prepare_work(args)
-    model_dir, max_b, max_k = model_folder(args, work), max(args.batch_sizes), max(args.num_speculative_tokens)
     if args.speculative_config is not None:
-        raise ValueError("bench spec builds its own speculative_config (the oracle proposer): drop --speculative-config")
+        raise ValueError("bench spec builds its own speculative_config (--method): drop --speculative-config")
+    if args.method == "ngram":
+        model_dir = Path(args.model).expanduser() if args.model else DEMO_MODEL_DIR
+        rows, facts = measure_ngram(args, model_dir)
+        report = {"benchmark": "spec", "args": {k: v for k, v in vars(args).items() if k != "func"},
+                  "engine": facts, "results": rows}
+        return write_report(report, args, format_table(report), lambda report, path: None)
+    model_dir, max_b, max_k = model_folder(args, work), max(args.batch_sizes), max(args.num_speculative_tokens)
     args.speculative_config = {"method": "oracle", "num_speculative_tokens": max_k}
     engine = build_engine(args, model_dir, max_b, args.input_len + args.output_len + max_k + 1,
                           max_b * args.input_len)

@@ -32,3 +32,18 @@ def test_bench_spec_generates_the_plain_tokens_and_accepts_what_the_oracle_gets_
             assert r["mean_accepted_length"] == pytest.approx(1 + r["k"], rel=0.25)
         elif r["acceptance_target"] == 0.5:
             assert 0.0 < r["acceptance_rate"] < 1.0
+
+
+def test_bench_spec_ngram_on_the_demo_model_accepts_the_restated_question(tmp_path):
+    """The demo model restates each question in its answer: prompt lookup proposes those tokens, and they are
+    accepted (the tokens themselves equal the plain engine's: the benchmark checks it)."""
+    out = tmp_path / "ngram.json"
+    code = main(["bench", "spec", "--method", "ngram", "--eager", "--device", "cpu", "--work", str(tmp_path / "w"),
+                 "--batch-sizes", "1,4", "--num-speculative-tokens", "2,4", "--output-len", "24", "--json", str(out)])
+    assert code == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["batch_size"], r["k"]) for r in rows] == [(1, 0), (4, 0), (1, 2), (4, 2), (1, 4), (4, 4)]
+    for r in rows[2:]:
+        plain = rows[0] if r["batch_size"] == 1 else rows[1]
+        assert r["acceptance_rate"] > 0.1 and r["mean_accepted_length"] > 1.1
+        assert r["decode_steps"] < plain["decode_steps"]
