@@ -6,7 +6,8 @@ before each step or CUDA-graph replay (`plan`), and makes it active for the step
 scope (graphllm.ops.attention.use_backend).
 
   torch       the reference of graphllm/kernels/reference.py: float32 over gathered pages (CPU, oracle)
-  triton      graphllm/kernels: store_kv + split-KV paged decode / paged prefill (no host planning)
+  triton      graphllm/kernels: store_kv + split-KV paged decode / paged prefill (no host planning); for
+              DeepSeek-V2's latent cache, mla_decode / mla_prefill (graphllm.mla_attention)
   flashinfer  FlashInfer's paged decode and prefill wrappers, planned on the host; CUDA-graph
               decode uses one fixed-buffer wrapper per batch bucket
 

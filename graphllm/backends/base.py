@@ -95,7 +95,7 @@ class AttentionBackend:
     def mla_forward(self, q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
                     slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                     query_start_loc: torch.Tensor, scale: float, kv_lora_rank: int) -> torch.Tensor:
-        """graphllm.mla_attention (graphllm/ops/mla_attention.py); only the torch reference runs it."""
+        """graphllm.mla_attention (graphllm/ops/mla_attention.py): the torch and triton backends run it."""
         raise NotImplementedError(f"attention backend {self.name!r} does not run multi-head latent attention (MLA)")
 
     def rope_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor,

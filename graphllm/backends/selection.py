@@ -50,16 +50,28 @@ def triton_supports(device: torch.device, kv_cache_dtype: torch.dtype | None = N
     return None
 
 
-def mla_backend(name: str, kv_cache_dtype: torch.dtype | None, kv_scales: KVScales) -> AttentionBackend:
-    """Multi-head latent attention (DeepSeek-V2) runs on the torch reference only: no Triton or FlashInfer MLA
-    kernel yet, and no float8 latent cache. auto picks the reference, also on CUDA."""
-    if name not in ("auto", "torch"):
-        raise ValueError(f"attention backend {name!r} does not run multi-head latent attention (MLA, DeepSeek-V2) "
-                         "yet; use attention_backend 'torch' (or 'auto')")
+def mla_backend(name: str, device: torch.device, kv_cache_dtype: torch.dtype | None,
+                kv_scales: KVScales) -> AttentionBackend:
+    """Multi-head latent attention (DeepSeek-V2) runs on the torch reference or graphllm's Triton MLA kernels
+    (kernels/mla_decode.py, kernels/mla_prefill.py: interpreter-tested, not yet run on a GPU). auto picks triton
+    on CUDA when triton_supports it, else the reference. FlashInfer has no MLA here, and no backend reads a
+    float8 latent cache: both refused by name."""
     if is_fp8(kv_cache_dtype):
         raise ValueError("a float8 KV cache is not supported for multi-head latent attention (MLA, DeepSeek-V2) "
                          "yet; use kv_cache_dtype 'auto'")
-    return TorchBackend(kv_scales)
+    if name == "auto":
+        name = "triton" if device.type == "cuda" and triton_supports(device) is None else "torch"
+    if name == "torch":
+        return TorchBackend(kv_scales)
+    if name == "triton":
+        if (why := triton_supports(device)) is not None:
+            raise ValueError(f"attention backend 'triton' is unavailable: {why}")
+        from graphllm.backends.triton_backend import TritonBackend
+        return TritonBackend(kv_scales)
+    if name == "flashinfer":
+        raise ValueError("attention backend 'flashinfer' does not run multi-head latent attention (MLA, DeepSeek-V2) "
+                         "yet; use attention_backend 'triton' or 'torch' (or 'auto')")
+    raise ValueError(f"unknown attention backend {name!r}")
 
 
 def select_backend(name: str, shape: AttentionShape, dtype: torch.dtype, device: torch.device,
@@ -71,7 +83,7 @@ def select_backend(name: str, shape: AttentionShape, dtype: torch.dtype, device:
     cache's per-tensor scales.
     """
     if shape.mla:
-        return mla_backend(name, kv_cache_dtype, kv_scales)
+        return mla_backend(name, device, kv_cache_dtype, kv_scales)
     if name == "auto":
         if device.type != "cuda":
             name = "torch"

@@ -6,7 +6,8 @@ every query head scores against the whole entry and reads its first kv_lora_rank
     scores[t, h, l] = scale * q[t, h] . entry[l]         (q: the absorbed q_nope, then the rotated q_pe)
     out[t, h]       = softmax_l(scores, causal) @ entry[:, :kv_lora_rank]
 
-Plain torch, float32, over gathered pages: small CPU batches and tests, not speed.
+Plain torch, float32, over gathered pages: small CPU batches and tests, not speed; the oracle of the Triton kernels
+(kernels/mla_decode.py, kernels/mla_prefill.py), whose backend also writes the cache with write_latent_cache.
 """
 
 import torch

@@ -14,8 +14,10 @@ result goes back through kv_b_proj's value rows (W_uv) in the model. That is the
     k[t, h] = [c_kv[t] @ W_uk[h].T, k_pe[t]],  v[t, h] = c_kv[t] @ W_uv[h].T
 
 without decompressing a key or value per head. Causality and the step metadata are the attention op's
-(graphllm/ops/attention.py). The backend of the enclosing use_backend scope runs it; only the torch reference
-backend implements it (graphllm/kernels/mla_reference.py), and the others refuse MLA models by name.
+(graphllm/ops/attention.py). The backend of the enclosing use_backend scope runs it: the torch reference
+(graphllm/kernels/mla_reference.py) or the triton backend (graphllm/kernels/mla_decode.py, mla_prefill.py;
+interpreter-tested, not yet run on a GPU). FlashInfer refuses MLA models by name, and every backend refuses a
+float8 latent cache.
 """
 
 import torch

@@ -1,4 +1,4 @@
-"""Compile graphllm's attention and fused-MoE Triton kernels for sm_90 (the H200) with no GPU present.
+"""Compile graphllm's attention (MLA included) and fused-MoE Triton kernels for sm_90 (the H200) with no GPU present.
 
     python -m tests.kernels.sm90_compile      # prints one line per kernel variant, exit 1 on a failure
 
@@ -20,7 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from graphllm.kernels import fused_moe, moe_align, moe_experts, moe_routing
+from graphllm.kernels import fused_moe, mla_decode, mla_prefill, moe_align, moe_experts, moe_routing
 from graphllm.kernels import paged_decode_attention as decode
 from graphllm.kernels import paged_prefill_attention as prefill
 from graphllm.kernels import rope_store_kv as rope
@@ -58,6 +58,26 @@ def variants():
                      q_out_ptr="*bf16", slot_ptr="*i64", k_scale="fp32")
         yield rope._rope_store_kv_kernel, types, dict(HALF=64, BLOCK_H=8, BLOCK_HALF=64, KV_FP8=kv_fp8), \
             rope.LAUNCH_OPTIONS
+
+
+MLA_SHAPE = dict(KV_LORA_RANK=512, ROPE_DIM=64, BLOCK_L=512, BLOCK_R=64, PRECISION="tf32")  # DeepSeek-V2(-Lite)
+
+
+def mla_variants():
+    """The MLA kernels as TritonBackend.mla_forward launches them at V2-Lite's shape (16 heads, 512 + 64, bf16):
+    the decode split kernel (direct or split, plain or mixed), its merge (paged decode's reduce kernel at 512),
+    and the prefill kernel with and without its one-token rows."""
+    types = dict(pointer_types(False), cache_ptr="*bf16")
+    for direct, mixed in itertools.product((True, False), repeat=2):
+        yield mla_decode._mla_decode_split_kernel, types, dict(
+            MLA_SHAPE, BLOCK_H=mla_decode.BLOCK_H, BLOCK_N=mla_decode.mla_block_n(576), DIRECT=direct,
+            MIXED=mixed), {"num_stages": 2}
+    for mixed in (True, False):
+        yield decode._decode_reduce_kernel, types, dict(HEAD_DIM=512, BLOCK_S=8, BLOCK_D=512, MIXED=mixed), {}
+    tiles = mla_prefill.mla_prefill_tiles(16, 576)
+    options = {"num_warps": tiles.pop("num_warps"), "num_stages": tiles.pop("num_stages")}
+    for one_token_rows in (True, False):
+        yield mla_prefill._mla_prefill_kernel, types, dict(MLA_SHAPE, ONE_TOKEN_ROWS=one_token_rows, **tiles), options
 
 
 MOE_POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "act_ptr": "*bf16", "ids_ptr": "*i32", "sorted_ids_ptr": "*i32",
@@ -107,7 +127,7 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run outside Triton's interpreter"
     failed = 0
-    for kernel, types, constexprs, options in (*variants(), *moe_variants()):
+    for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants()):
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE")}
         try:

@@ -31,3 +31,15 @@ def test_triton_backend_gives_the_reference_tokens(arch, kv_cache_dtype, tiny_mo
     assert engine.state.kv_cache_dtype == (torch.float8_e4m3fn if kv_cache_dtype == "fp8" else torch.float32)
     got = engine.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+
+
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v2-qlora"])  # latent 32 + rope 8; 24 + 16
+def test_triton_backend_gives_the_reference_tokens_for_mla(arch, tiny_model_dir):
+    """Chunked prefill (8-token budget) makes mixed steps: prompts chunked while others decode."""
+    path, _ = tiny_model_dir(arch)
+    options = dict(dtype="float32", device=DEVICE.type, cuda_graphs=False, max_num_batched_tokens=8)
+    expected = Engine.from_pretrained(path, attention_backend="torch", **options).generate(PROMPTS, GREEDY)
+    engine = Engine.from_pretrained(path, attention_backend="triton", **options)
+    assert engine.runner.backend.name == "triton"
+    got = engine.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]

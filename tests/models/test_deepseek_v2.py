@@ -4,10 +4,12 @@ steps), what is refused by name, and int8 quantization of the MLA projections. G
 (eager and compiled) is tests/test_parity.py's, for the tiny "deepseek_v2" and "deepseek_v2-qlora" configs."""
 
 import dataclasses
+import importlib.util
 
 import pytest
 import torch
 
+import graphllm.backends.selection as selection
 from graphllm.backends import AttentionShape, TorchBackend, select_backend
 from graphllm.bench.presets import PRESETS
 from graphllm.models.registry import resolve_architecture
@@ -82,15 +84,21 @@ def test_refuses_what_it_does_not_implement(field, value, words):
         resolve_architecture({**V2_LITE, field: value})
 
 
-def test_backends_and_tensor_parallelism_refuse_mla():
+def test_backends_and_tensor_parallelism_refuse_mla(monkeypatch):
     _, config = resolve_architecture(V2_LITE)
     shape = AttentionShape(16, 16, 192, mla=True)
     cpu = torch.device("cpu")
-    for name in ("triton", "flashinfer"):
-        with pytest.raises(ValueError, match="multi-head latent attention"):
-            select_backend(name, shape, torch.bfloat16, cpu, 16)
-    with pytest.raises(ValueError, match="float8 KV cache"):
-        select_backend("auto", shape, torch.bfloat16, cpu, 16, torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="'flashinfer' does not run multi-head latent attention"):
+        select_backend("flashinfer", shape, torch.bfloat16, cpu, 16)
+    for name in ("auto", "triton"):
+        with pytest.raises(ValueError, match="float8 KV cache"):
+            select_backend(name, shape, torch.bfloat16, cpu, 16, torch.float8_e4m3fn)
+    if importlib.util.find_spec("triton") is not None:  # triton runs MLA: on CUDA, or on CPU under its interpreter
+        monkeypatch.setattr(selection, "_triton_interprets", lambda: False)
+        with pytest.raises(ValueError, match="'triton' is unavailable: .* CUDA device"):
+            select_backend("triton", shape, torch.bfloat16, cpu, 16)
+        monkeypatch.setattr(selection, "_triton_interprets", lambda: True)
+        assert select_backend("triton", shape, torch.bfloat16, cpu, 16).name == "triton"
     assert isinstance(select_backend("auto", shape, torch.bfloat16, cpu, 16), TorchBackend)
     with pytest.raises(ValueError, match="multi-head latent attention"):
         ShardTP.for_model(config, 0, 2, "0")
