@@ -178,7 +178,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     spec-bench) bench spec --preset llama-3-8b --batch-sizes 1,8,32 --num-speculative-tokens 1,2,4,8 \
         --acceptance-rates 1.0,0.6 --input-len 128 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     spec-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
-        tests/runtime/test_spec_decode.py tests/runtime/test_spec_decode_parts.py tests/bench/test_spec_bench.py ;;
+        tests/runtime/test_spec_decode.py tests/runtime/test_spec_decode_parts.py tests/bench/test_spec_bench.py \
+        tests/runtime/test_spec_decode_structured.py tests/gpu/test_cuda_graphs.py -k "spec or verify or structured" ;;
     moe-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_fused_moe.py tests/kernels/test_moe_*.py tests/ops/test_moe.py tests/gpu/test_cuda_graphs.py -k "moe or mixtral" ;;
     qsweep-pairs) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-pairs.json" 240 int4 1,4,16 \

@@ -4,6 +4,7 @@ One config per architecture we claim; each one exercises that family's differenc
 (llama3 rope scaling, sliding window, q/k/v bias, q/k norm, tied embeddings).
 """
 
+import copy
 from pathlib import Path
 
 import torch
@@ -60,6 +61,17 @@ CONFIGS = {
 # Gemma's norms scale by (1 + weight) and start at zero: random weights make a dropped `1 +` or weight show
 RANDOM_NORMS = ("gemma2", "gemma3")
 
+# Configs outside the CONFIGS matrix (tests/conftest.ARCHS), each with a test file of its own. Phi-3 LongRoPE's
+# tokens depend on the engine's max_model_len (its long or short factors), so the matrix's prompts and settings
+# cannot hold for it: tests/models/test_phi3_longrope.py. A short original context (32 of 256 positions: the
+# attention factor sqrt(1 + ln 8 / ln 32)) and factor sets far apart, so that either wrong choice changes tokens.
+EXTRA_CONFIGS = {
+    "phi3-longrope": ("Phi3Config", dict(
+        tie_word_embeddings=False, pad_token_id=0, original_max_position_embeddings=32,
+        rope_scaling={"type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0, 3.5],
+                      "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 24.0, 32.0, 48.0]})),
+}
+
 
 def make_tokenizer() -> transformers.PreTrainedTokenizerFast:
     vocab = {tok: i for i, tok in enumerate(SPECIALS + WORDS)}
@@ -72,8 +84,9 @@ def make_tokenizer() -> transformers.PreTrainedTokenizerFast:
 
 
 def make_hf_model(arch: str, seed: int = 0) -> transformers.PreTrainedModel:
-    config_cls, extra = CONFIGS[arch]
-    config = getattr(transformers, config_cls)(**{**COMMON, **extra})  # extra may override COMMON
+    config_cls, extra = CONFIGS[arch] if arch in CONFIGS else EXTRA_CONFIGS[arch]
+    # extra may override COMMON; a copy, since transformers fills its rope_scaling dict in place
+    config = getattr(transformers, config_cls)(**copy.deepcopy({**COMMON, **extra}))
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     if arch in RANDOM_NORMS:

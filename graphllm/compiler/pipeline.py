@@ -30,6 +30,7 @@ from graphllm.compiler.weights_io import write_safetensors
 from graphllm.config import CHECKPOINT_QUANTIZATIONS, CompileConfig
 from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir import capture, diff_graphs, format_graph
+from graphllm.ir.capture import max_num_logits
 from graphllm.models.loader import ModelLoadError, load_checkpoint, read_hf_config, weight_files
 from graphllm.models.quantization import read_checkpoint_quantization
 from graphllm.passes.base import source_uuid
@@ -278,7 +279,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
     hf = read_hf_config(model_dir)
     dtype = resolve_dtype(config.dtype, hf, device)
     with timer.phase("load"):
-        loaded = load_checkpoint(model_dir, dtype, device)
+        loaded = load_checkpoint(model_dir, dtype, device, config.max_model_len)
         prequantized = checkpoint_quantization(config, loaded, model_dir)
         check_device_runs(prequantized.scheme if prequantized else config.quantization, device)
     model_config = loaded.config
@@ -323,7 +324,9 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
         "model": {"source": str(model_dir), "config": hf, "architecture": model_config.architecture,
                   "weight_fingerprints": {f.name: A.quick_fingerprint(f) for f in weight_files(model_dir)}},
         "compile": {**dataclasses.asdict(config), "dtype": str(dtype).removeprefix("torch."),
-                    "buckets": list(config.decode_buckets)},
+                    "buckets": list(config.decode_buckets),
+                    # logits rows one step may return: every token's (speculative decoding's verify rows)
+                    "max_num_logits": max_num_logits(config.max_num_batched_tokens)},
         "quantization": quantization_record(config, loaded, reports, kernel_plan(graph, config.decode_buckets)),
         "kv_scales": {str(layer): list(scales) for layer, scales in sorted(loaded.kv_scales.items())},
         "tensor_parallel": {"size": config.tensor_parallel_size} if config.tensor_parallel_size > 1 else None,

@@ -64,13 +64,19 @@ def example_step_inputs(config: ModelConfig, dtype: torch.dtype, device: torch.d
             kv_caches)
 
 
+def max_num_logits(max_num_tokens: int) -> int:
+    """The most logits rows a step captured for max_num_tokens returns: one per token at most (speculative
+    decoding's verify steps sample every token of a sequence's k + 1), not one per sequence."""
+    return max(max_num_tokens, 9)
+
+
 def step_dynamic_shapes(config: ModelConfig, max_num_tokens: int, max_num_seqs: int,
                         max_blocks_per_seq: int) -> tuple:
     # ranges at least cover the example step (T=9, B=3, M=5), whatever smaller limits ask
     tokens = Dim("T", min=1, max=max(max_num_tokens, 9))
     seqs = Dim("B", min=1, max=max(max_num_seqs, 3))
     blocks = Dim("M", min=1, max=max(max_blocks_per_seq, 5))
-    sampled = Dim("N", min=1, max=max(max_num_seqs, 3))
+    sampled = Dim("N", min=1, max=max_num_logits(max_num_tokens))
     cache_blocks = Dim("num_kv_blocks", min=2)  # sized at load time from free memory
     return ({0: tokens}, {0: tokens}, {0: tokens}, {0: seqs, 1: blocks}, {0: seqs}, {0: seqs + 1},
             {0: sampled}, [{1: cache_blocks}] * config.num_hidden_layers)

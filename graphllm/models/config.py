@@ -2,16 +2,21 @@
 
 Reads both layouts: transformers 4 (`rope_theta`, `rope_scaling`) and transformers 5
 (`rope_parameters`). Only what the model code uses is kept, so the config is frozen and small.
+
+One fact comes from the engine rather than config.json: its max_model_len picks LongRoPE's long or short
+factors (fit_max_model_len; models/registry.resolve_architecture applies it).
 """
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    rope_type: str = "default"  # "default" | "llama3" | "linear" (inv_freq / factor: Gemma 3's global layers)
+    # "default" | "llama3" | "linear" (inv_freq / factor: Gemma 3's global layers) | "yarn" | "longrope"
+    rope_type: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
@@ -22,6 +27,18 @@ class RopeConfig:
     mscale: float = 0.0
     mscale_all_dim: float = 0.0
     truncate: bool = True
+    # longrope (Phi-3's 128k models; accepted only where a family asks for it: models/registry._phi3): inv_freq
+    # divided per frequency by the long or the short factors ([head_dim / 2] each), cos and sin multiplied by
+    # attention_factor. use_long_factor is the engine's choice, not config.json's: fit_max_model_len
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    use_long_factor: bool = False
+    attention_factor: float = 1.0
+
+    @property
+    def ext_factors(self) -> tuple[float, ...]:
+        """longrope's divisors of inv_freq, one per frequency: the factors chosen for every position."""
+        return self.long_factor if self.use_long_factor else self.short_factor
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,14 @@ class ModelConfig:
     n_shared_experts: int = 0  # one dense MLP of n_shared_experts * moe_intermediate_size beside the routed ones
     routed_scaling_factor: float = 1.0  # multiplies the routed experts' output
 
+    @property
+    def max_positions(self) -> int:
+        """The longest sequence this config runs: max_position_embeddings, but original_max_position_embeddings
+        where LongRoPE's short factors were chosen (an artifact compiled for a short max_model_len)."""
+        if self.rope.rope_type == "longrope" and not self.rope.use_long_factor:
+            return min(self.max_position_embeddings, self.rope.original_max_position_embeddings)
+        return self.max_position_embeddings
+
     def window_of(self, layer: int) -> int:
         """Layer `layer`'s sliding window (0: full attention)."""
         if self.layer_types and self.layer_types[layer] != "sliding_attention":
@@ -97,12 +122,16 @@ def rope_from_hf(hf: dict[str, Any], supported: tuple[str, ...] = SUPPORTED_ROPE
     params = {**scaling, **params}
     theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
     rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "su":  # the first Phi-3 128k configs' name for longrope (transformers renames it)
+        rope_type = "longrope"
     if rope_type not in supported:
         raise ValueError(f"rope type {rope_type!r} is not supported (supported: {supported})")
     if rope_type == "default":
         return RopeConfig(theta=float(theta))
     if rope_type == "yarn":
         return yarn_rope(float(theta), params)
+    if rope_type == "longrope":
+        return longrope_rope(float(theta), params, hf)
     if rope_type == "linear":
         return RopeConfig(theta=float(theta), rope_type=rope_type, factor=float(params["factor"]))
     return RopeConfig(
@@ -125,6 +154,68 @@ def yarn_rope(theta: float, params: dict[str, Any]) -> RopeConfig:
                       beta_fast=float(params.get("beta_fast") or 32), beta_slow=float(params.get("beta_slow") or 1),
                       mscale=float(params.get("mscale") or 0), mscale_all_dim=float(params.get("mscale_all_dim") or 0),
                       truncate=bool(params.get("truncate", True)))
+
+
+LONGROPE_KEYS = {"rope_type", "type", "rope_theta", "partial_rotary_factor", "short_factor", "long_factor",
+                 "original_max_position_embeddings", "factor", "attention_factor"}
+
+
+def longrope_rope(theta: float, params: dict[str, Any], hf: dict[str, Any]) -> RopeConfig:
+    """transformers 5's longrope parameters (modeling_rope_utils._compute_longrope_parameters), short factors
+    chosen (fit_max_model_len chooses for the engine). Unknown keys, factor lists of the wrong length and a
+    partial rotary factor are refused by name."""
+    unknown = sorted(set(params) - LONGROPE_KEYS)
+    if unknown:
+        raise ValueError(f"longrope rope_scaling sets {', '.join(unknown)}: not a longrope field graphllm knows")
+    if float(params.get("partial_rotary_factor") or 1.0) != 1.0:
+        raise ValueError(f"longrope with partial_rotary_factor={params['partial_rotary_factor']!r}: rope over part "
+                         "of each head is not supported yet")
+    half = (hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]) // 2
+    short, long = (_longrope_factors(params, name, half) for name in ("short_factor", "long_factor"))
+    original = _longrope_original_max(params, hf)
+    factor = params.get("factor")  # transformers 5: rope_scaling's factor, else the ratio of the two lengths
+    factor = float(factor) if factor is not None else hf.get("max_position_embeddings", 4096) / original
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:  # the LongRoPE paper's: sqrt(1 + log(factor) / log(original)), 1 unscaled
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeConfig(theta=theta, rope_type="longrope", factor=factor, original_max_position_embeddings=original,
+                      short_factor=short, long_factor=long, attention_factor=float(attention_factor))
+
+
+def _longrope_factors(params: dict[str, Any], name: str, length: int) -> tuple[float, ...]:
+    values = params.get(name)
+    if not (isinstance(values, list) and len(values) == length
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)):
+        got = f"a list of {len(values)}" if isinstance(values, list) else repr(values)
+        raise ValueError(f"longrope {name} must be a list of {length} numbers (head_dim / 2), got {got}")
+    return tuple(float(v) for v in values)
+
+
+def _longrope_original_max(params: dict[str, Any], hf: dict[str, Any]) -> int:
+    """transformers' Phi-3 reads the top-level original_max_position_embeddings over the rope dict's, and its
+    own default 4096 when the top level has none: a rope dict that says otherwise alone is refused."""
+    if hf.get("original_max_position_embeddings") is not None:
+        return int(hf["original_max_position_embeddings"])
+    inner = params.get("original_max_position_embeddings")
+    if inner is not None and int(inner) != 4096:
+        raise ValueError(f"longrope rope_scaling sets original_max_position_embeddings={inner!r} without the "
+                         "top-level field: transformers' Phi-3 would read its default 4096 instead; set the "
+                         "top-level original_max_position_embeddings")
+    return 4096
+
+
+def fit_max_model_len(config: ModelConfig, max_model_len: int | None) -> ModelConfig:
+    """`config` for an engine whose sequences hold at most max_model_len tokens (None: max_position_embeddings).
+
+    LongRoPE serves every position with its long factors when max_model_len passes
+    original_max_position_embeddings, with its short ones otherwise: a static choice, vLLM's. transformers picks
+    per forward call from the largest position, which a compiled graph cannot; the two agree while a sequence
+    stays within original_max_position_embeddings (short) or starts past it (long)."""
+    rope = config.rope
+    if rope.rope_type != "longrope":
+        return config
+    length = config.max_position_embeddings if max_model_len is None else max_model_len
+    return replace(config, rope=replace(rope, use_long_factor=length > rope.original_max_position_embeddings))
 
 
 def _eos_ids(hf: dict[str, Any]) -> tuple[int, ...]:

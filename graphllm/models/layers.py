@@ -26,8 +26,12 @@ class RMSNorm(nn.Module):
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies [head_dim // 2], with Llama 3's long-context rescaling or linear scaling if asked."""
-    inv_freq = 1.0 / rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    """Inverse frequencies [head_dim // 2], with Llama 3's long-context rescaling, linear scaling or LongRoPE's
+    per-frequency factors if asked."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    if rope.rope_type == "longrope":  # one product, then 1 / it: transformers' rounding
+        return 1.0 / (torch.tensor(rope.ext_factors, dtype=torch.float32) * rope.theta ** exponents)
+    inv_freq = 1.0 / rope.theta ** exponents
     if rope.rope_type == "default":
         return inv_freq
     if rope.rope_type == "linear":
@@ -44,7 +48,8 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """cos/sin for the given positions, computed in float32 like transformers does."""
+    """cos/sin for the given positions, computed in float32 like transformers does (LongRoPE: scaled by its
+    attention factor before the cast)."""
 
     def __init__(self, rope: RopeConfig, head_dim: int):
         super().__init__()
@@ -58,7 +63,10 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        if self.rope.attention_factor != 1.0:
+            cos, sin = cos * self.rope.attention_factor, sin * self.rope.attention_factor
+        return cos.to(dtype), sin.to(dtype)
 
 
 class PagedAttention(nn.Module):

@@ -125,12 +125,13 @@ def check_parameter_tensor(name: str, file: Path, tensor: torch.Tensor, paramete
                              "weight: the checkpoint's quantization config (if any) does not quantize it")
 
 
-def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu") -> LoadedCheckpoint:
-    """Build the model of a Hugging Face folder, plain or pre-quantized, and fill it with its weights."""
+def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                    max_model_len: int | None = None) -> LoadedCheckpoint:
+    """Build the model of a Hugging Face folder, plain or pre-quantized, and fill it with its weights; built for
+    an engine of max_model_len tokens (None: the model's max_position_embeddings; LongRoPE's factors depend on it)."""
     path, device = Path(path), torch.device(device)
     hf = read_hf_config(path)
-    module_cls, config = resolve_architecture(hf)
+    module_cls, config = resolve_architecture(hf, max_model_len)
     quant = read_checkpoint_quantization(hf)
     files = weight_files(path)
     with torch.device("meta"):
@@ -165,8 +166,8 @@ def fill_model(model: nn.Module, config: ModelConfig, tensors: dict[str, torch.T
     return model.eval().requires_grad_(False)
 
 
-def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> tuple[nn.Module, ModelConfig]:
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+               max_model_len: int | None = None) -> tuple[nn.Module, ModelConfig]:
     """Build the model of an unquantized Hugging Face folder and fill it with its safetensors weights.
 
     A pre-quantized folder is refused: its linears only run through the compiler's quantization pass
@@ -176,7 +177,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32,
         raise ModelLoadError(f"{path} is a pre-quantized checkpoint ({quant.method}, {quant.scheme}): quantized "
                              "checkpoints must be compiled (the compiler's quantization pass applies them); "
                              "load_checkpoint reads them")
-    loaded = load_checkpoint(path, dtype, device)
+    loaded = load_checkpoint(path, dtype, device, max_model_len)
     return loaded.model, loaded.config
 
 

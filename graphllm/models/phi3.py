@@ -3,8 +3,11 @@ the checkpoint stores them and transformers' modeling_phi3.py computes them: the
 and splits their outputs (q, k, v by head counts; gate then up by halves), so the weights load as
 published and the compiler's fusions have nothing left to fuse there.
 
-Supported: the default rope and a sliding window (Phi-3-mini-4k's 2047). Refused by name: longrope
-(the 128k models; models/config.py) and a partial rotary factor.
+Supported: the default rope, a sliding window (Phi-3-mini-4k's 2047) and LongRoPE ("longrope", first named
+"su": the 128k models), whose long or short factors serve every position, chosen once from the engine's
+max_model_len as vLLM does (models/config.fit_max_model_len; transformers chooses per call from the longest
+position, so the two agree while a sequence stays within original_max_position_embeddings or starts past it).
+Refused by name: a partial rotary factor (Phi-3.5, Phi-4-mini) and malformed longrope fields.
 """
 
 import torch

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from graphllm.models.config import ModelConfig, model_config_from_hf, rope_from_hf
+from graphllm.models.config import ModelConfig, fit_max_model_len, model_config_from_hf, rope_from_hf
 from graphllm.models.deepseek_v2 import DeepseekV2ForCausalLM
 from graphllm.models.gemma import GemmaForCausalLM
 from graphllm.models.gemma_config import gemma2_config, gemma3_config
@@ -51,11 +51,14 @@ def _olmo2(hf: dict[str, Any], arch: str) -> ModelConfig:
 
 
 def _phi3(hf: dict[str, Any], arch: str) -> ModelConfig:
-    if float(hf.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError(f"config.json sets partial_rotary_factor={hf['partial_rotary_factor']!r}: rope over part "
-                         "of each head is not supported yet")
+    # transformers 5 keeps it in rope_parameters too (Phi-3.5 / Phi-4-mini set it)
+    partial = hf.get("partial_rotary_factor", (hf.get("rope_parameters") or {}).get("partial_rotary_factor", 1.0))
+    if float(partial or 1.0) != 1.0:
+        raise ValueError(f"config.json sets partial_rotary_factor={partial!r}: rope over part of each head is not "
+                         "supported yet")
     _reject(hf, "attention_bias", "a bias on the q/k/v projection")
-    return model_config_from_hf(hf, arch, sliding_window=int(hf.get("sliding_window") or 0), fused_qkv_gate_up=True)
+    return model_config_from_hf(hf, arch, rope=rope_from_hf(hf, ("default", "longrope")),
+                                sliding_window=int(hf.get("sliding_window") or 0), fused_qkv_gate_up=True)
 
 
 def _check_moe(hf: dict[str, Any], arch: str, num_experts: int) -> None:
@@ -165,8 +168,9 @@ def _reject_math_fields(hf: dict[str, Any], arch: str) -> None:
                              "graphllm does not implement: refused rather than run without it")
 
 
-def resolve_architecture(hf: dict[str, Any]) -> tuple[type[nn.Module], ModelConfig]:
-    """The module class and ModelConfig for a Hugging Face config dict (MATH_FIELDS refused by name)."""
+def resolve_architecture(hf: dict[str, Any], max_model_len: int | None = None) -> tuple[type[nn.Module], ModelConfig]:
+    """The module class and ModelConfig for a Hugging Face config dict (MATH_FIELDS refused by name), fitted to
+    an engine of max_model_len tokens (None: the model's max_position_embeddings): LongRoPE's factors."""
     archs = hf.get("architectures") or []
     if not archs:
         raise ValueError("config.json has no 'architectures' entry; cannot tell which model to build")
@@ -176,4 +180,4 @@ def resolve_architecture(hf: dict[str, Any]) -> tuple[type[nn.Module], ModelConf
     module_cls, build_config = ARCHITECTURES[arch]
     config = build_config(hf, arch)
     _reject_math_fields(hf, arch)
-    return module_cls, config
+    return module_cls, fit_max_model_len(config, max_model_len)

@@ -8,6 +8,12 @@ to the device, the attention backend is planned for the bucket, and the graph of
 bucket >= B is replayed (under async scheduling while the step before is still running).
 `run_steps` queues several greedy steps of one batch at once, each
 staged in its own pinned buffer, the argmax of one feeding the input ids of the next.
+
+With tokens_per_seq q > 1 the runner holds speculative decoding's verify graphs instead: every sequence
+runs exactly q = k + 1 query tokens (its last token and up to k proposals, padded: inputs.pad_uniform),
+all of them logits rows, and the graph of the smallest bucket >= B replays them; the real rows' logits
+are gathered afterwards. Only backends that plan nothing on the host get these graphs (their prefill
+kernels' grids depend on shapes alone).
 """
 
 import time
@@ -18,19 +24,20 @@ import torch
 
 from graphllm.backends import AttentionBackend, HostMeta, TorchBackend
 from graphllm.ops.attention import use_backend
-from graphllm.runtime.inputs import HostStep, packed_offsets, unpack
+from graphllm.runtime.inputs import HostStep, pack, packed_offsets, pad_uniform, uniform_fits, unpack
 from graphllm.runtime.sampler import argmax_rows
 
 
 class CUDAGraphRunner:
     def __init__(self, step: Callable[..., torch.Tensor], kv_caches: list[torch.Tensor], buckets: tuple[int, ...],
                  max_blocks_per_seq: int, padding_block: int, block_size: int, device: torch.device,
-                 backend: AttentionBackend | None = None):
+                 backend: AttentionBackend | None = None, tokens_per_seq: int = 1):
         self.step, self.kv_caches, self.buckets = step, kv_caches, tuple(sorted(buckets))
         self.backend = backend or TorchBackend()
         self.padding_block, self.padding_slot = padding_block, padding_block * block_size
-        n = self.buckets[-1]
-        self.shapes = [(n,), (n,), (n,), (n, max_blocks_per_seq), (n,), (n + 1,), (n,)]  # HostStep's fields
+        self.block_size, self.q = block_size, tokens_per_seq
+        n, t = self.buckets[-1], self.buckets[-1] * tokens_per_seq
+        self.shapes = [(t,), (t,), (t,), (n, max_blocks_per_seq), (n,), (n + 1,), (t,)]  # HostStep's fields
         size = packed_offsets(self.shapes)[-1]
         self.device_buffer = torch.zeros(size, dtype=torch.int64, device=device)
         self.static = HostStep(*unpack(self.device_buffer, self.shapes))  # device tensors, HostStep's order
@@ -48,16 +55,16 @@ class CUDAGraphRunner:
             n = self.buckets[-1]
             buffer = torch.zeros_like(self.device_buffer, device="cpu", pin_memory=self.device_buffer.is_cuda)
             staged = HostStep(*(t.numpy() for t in unpack(buffer, self.shapes)))
-            staged.query_start_loc[:] = np.arange(n + 1)  # decode: one token per sequence
-            staged.logits_indices[:] = np.arange(n)
+            staged.query_start_loc[:] = np.arange(n + 1) * self.q  # q tokens per sequence (decode: one)
+            staged.logits_indices[:] = np.arange(n * self.q)
             self.host_buffers.append(buffer)
             self.staged_slots.append(staged)
         return self.staged_slots[i]
 
     def static_inputs(self, b: int) -> tuple:
-        s = self.static
-        return (s.input_ids[:b], s.positions[:b], s.slot_mapping[:b], s.block_tables[:b], s.seq_lens[:b],
-                s.query_start_loc[:b + 1], s.logits_indices[:b], self.kv_caches)
+        s, t = self.static, b * self.q
+        return (s.input_ids[:t], s.positions[:t], s.slot_mapping[:t], s.block_tables[:b], s.seq_lens[:b],
+                s.query_start_loc[:b + 1], s.logits_indices[:t], self.kv_caches)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -66,9 +73,13 @@ class CUDAGraphRunner:
                            np.zeros((0, self.shapes[3][1]), np.int64))
         for b in reversed(self.buckets):
             graph = torch.cuda.CUDAGraph()
-            self.stage(nothing, b)
+            if self.q > 1:
+                planned = self._stage_uniform(nothing, b, slot=0)[0]
+            else:
+                self.stage(nothing, b)
+                planned = nothing.padded(b, self.padding_block)
             with use_backend(self.backend):
-                self.backend.plan(nothing.padded(b, self.padding_block), graph_bucket=b)
+                self.backend.plan(planned, graph_bucket=b)
                 self.step(*self.static_inputs(b))  # warm-up: allocator and library state settle outside capture
                 torch.cuda.synchronize()
                 with torch.cuda.graph(graph, pool=self.pool):
@@ -80,13 +91,16 @@ class CUDAGraphRunner:
         self.pool_bytes = torch.cuda.memory_reserved() - before
 
     def can_run(self, host: HostStep) -> bool:
-        """Pure decode (one token per sequence, every one sampled) within the largest bucket."""
+        """Pure decode (one token per sequence, every one sampled) within the largest bucket; with q > 1,
+        1..q tokens per sequence, every one sampled (a verify step)."""
         b = host.num_seqs
+        if self.q > 1:
+            return uniform_fits(host, self.q, self.buckets[-1], self.shapes[3][1], self.block_size)
         return (b <= self.buckets[-1] and len(host.input_ids) == b and len(host.logits_indices) == b
                 and host.block_tables.shape[1] <= self.shapes[3][1])
 
     def stage(self, host: HostStep | HostMeta, bucket: int, slot: int = 0) -> None:
-        """Write the batch plus padding rows up to `bucket` into pinned buffer `slot`, then copy it over.
+        """Write the decode batch plus padding rows up to `bucket` into pinned buffer `slot`, then copy it over.
 
         A slot is reused only once the step that last copied out of it has finished: `run`
         alternates two slots (the step before is still in flight under async scheduling, the one
@@ -103,18 +117,39 @@ class CUDAGraphRunner:
         for src, dst in zip(unpack(self.host_buffers[slot], self.shapes), self.static):
             dst[:bucket + 1].copy_(src[:bucket + 1], non_blocking=True)  # + 1: query_start_loc has B + 1
 
+    def _stage_uniform(self, host: HostStep | HostMeta, bucket: int, slot: int) -> tuple[HostMeta, np.ndarray]:
+        """stage() of a verify graph: host padded to bucket sequences of q tokens (inputs.pad_uniform);
+        also returns the padded rows that are host's logits rows."""
+        if isinstance(host, HostMeta):  # capture: no sequences
+            empty = np.zeros(0, np.int64)
+            host = HostStep(empty, empty, empty, host.block_tables, host.seq_lens, host.query_start_loc, empty)
+        padded, rows = pad_uniform(host, self.q, bucket, self.padding_block, self.block_size, self.shapes[3][1])
+        self.staging_slot(slot)
+        buffer = self.host_buffers[slot]
+        pack(padded, out=buffer.numpy()[:packed_offsets([a.shape for a in padded])[-1]])
+        for src, dst in zip(unpack(buffer, [a.shape for a in padded]), self.static):
+            dst.view(-1)[:src.numel()].copy_(src.view(-1), non_blocking=True)  # the bucket's leading rows
+        return padded.attention, rows
+
     def run(self, host: HostStep, fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         """Replay the bucket's graph for `host`; fill(input_ids) may then write device-side input ids
         (async scheduling). The staging buffer alternates between two, because the previous step's
         copy out of its buffer may not have run yet (its tokens are read back after this call)."""
         b = host.num_seqs
         bucket = next(x for x in self.buckets if x >= b)
-        self.stage(host, bucket, slot=self.replays % 2)
-        if fill is not None:
-            fill(self.static.input_ids[:b])
-        self.backend.plan(host.attention.padded(bucket, self.padding_block), graph_bucket=bucket)
+        if self.q > 1:
+            assert fill is None, "verify graphs take no device-side input ids"
+            planned, rows = self._stage_uniform(host, bucket, slot=self.replays % 2)
+        else:
+            self.stage(host, bucket, slot=self.replays % 2)
+            if fill is not None:
+                fill(self.static.input_ids[:b])
+            planned = host.attention.padded(bucket, self.padding_block)
+        self.backend.plan(planned, graph_bucket=bucket)
         self.graphs[bucket].replay()
         self.replays += 1
+        if self.q > 1:
+            return self.outputs[bucket][torch.from_numpy(rows).to(self.device_buffer.device)]
         return self.outputs[bucket][:b]
 
     def run_steps(self, hosts: list[HostStep]) -> torch.Tensor:

@@ -156,6 +156,48 @@ def advance(host: HostStep, steps: int, block_size: int) -> HostStep:
     return host._replace(positions=positions, slot_mapping=slots, seq_lens=host.seq_lens + steps)
 
 
+def uniform_fits(host: HostStep, q: int, bucket: int, max_blocks: int, block_size: int) -> bool:
+    """Whether host can run as `bucket` sequences of exactly q query tokens (pad_uniform): at most bucket
+    sequences of 1..q tokens each, every token a logits row (decode rows and verify rows of speculative
+    decoding), and each padded span within max_blocks pages."""
+    counts = np.diff(host.query_start_loc)  # [B]
+    if host.num_seqs > bucket or len(host.logits_indices) != len(host.input_ids) or host.block_tables.shape[1] > max_blocks:
+        return False
+    first = host.seq_lens - counts  # [B] positions of the sequences' first new tokens
+    return bool((counts >= 1).all() and (counts <= q).all() and (first + q <= max_blocks * block_size).all())
+
+
+def pad_uniform(host: HostStep, q: int, bucket: int, padding_block: int, block_size: int,
+                max_blocks: int) -> tuple[HostStep, np.ndarray]:
+    """host (uniform_fits) as `bucket` sequences of exactly q tokens each, the shape a captured verify graph
+    replays; returns it and the rows of its logits that are host's own logits rows, in host's order.
+
+    Sequence i's tokens move to rows i*q..; its padding tokens continue its positions (so causal attention
+    places its real tokens where they were: seq_lens grows by the padding) and write their K/V to the
+    padding block's first slot; rows past host's sequences are one-page sequences of q tokens in the
+    padding block. No real token attends to a padding token (they come after it), so the real rows'
+    logits and K/V are those of the unpadded step; the padding rows' are garbage, never read."""
+    b, counts = host.num_seqs, np.diff(host.query_start_loc)  # [B]
+    first = host.seq_lens - counts  # [B]
+    offsets = np.arange(q)  # [q]
+    positions = np.tile(offsets, bucket)  # [bucket * q]: padding sequences' positions
+    positions[:b * q] = (first[:, None] + offsets[None, :]).ravel()
+    real = (offsets[None, :] < counts[:, None]).ravel()  # [b * q]
+    rows = np.flatnonzero(real)  # host's tokens (= its logits rows) in order
+    input_ids = np.zeros(bucket * q, np.int64)
+    input_ids[rows] = host.input_ids
+    slots = np.full(bucket * q, padding_block * block_size, np.int64)
+    slots[rows] = host.slot_mapping
+    tables = np.zeros((bucket, max_blocks), np.int64)
+    tables[:b, :host.block_tables.shape[1]] = host.block_tables
+    tables[b:, 0] = padding_block
+    seq_lens = np.full(bucket, q, np.int64)
+    seq_lens[:b] = first + q
+    padded = HostStep(input_ids, positions, slots, tables, seq_lens, np.arange(bucket + 1) * q,
+                      np.arange(bucket * q))
+    return padded, rows
+
+
 def block_table_array(tables: list[list[int]]) -> np.ndarray:
     """Block tables padded with 0 to the longest: [B, M] int64."""
     out = np.zeros((len(tables), max(len(t) for t in tables)), np.int64)

@@ -3,7 +3,8 @@
 The step is any callable over the flat tensors of StepInputs (graphllm.ir.STEP_INPUT_NAMES):
 the eager StepModule, or the compiled artifact. That seam is the whole difference between the
 eager and compiled engines. The attention backend is planned here, on the host, before the step
-(CUDAGraphRunner plans it for the bucket it replays), and is active only during the step.
+(CUDAGraphRunner plans it for the bucket it replays), and is active only during the step. Decode steps
+replay the decode graphs, speculative decoding's verify steps the verify graphs, where they fit.
 """
 
 from typing import Callable
@@ -20,8 +21,9 @@ from graphllm.runtime.scheduler import ScheduledSeq
 class ModelRunner:
     def __init__(self, step: Callable[..., torch.Tensor], kv_caches: list[torch.Tensor], block_size: int,
                  device: torch.device, graphs: CUDAGraphRunner | None = None,
-                 backend: AttentionBackend | None = None):
+                 backend: AttentionBackend | None = None, verify_graphs: CUDAGraphRunner | None = None):
         self.step, self.graphs = step, graphs
+        self.verify_graphs = verify_graphs  # speculative decoding's verify steps (k + 1 tokens a sequence)
         self.kv_caches = kv_caches  # per layer [2, num_blocks, block_size, Hkv, D]
         self.block_size, self.device = block_size, device
         self.backend = backend or TorchBackend()
@@ -37,6 +39,8 @@ class ModelRunner:
         with use_backend(self.backend):
             if self.graphs is not None and self.graphs.can_run(host):
                 return self.graphs.run(host, fill)
+            if self.verify_graphs is not None and fill is None and self.verify_graphs.can_run(host):
+                return self.verify_graphs.run(host)
             self.backend.plan(host.attention)
             inputs = host.to_device(self.kv_caches, self.device)
             if fill is not None:

@@ -11,8 +11,8 @@ prefix caching a waiting sequence first takes the cached blocks of its longest c
 Speculative decoding: a running sequence may carry proposed tokens (seq.spec_token_ids) to verify
 after its last one. They are granted last, from what the step has left once running and waiting
 sequences are served: token budget, free blocks (they never preempt anyone) and, for a compiled step,
-logits rows (max_num_logits: its sampled-rows dimension is bounded by its compiled max_num_seqs); the
-rest of the proposals are dropped.
+logits rows (max_num_logits: its sampled-rows dimension is bounded, by its token budget since verify
+steps sample every token; an older artifact's by its max_num_seqs); the rest of the proposals are dropped.
 """
 
 from collections import deque

@@ -19,7 +19,7 @@ from graphllm.config import DEFAULT_LIMITS, EngineConfig, default_buckets
 from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir.capture import StepModule
 from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales
-from graphllm.models.config import ModelConfig
+from graphllm.models.config import ModelConfig, fit_max_model_len
 from graphllm.models.loader import load_model, read_hf_config
 from graphllm.runtime.kv_cache import BlockPool, allocate_kv_caches, kv_bytes_per_block
 from graphllm.runtime.model_runner import ModelRunner
@@ -107,12 +107,16 @@ def eos_token_ids(path: Path, model_config: ModelConfig, tokenizer) -> frozenset
 
 
 def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> int:
-    limit = model_config.max_position_embeddings
+    limit = model_config.max_positions  # an artifact compiled with LongRoPE's short factors: fewer
     if config.max_model_len is None:
         return limit
-    if config.max_model_len > limit:
+    if config.max_model_len > model_config.max_position_embeddings:
         raise ValueError(f"max_model_len={config.max_model_len} exceeds the model's "
-                         f"max_position_embeddings={limit}")
+                         f"max_position_embeddings={model_config.max_position_embeddings}")
+    if config.max_model_len > limit:
+        raise ValueError(f"max_model_len={config.max_model_len} needs LongRoPE's long factors past "
+                         f"original_max_position_embeddings={limit}; this artifact was compiled with the short "
+                         f"ones: recompile with --max-model-len {config.max_model_len}")
     return config.max_model_len
 
 
@@ -157,7 +161,7 @@ def build_runtime(config: EngineConfig) -> Runtime:
         art = compiled_artifact(path, config.compile_config(), device, config.artifact_cache)
         return build_compiled_runtime(config, art)
     dtype = resolve_dtype(config.dtype, read_hf_config(path), device)
-    model, model_config = load_model(path, dtype, device)
+    model, model_config = load_model(path, dtype, device, config.max_model_len)
     return assemble(config, resolve_limits(config), path, model, model_config, StepModule(model), dtype, device)
 
 
@@ -223,6 +227,7 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
     manifest = verify_artifact(art, device, defer_weights=True)  # load_compiled_step checks them as it reads
     timer.lap("verify")
     model_config, weights, step = load_compiled_step(art, manifest, device, lap=timer.lap)
+    model_config = fit_max_model_len(model_config, manifest["compile"]["max_model_len"])  # its rope's as compiled
     dtype = getattr(torch, manifest["compile"]["dtype"])  # not a weight's: quantized ones are int/float8
     check_quantization_matches(config, manifest, art)
     limits = resolve_limits(config, manifest["compile"])
@@ -235,7 +240,7 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
                                                    (step, local_model_config(model_config, ranks)),
                                                    config.distributed_init_method)
     return assemble(config, limits, art, None, model_config, step, dtype, device, buckets,
-                    checkpoint_kv_scales(manifest), timer, max_num_logits=manifest["compile"]["max_num_seqs"])
+                    checkpoint_kv_scales(manifest), timer, max_num_logits=compiled_max_num_logits(manifest))
 
 
 def artifact_ranks(config: EngineConfig, manifest: dict, art: Path) -> int:
@@ -277,6 +282,12 @@ def resolve_limits(config: EngineConfig, built: dict | None = None) -> Limits:
     return Limits(**values)
 
 
+def compiled_max_num_logits(manifest: dict) -> int:
+    """The logits rows an artifact's step returns at most: recorded since verify steps sample every token;
+    an older artifact's sampled-rows dimension was bounded by its max_num_seqs."""
+    return manifest["compile"].get("max_num_logits", manifest["compile"]["max_num_seqs"])
+
+
 def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module | None,
              model_config: ModelConfig, step, dtype: torch.dtype, device: torch.device,
              buckets: tuple[int, ...] | None = None, layer_kv_scales: list[KVScales] | None = None,
@@ -284,7 +295,7 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     """The parts eager and compiled engines share: tokenizer, KV cache, scheduler, runner.
 
     max_num_logits: the most logits rows the step returns (a compiled step's sampled-rows dimension is
-    bounded by its compiled max_num_seqs); None: no limit. Only speculative proposals can reach it.
+    bounded: compiled_max_num_logits); None: no limit. Only speculative proposals can reach it.
 
     The compiled step takes a KV cache of any element type (the attention op, an opaque call in
     the graph, is all that reads or writes it), so one artifact serves both kv_cache_dtype values.
@@ -317,13 +328,19 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     if layer_kv_scales is not None:
         backend.bind_layer_scales(kv_caches, layer_kv_scales)
     logger.info("attention backend: %s", backend.name)
-    graphs = None
+    graphs = verify_graphs = None
     if device.type == "cuda" and config.cuda_graphs:
-        graphs = capture_graphs(step, kv_caches, buckets or default_buckets(limits.max_num_seqs),
-                                -(-max_model_len // limits.block_size), num_blocks, limits.block_size, device,
-                                backend)
+        buckets, max_blocks = buckets or default_buckets(limits.max_num_seqs), -(-max_model_len // limits.block_size)
+        graphs = capture_graphs(step, kv_caches, buckets, max_blocks, num_blocks, limits.block_size, device, backend)
+        spec = config.speculative_config
+        if spec is not None and not backend.plans_on_host:  # FlashInfer's plans cannot be replayed so
+            q = spec.num_speculative_tokens + 1
+            rows = min(limits.max_num_batched_tokens, max_num_logits or limits.max_num_batched_tokens)
+            if fitting := verify_buckets(buckets, q, rows):
+                verify_graphs = capture_graphs(step, kv_caches, fitting, max_blocks, num_blocks, limits.block_size,
+                                               device, backend, tokens_per_seq=q, pool=graphs.pool)
     timer.lap("graphs")
-    runner = ModelRunner(step, kv_caches, limits.block_size, device, graphs, backend)
+    runner = ModelRunner(step, kv_caches, limits.block_size, device, graphs, backend, verify_graphs)
     logger.info("start-up phases (s): %s", ", ".join(f"{k} {v:.2f}" for k, v in timer.seconds.items()))
     return Runtime(model, tokenizer, state, pool, scheduler, runner)
 
@@ -340,11 +357,18 @@ def attention_shape(model_config: ModelConfig) -> AttentionShape:
 
 
 def capture_graphs(step, kv_caches, buckets, max_blocks_per_seq: int, padding_block: int, block_size: int,
-                   device, backend):
+                   device, backend, tokens_per_seq: int = 1, pool=None):
     from graphllm.runtime.cudagraphs import CUDAGraphRunner
     graphs = CUDAGraphRunner(step, kv_caches, buckets, max_blocks_per_seq, padding_block, block_size, device,
-                             backend)
+                             backend, tokens_per_seq)
+    graphs.pool = pool  # the decode graphs' pool: a speculative engine's steps never overlap (no async)
     graphs.capture()
-    logger.info("captured %d decode CUDA graphs (buckets %s) in %.2f s; they hold %.3f GiB",
-                len(graphs.graphs), list(graphs.buckets), graphs.capture_seconds, graphs.pool_bytes / 2**30)
+    logger.info("captured %d %s CUDA graphs (buckets %s) in %.2f s; they hold %.3f GiB", len(graphs.graphs),
+                "decode" if tokens_per_seq == 1 else f"verify ({tokens_per_seq} tokens a sequence)",
+                list(graphs.buckets), graphs.capture_seconds, graphs.pool_bytes / 2**30)
     return graphs
+
+
+def verify_buckets(buckets: tuple[int, ...], tokens_per_seq: int, max_rows: int) -> tuple[int, ...]:
+    """The decode buckets whose verify steps (tokens_per_seq rows a sequence) fit max_rows tokens and logits."""
+    return tuple(b for b in buckets if b * tokens_per_seq <= max_rows)

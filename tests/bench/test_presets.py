@@ -24,5 +24,6 @@ def test_phi3_options_we_do_not_support_are_refused_by_name():
     with pytest.raises(ValueError, match="partial_rotary_factor"):
         resolve_architecture({**base, "partial_rotary_factor": 0.75})
     longrope = {"rope_type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48}
-    with pytest.raises(ValueError, match="longrope"):
-        resolve_architecture({**base, "rope_scaling": longrope})
+    resolve_architecture({**base, "rope_scaling": longrope})  # supported: tests/models/test_phi3_longrope.py
+    with pytest.raises(ValueError, match="long_factor must be a list of 48 numbers"):
+        resolve_architecture({**base, "rope_scaling": {**longrope, "long_factor": [2.0] * 47}})

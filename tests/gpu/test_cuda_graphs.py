@@ -74,3 +74,17 @@ def test_async_scheduling_replays_graphs_with_transformers_tokens(tiny_model_dir
         assert engine.pool.num_free_blocks == engine.pool.num_blocks
     assert results[True] == [e[:n] for e, n in zip(expected, lengths)]
     assert results[True] == results[False]
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_verify_steps_replay_their_own_graphs_with_transformers_tokens(backend, tiny_model_dir, compiled_dir):
+    """Speculative decoding (the target as its own draft, k = 3): verify steps of 1 + k tokens a sequence
+    replay the verify graphs, padded per bucket, and greedy tokens stay transformers'."""
+    path, hf = tiny_model_dir("llama")
+    expected = transformers_greedy(hf, PROMPTS, max_new_tokens=24)
+    engine = Engine.load(compiled_dir("llama"), attention_backend=backend,
+                         speculative_config={"model": str(path), "num_speculative_tokens": 3})
+    assert engine.runner.verify_graphs is not None and engine.runner.verify_graphs.q == 4
+    assert tokens(engine.generate(PROMPTS, GREEDY)) == expected
+    assert engine.runner.verify_graphs.replays > 0
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks

@@ -100,3 +100,71 @@ def test_static_query_start_loc_is_copied_whole():
     runner.static.query_start_loc.fill_(-7)  # what an uncopied device buffer could hold
     runner.run(decode_inputs([5, 6, 7], [10, 20, 30], [3, 4, 5], [[1, 2], [3, 0], [4, 5]]))
     assert runner.static.query_start_loc[:5].tolist() == [0, 1, 2, 3, 4]
+
+
+# -- verify graphs (speculative decoding: q = k + 1 tokens a sequence) ---------------------------------
+
+
+def echo_tokens_step(input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc, logits_indices,
+                     kv_caches):
+    """echo_step for several tokens a sequence: each token's row shows its sequence's seq_len and table sum."""
+    seq = torch.searchsorted(query_start_loc[1:], torch.arange(len(input_ids)), right=True)  # [T]
+    rows = torch.stack([input_ids, positions, slot_mapping, seq_lens[seq], block_tables.sum(1)[seq]], 1)
+    return rows[logits_indices].float()
+
+
+def make_verify_runner(step=echo_tokens_step, kv_caches=(), buckets=(1, 2, 4), q=3, max_blocks=4, padding_block=99,
+                       block_size=4):
+    runner = CUDAGraphRunner(step, list(kv_caches), buckets=buckets, max_blocks_per_seq=max_blocks,
+                             padding_block=padding_block, block_size=block_size, device=torch.device("cpu"),
+                             backend=RecordingBackend(), tokens_per_seq=q)
+    runner.graphs = {b: ReplayByCalling(runner, b) for b in runner.buckets}
+    return runner
+
+
+def verify_inputs():
+    """Two sequences: 3 tokens at positions 5-7 (two proposals), 1 token at position 2 (none); block size 4."""
+    a = lambda v: np.array(v, dtype=np.int64)  # noqa: E731
+    return HostStep(a([11, 12, 13, 21]), a([5, 6, 7, 2]), a([5, 6, 7, 10]), a([[0, 1], [2, 0]]), a([8, 3]),
+                    a([0, 3, 4]), a([0, 1, 2, 3]))
+
+
+def test_verify_rows_are_padded_to_q_tokens_and_gathered_back():
+    runner = make_verify_runner()
+    host = verify_inputs()
+    assert runner.can_run(host)
+    out = runner.run(host)
+    # real rows come back in the step's order: (token, position, slot, seq_len, table sum)
+    assert out.tolist() == [[11, 5, 5, 8, 1], [12, 6, 6, 8, 1], [13, 7, 7, 8, 1], [21, 2, 10, 5, 2]]
+    rows = runner.outputs[2].tolist()  # bucket 2, 3 tokens each: the second sequence's padding continues it
+    assert [r[:3] for r in rows[3:]] == [[21, 2, 10], [0, 3, 396], [0, 4, 396]]
+    (bucket, planned), = runner.backend.plans
+    assert bucket == 2 and planned.query_start_loc.tolist() == [0, 3, 6] and planned.seq_lens.tolist() == [8, 5]
+
+
+def test_verify_graphs_refuse_what_they_cannot_hold():
+    runner = make_verify_runner()
+    host = verify_inputs()
+    assert not runner.can_run(host._replace(logits_indices=np.array([2, 3])))  # a prefill: not every row samples
+    four = host._replace(input_ids=np.arange(5), positions=np.array([4, 5, 6, 7, 2]), slot_mapping=np.arange(5),
+                         query_start_loc=np.array([0, 4, 5]), logits_indices=np.arange(5))
+    assert not runner.can_run(four)  # 4 tokens > q
+    near_end = host._replace(seq_lens=np.array([8, 16]))  # its padding would pass max_blocks * block_size (16)
+    assert not runner.can_run(near_end)
+
+
+def test_a_padded_verify_step_computes_what_the_plain_step_does(tiny_model_dir):
+    """The tiny Llama's real step, eager: a speculative engine whose verify steps go through the verify runner
+    (its graph replay stood in by a call on the static buffers) gives a plain engine's greedy tokens."""
+    from graphllm import Engine, SamplingParams
+    path, _ = tiny_model_dir("llama")
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    prompts = [[1, 5, 9, 17, 5, 9, 17, 5], [1, 42, 43], [1, 7, 7, 7, 7]]
+    want = [o.outputs[0].token_ids for o in Engine.from_pretrained(str(path)).generate(prompts, params)]
+    engine = Engine.from_pretrained(str(path), speculative_config={"model": str(path), "num_speculative_tokens": 3})
+    runner = engine.runner
+    runner.verify_graphs = make_verify_runner(runner.step, runner.kv_caches, buckets=(1, 2, 4), q=4,
+                                              max_blocks=8, padding_block=engine.state.num_kv_blocks,
+                                              block_size=runner.block_size)
+    assert [o.outputs[0].token_ids for o in engine.generate(prompts, params)] == want
+    assert runner.verify_graphs.replays > 0

@@ -245,3 +245,14 @@ def test_a_compiled_artifact_verifies_too(llama, compiled_dir, plain):
     assert engine.model is None  # the artifact's step runs the verify steps
     assert_same(run(engine, PROMPTS, MIXED), run(plain, PROMPTS, MIXED))
     assert engine.stats().spec_decode.num_accepted_tokens > 0
+
+
+def test_a_compiled_step_returns_a_logits_row_per_token(llama, compiled_dir, plain):
+    """Verify steps sample k + 1 rows per sequence: 16 sequences with 4 proposals each need 80 rows, more than
+    the artifact's max_num_seqs (64), which once bounded them and cut the proposals short."""
+    engine = Engine.load(compiled_dir("llama"), speculative_config={"model": str(llama[0]), "num_speculative_tokens": 4})
+    assert engine.state.limits.max_num_seqs == 64 and engine.scheduler.max_num_logits >= 80
+    prompts = [[1, 3 + i, 7, 9 + i] for i in range(16)]
+    assert_same(run(engine, prompts, GREEDY), run(plain, prompts, GREEDY))
+    stats = engine.stats().spec_decode
+    assert stats.num_draft_tokens / stats.num_drafts > 3.5  # whole proposals granted (at most 3 under 64 rows)
