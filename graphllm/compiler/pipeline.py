@@ -169,7 +169,7 @@ def unquantized_expert_share(graph, config: CompileConfig) -> float | None:
     total = sum(size(t) for t in {t.data_ptr(): t for t in graph.weights.values()}.values())
     share = sum(map(size, experts)) / total
     log.warning("--quantization %s leaves the MoE experts in %s: %.0f%% of the weight bytes stay unquantized "
-                "(graphllm.fused_moe runs float experts only)", config.quantization,
+                "(only --quantization fp8 quantizes the experts)", config.quantization,
                 str(experts[0].dtype).removeprefix("torch."), 100 * share)
     return share
 

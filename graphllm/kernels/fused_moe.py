@@ -8,7 +8,9 @@ sizes (T*k <= DECODE_MAX_PAIRS), five at prefill:
     (prefill) sum_over_k(terms)        out [T, H]
 
 Every buffer and grid is sized from shapes alone (no host read), so the op runs inside a CUDA graph. The
-oracle is fused_moe_reference.py (tests/kernels/test_fused_moe.py).
+oracle is fused_moe_reference.py (tests/kernels/test_fused_moe.py). graphllm.fused_moe_fp8 runs the same
+launches over float8_e4m3fn experts with their per-channel scales (w13_scale, w2_scale; moe_experts.py says
+how), with the same tiles: not tuned for float8 (a tile then holds half the bytes), never run on a GPU.
 
 Tiles (plan): at decode the op only streams the chosen experts' weights (Qwen3-30B-A3B at one token: 8 x
 (6.3 MB gate/up + 3.1 MB down) = 75 MB a layer, 18 us at 4.2 TB/s), so the tiles are chosen for enough
@@ -27,6 +29,7 @@ from graphllm.kernels import moe_experts
 from graphllm.kernels.fused_moe_reference import reference_fused_experts, reference_fused_moe
 from graphllm.kernels.moe_align import moe_align_block_size
 from graphllm.kernels.moe_routing import topk_softmax
+from graphllm.kernels.quant_layout import FP8_DTYPE
 from graphllm.kernels.skinny_matmul import MAX_COLUMN_TILES, split_k_counters
 
 DECODE_MAX_PAIRS = 512  # T*k up to this scan topk_ids in the GEMMs (no alignment step); more: sorted rows
@@ -70,9 +73,13 @@ def _row_source(topk_ids: torch.Tensor, num_experts: int, config: dict) -> tuple
 
 
 def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: torch.Tensor,
-                  w2: torch.Tensor, config: dict | None = None) -> torch.Tensor:
+                  w2: torch.Tensor, config: dict | None = None, w13_scale: torch.Tensor | None = None,
+                  w2_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [T, H], topk_weights [T, k] float32, topk_ids [T, k] int, w13 [E, 2I, H], w2 [E, H, I] (any strides)
-    -> a new [T, H] in x's dtype (fused_experts_reference's function). config: plan's keys, to override."""
+    -> a new [T, H] in x's dtype (fused_experts_reference's function). config: plan's keys, to override.
+    float8_e4m3fn w13 / w2 come with their float32 scales w13_scale [E, 2I], w2_scale [E, H] (the weights
+    dequantized per output channel: fused_moe_reference.dequantize_experts); float weights with none."""
+    assert (w13.dtype == FP8_DTYPE) == (w13_scale is not None) and (w2.dtype == FP8_DTYPE) == (w2_scale is not None)
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden, size = w2.shape
     out = x.new_empty((num_tokens, hidden))
@@ -92,25 +99,32 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
     act = x.new_empty((pairs, size))  # [T*k, I]
     block_n, block_k = config["gate_up"]
     moe_experts._gate_up_silu_kernel[(slots, triton.cdiv(size, block_n))](
-        x, w13, act, *rows, pairs, size, hidden, x.stride(0), *w13.stride(), BLOCK_N=block_n, BLOCK_K=block_k,
-        **common)
+        x, w13, _dense(w13_scale), act, *rows, pairs, size, hidden, x.stride(0), *w13.stride(), BLOCK_N=block_n,
+        BLOCK_K=block_k, **common)
     terms = x.new_empty((pairs, hidden))  # [T*k, H] each pair's weighted down projection
     block_n, block_k = config["down"]
     tiles = triton.cdiv(hidden, block_n)
     assert config["SORTED"] or tiles <= MAX_COLUMN_TILES, tiles
     counters = out if config["SORTED"] else split_k_counters(x.device)
     moe_experts._down_weighted_kernel[(slots, tiles)](
-        act, w2, weights, terms, out, counters, *rows, pairs, num_tokens, hidden, size, *w2.stride(),
-        out.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_T=SUM_TOKENS, **common)
+        act, w2, _dense(w2_scale), weights, terms, out, counters, *rows, pairs, num_tokens, hidden, size,
+        *w2.stride(), out.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_T=SUM_TOKENS, **common)
     if config["SORTED"]:
         moe_experts._sum_over_k_kernel[(triton.cdiv(num_tokens, SUM_TOKENS), triton.cdiv(hidden, SUM_COLUMNS))](
             terms, out, num_tokens, hidden, out.stride(0), TOP_K=top_k, BLOCK_T=SUM_TOKENS, BLOCK_N=SUM_COLUMNS)
     return out
 
 
+def _dense(scale: torch.Tensor | None) -> torch.Tensor | None:
+    """A scale [E, N] as the kernels index it (row e*N + n), or None."""
+    return scale if scale is None or scale.is_contiguous() else scale.contiguous()
+
+
 def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
-              renormalize: bool, config: dict | None = None) -> torch.Tensor:
-    """graphllm.fused_moe's computation (ops/moe.py): routing, then fused_experts. [T, H] -> [T, H]."""
+              renormalize: bool, config: dict | None = None, w13_scale: torch.Tensor | None = None,
+              w2_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """graphllm.fused_moe's computation (ops/moe.py), and graphllm.fused_moe_fp8's with the scales of float8
+    experts: routing, then fused_experts. [T, H] -> [T, H]."""
     logits = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
     topk_weights, topk_ids = topk_softmax(logits, top_k, renormalize)
-    return fused_experts(x, topk_weights, topk_ids, w13, w2, config)
+    return fused_experts(x, topk_weights, topk_ids, w13, w2, config, w13_scale, w2_scale)

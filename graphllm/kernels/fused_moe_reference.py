@@ -11,10 +11,16 @@ Semantics are vLLM's fused_moe (and transformers' Mixtral / Qwen3-MoE blocks):
 Expert weights are stacked: w13 [E, 2I, H] holds each expert's gate rows then its up rows, w2 [E, H, I]
 its down projection. Rounding: each expert's projections run in x's dtype (as the Hugging Face modules do);
 each weighted term is rounded to x's dtype, the k terms are summed in float32, the sum cast once.
+
+fp8 experts (graphllm.fused_moe_fp8) are quant_layout's per-channel fp8 layout per expert: w float8_e4m3fn
+[E, N, K] with a float32 scale [E, N] per output row, W[e, n, k] = w[e, n, k] * scale[e, n]. Their
+reference dequantizes to x's dtype and runs the float one.
 """
 
 import torch
 import torch.nn.functional as F
+
+from graphllm.kernels.quant_layout import dequantize_per_channel, quantize_fp8_weight
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,3 +67,22 @@ def reference_fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch
     """The whole op: select_experts, then reference_fused_experts. [T, H] -> [T, H]."""
     topk_weights, topk_ids = select_experts(router_logits, top_k, renormalize)
     return reference_fused_experts(x, topk_weights, topk_ids, w13, w2)
+
+
+def quantize_fp8_experts(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacked experts [E, N, K] -> (float8_e4m3fn [E, N, K], float32 scale [E, N]): quantize_fp8_weight's
+    max|row| / 448 per output row of every expert."""
+    q, scale = quantize_fp8_weight(w.reshape(-1, w.shape[-1]))
+    return q.view(w.shape), scale.view(w.shape[:-1])
+
+
+def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """fp8 experts [E, N, K] with scale [E, N] -> [E, N, K] in dtype (w * scale in float32, rounded once)."""
+    return dequantize_per_channel(w.reshape(-1, w.shape[-1]), scale.reshape(-1)).view(w.shape).to(dtype)
+
+
+def reference_fused_moe_fp8(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
+                            w2: torch.Tensor, w2_scale: torch.Tensor, top_k: int, renormalize: bool) -> torch.Tensor:
+    """graphllm.fused_moe_fp8: reference_fused_moe over the experts dequantized to x's dtype. [T, H] -> [T, H]."""
+    return reference_fused_moe(x, router_logits, dequantize_experts(w13, w13_scale, x.dtype),
+                               dequantize_experts(w2, w2_scale, x.dtype), top_k, renormalize)

@@ -22,6 +22,12 @@ the expert's [BLOCK_N, K] weight slab is streamed once for all of them. Two row 
   expert_ids[s]; blocks past num_padded do nothing. down_weighted stores the terms, and sum_over_k adds
   them (a third launch: one arrival counter per tile would serialise T*k rows on one program).
 
+float8 experts (graphllm.fused_moe_fp8): w is float8_e4m3fn with a float32 scale per output row (scale_ptr,
+[E, 2I] and [E, H]); weight-only, so the activations stay in x's dtype. A weight tile widens to x's dtype in
+registers (exact) before the product, and each output column's float32 sum is multiplied by its row's scale
+(exact per-channel dequantization), before the projection's rounding. Which weights take this path is read
+from w's element type at compile time: float weights compile to the code they had before (scale_ptr None).
+
 Rounding follows the reference (fused_moe_reference.reference_fused_experts) step by step: each
 projection rounded to x's dtype, silu(gate) rounded before the product with up, the weighted term rounded,
 the k terms summed in float32. Accumulation is float32; float32 operands use IEEE dots (no TF32). On CPU
@@ -86,16 +92,19 @@ def _accumulate(acc, a, w, BLOCK_M: tl.constexpr, DOT_FP32: tl.constexpr, PRECIS
         acc += w.to(tl.float32) * a.to(tl.float32)
     elif DOT_FP32:
         acc = tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), acc, input_precision="ieee")
-    else:
-        acc = tl.dot(a, tl.trans(w), acc, input_precision=PRECISION)
+    else:  # float8 weights widen to a's dtype here, in registers (exact); a's dtype: no conversion
+        acc = tl.dot(a, tl.trans(w.to(a.dtype)), acc, input_precision=PRECISION)
     return acc
 
 
 @triton.jit
-def _project(a_rows, valid, w1_rows, w2_rows, n_mask, K, stride_wk, TWO: tl.constexpr, BLOCK_M: tl.constexpr,
-             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
+def _project(a_rows, valid, w1_rows, w2_rows, scale_ptr, s1_rows, s2_rows, n_mask, K, stride_wk,
+             TWO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+             DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
     """a[rows, :K] @ w1[slab, :K]^T (and w2's when TWO): [BLOCK_M, BLOCK_N] float32 each.
-    a_rows [BLOCK_M, 1] and w*_rows [BLOCK_N, 1] point at the rows' first columns."""
+    a_rows [BLOCK_M, 1] and w*_rows [BLOCK_N, 1] point at the rows' first columns. Float8 weights: each
+    column is then scaled by its weight row's scale, scale_ptr[s*_rows] (s*_rows [BLOCK_N]; other weights
+    read no scale, and scale_ptr may be None)."""
     offs_k = tl.arange(0, BLOCK_K)
     if BLOCK_M == 1:
         acc1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -115,11 +124,15 @@ def _project(a_rows, valid, w1_rows, w2_rows, n_mask, K, stride_wk, TWO: tl.cons
     if BLOCK_M == 1:
         acc1 = tl.sum(acc1, axis=1)[None, :]  # [1, BLOCK_N]
         acc2 = tl.sum(acc2, axis=1)[None, :]
+    if w1_rows.dtype.element_ty.is_fp8():  # per output channel: exact dequantization of the product
+        acc1 = acc1 * tl.load(scale_ptr + s1_rows, mask=n_mask, other=0.0)[None, :]
+        if TWO:
+            acc2 = acc2 * tl.load(scale_ptr + s2_rows, mask=n_mask, other=0.0)[None, :]
     return acc1, acc2
 
 
 @triton.jit
-def _gate_up_silu_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+def _gate_up_silu_kernel(x_ptr, w_ptr, scale_ptr, act_ptr, ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
                          num_pairs, size, hidden, stride_xt, stride_we, stride_wn, stride_wk,
                          SORTED: tl.constexpr, BY_EXPERT: tl.constexpr, PAIRS: tl.constexpr, TOP_K: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -131,11 +144,12 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, act_ptr, ids_ptr, sorted_ids_ptr, expert_
                                                     num_pairs, SORTED, BY_EXPERT, PAIRS, BLOCK_M)
     gate_rows = w_ptr + expert.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
     up_rows = gate_rows + size * stride_wn
+    gate_scales = expert.to(tl.int64) * 2 * size + offs_n  # [BLOCK_N] rows of scale [E, 2I] (float8 w)
     for chunk in range(chunks):
         pairs, valid = _chunk_rows(sorted_ids_ptr, match, rank, slot, chunk, num_pairs, SORTED, PAIRS, BLOCK_M)
         x_rows = x_ptr + (pairs // TOP_K).to(tl.int64)[:, None] * stride_xt  # [BLOCK_M, 1]
-        gate, up = _project(x_rows, valid, gate_rows, up_rows, n_mask, hidden, stride_wk, True, BLOCK_M, BLOCK_N,
-                            BLOCK_K, DOT_FP32, PRECISION)
+        gate, up = _project(x_rows, valid, gate_rows, up_rows, scale_ptr, gate_scales, gate_scales + size, n_mask,
+                            hidden, stride_wk, True, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32, PRECISION)
         gate = gate.to(act_ptr.dtype.element_ty).to(tl.float32)  # the projection's rounding
         silu = (gate / (1.0 + tl.exp(-gate))).to(act_ptr.dtype.element_ty).to(tl.float32)  # F.silu's
         act = silu * up.to(act_ptr.dtype.element_ty).to(tl.float32)
@@ -158,9 +172,9 @@ def _sum_terms(terms_ptr, out_ptr, tokens, offs_n, n_mask, num_tokens, hidden, s
 
 
 @triton.jit
-def _down_weighted_kernel(act_ptr, w_ptr, weights_ptr, terms_ptr, out_ptr, counters_ptr, ids_ptr, sorted_ids_ptr,
-                          expert_ids_ptr, num_padded_ptr, num_pairs, num_tokens, hidden, size, stride_we, stride_wn,
-                          stride_wk, stride_ot, SORTED: tl.constexpr, BY_EXPERT: tl.constexpr,
+def _down_weighted_kernel(act_ptr, w_ptr, scale_ptr, weights_ptr, terms_ptr, out_ptr, counters_ptr, ids_ptr,
+                          sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_pairs, num_tokens, hidden, size,
+                          stride_we, stride_wn, stride_wk, stride_ot, SORTED: tl.constexpr, BY_EXPERT: tl.constexpr,
                           PAIRS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, DOT_FP32: tl.constexpr,
                           PRECISION: tl.constexpr):
@@ -171,11 +185,12 @@ def _down_weighted_kernel(act_ptr, w_ptr, weights_ptr, terms_ptr, out_ptr, count
     expert, match, rank, count, chunks = _slot_plan(ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, slot,
                                                     num_pairs, SORTED, BY_EXPERT, PAIRS, BLOCK_M)
     w_rows = w_ptr + expert.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
+    scales = expert.to(tl.int64) * hidden + offs_n  # [BLOCK_N] rows of scale [E, H] (float8 w)
     for chunk in range(chunks):
         pairs, valid = _chunk_rows(sorted_ids_ptr, match, rank, slot, chunk, num_pairs, SORTED, PAIRS, BLOCK_M)
         act_rows = act_ptr + pairs.to(tl.int64)[:, None] * size  # [BLOCK_M, 1]
-        y, _ = _project(act_rows, valid, w_rows, w_rows, n_mask, size, stride_wk, False, BLOCK_M, BLOCK_N, BLOCK_K,
-                        DOT_FP32, PRECISION)
+        y, _ = _project(act_rows, valid, w_rows, w_rows, scale_ptr, scales, scales, n_mask, size, stride_wk, False,
+                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32, PRECISION)
         weight = tl.load(weights_ptr + pairs, mask=valid, other=0.0)  # [BLOCK_M] float32
         term = y.to(terms_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]
         tl.store(terms_ptr + pairs.to(tl.int64)[:, None] * hidden + offs_n[None, :],

@@ -15,11 +15,26 @@ graph's side. On CUDA it runs the Triton kernels (graphllm/kernels/fused_moe.py:
 grouped GEMMs with SiLU·mul and the k-sum fused in; three launches at decode sizes, CUDA-graph safe);
 elsewhere the PyTorch reference (one pass over the chosen experts). Inductor calls it as an extern op; it
 has no decomposition.
+
+Its float8 twin, what QuantizeFP8Experts puts in its place with --quantization fp8
+(graphllm/passes/quantization/quantize_fp8_experts.py):
+
+    torch.ops.graphllm.fused_moe_fp8(x [T, H], router_logits [T, E], w13 f8e4m3fn [E, 2I, H], w13_scale f32 [E, 2I],
+                                     w2 f8e4m3fn [E, H, I], w2_scale f32 [E, H], top_k, renormalize) -> [T, H]
+
+computes fused_moe over the dequantized experts, W[e, n, :] = w[e, n, :] * scale[e, n] (quant_layout's per-channel
+fp8 layout, per expert). Weight-only: x stays in its dtype. On CUDA the same Triton kernels read the float8 tiles
+and scale each output column's sum; elsewhere the experts are dequantized to x's dtype and the reference runs.
+A separate op, not optional scales on fused_moe: each schema says what its weights are (the fake checks the
+dtypes), fused_moe's graphs and artifacts stay as they were, and passes that match one (shard_tp, the compiler's
+count of float expert bytes) do not take the other for it.
 """
 
 import torch
 
-from graphllm.kernels.fused_moe_reference import reference_fused_experts, select_experts
+from graphllm.kernels.fused_moe_reference import (reference_fused_experts, reference_fused_moe_fp8,
+                                                  select_experts)
+from graphllm.kernels.quant_layout import FP8_DTYPE
 
 
 def _check_shapes(x, router_logits, w13, w2, top_k) -> None:
@@ -48,4 +63,34 @@ def fused_moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w
 @fused_moe.register_fake
 def _(x, router_logits, w13, w2, top_k, renormalize):
     _check_shapes(x, router_logits, w13, w2, top_k)
+    return x.new_empty(x.shape)
+
+
+def _check_fp8_experts(w13, w13_scale, w2, w2_scale) -> None:
+    torch._check(w13.dtype == FP8_DTYPE and w2.dtype == FP8_DTYPE,
+                 lambda: f"fused_moe_fp8: experts {w13.dtype}, {w2.dtype}; float8_e4m3fn expected")
+    for name, w, scale in (("w13", w13, w13_scale), ("w2", w2, w2_scale)):
+        torch._check(scale.dtype == torch.float32 and tuple(scale.shape) == tuple(w.shape[:2]),
+                     lambda: f"fused_moe_fp8: {name}_scale {scale.dtype} {tuple(scale.shape)}; float32 "
+                             f"{tuple(w.shape[:2])} expected (one per output row of each expert)")
+
+
+@torch.library.custom_op("graphllm::fused_moe_fp8", mutates_args=())
+def fused_moe_fp8(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w13_scale: torch.Tensor,
+                  w2: torch.Tensor, w2_scale: torch.Tensor, top_k: int, renormalize: bool) -> torch.Tensor:
+    """x [T, H], router_logits [T, E], w13 float8 [E, 2I, H], w13_scale f32 [E, 2I], w2 float8 [E, H, I],
+    w2_scale f32 [E, H] -> [T, H] in x's dtype."""
+    _check_shapes(x, router_logits, w13, w2, top_k)
+    _check_fp8_experts(w13, w13_scale, w2, w2_scale)
+    if x.is_cuda:
+        from graphllm.kernels.fused_moe import fused_moe as triton_fused_moe
+        return triton_fused_moe(x, router_logits, w13, w2, top_k, renormalize, w13_scale=w13_scale,
+                                w2_scale=w2_scale)
+    return reference_fused_moe_fp8(x, router_logits, w13, w13_scale, w2, w2_scale, top_k, renormalize)
+
+
+@fused_moe_fp8.register_fake
+def _(x, router_logits, w13, w13_scale, w2, w2_scale, top_k, renormalize):
+    _check_shapes(x, router_logits, w13, w2, top_k)
+    _check_fp8_experts(w13, w13_scale, w2, w2_scale)
     return x.new_empty(x.shape)

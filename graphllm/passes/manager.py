@@ -1,7 +1,9 @@
 """PassManager: the ordered list of passes a CompileConfig asks for, with a fixed clean-up tail.
 
 Order matters: quantization comes first (the fusions concatenate quantized weights as they do
-float ones), gate/up must be fused before silu·mul can match its split, and skinny_linear
+float ones; with --quantization fp8, quantize_fp8_experts follows quantize_fp8 for the MoE experts,
+and a rank's shard_tp runs before both, so each rank quantizes its own slices), gate/up must be
+fused before silu·mul can match its split, and skinny_linear
 comes after every pass that matches aten.linear, linear_prologue after it (it folds norms
 into graphllm.linear), and for fp8 quantize_fp8_activations after all of them (one activation
 quantization per fused linear); clean-up (no-op elimination, then dead code) always runs last. A pass
@@ -63,6 +65,7 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     from graphllm.passes.lowering.linear_prologue import LinearPrologue
     from graphllm.passes.lowering.skinny_linear import SkinnyLinear
     from graphllm.passes.quantization.quantize_fp8_activations import QuantizeFP8Activations
+    from graphllm.passes.quantization.quantize_fp8_experts import QuantizeFP8Experts
     from graphllm.passes.utility.dce import DeadCodeElimination
     from graphllm.passes.utility.eliminate_noops import EliminateNoops
 
@@ -72,11 +75,13 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
               (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.fuse_rope_attention, FuseRopeAttention),
               (config.skinny_linear, SkinnyLinear),
               (config.skinny_linear and config.linear_prologue, LinearPrologue)]
-    quantize = quantization_pass(config, prequantized)
+    linears = quantization_pass(config, prequantized)
+    quantize = [linears] if linears else []
+    if config.quantization == "fp8" and prequantized is None:  # float experts (a pre-quantized MoE is refused)
+        quantize.append(QuantizeFP8Experts())
     scheme = prequantized.scheme if prequantized is not None else config.quantization
     late = [QuantizeFP8Activations()] if scheme == "fp8" else []  # after the fusions: one per fused linear
-    return ([EliminateNoops()] + ([quantize] if quantize else []) + [cls() for wanted, cls in chosen if wanted]
-            + late + cleanup)
+    return [EliminateNoops()] + quantize + [cls() for wanted, cls in chosen if wanted] + late + cleanup
 
 
 class PassManager:

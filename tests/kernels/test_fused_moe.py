@@ -3,6 +3,10 @@ Qwen3-MoE's (E 128, k 8) and Mixtral's (E 8, k 2) routing shapes, and takes thre
 Routing (moe_routing.py) and the alignment (moe_align.py) have tests of their own:
 tests/kernels/test_moe_routing.py, tests/kernels/test_moe_align.py."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -10,9 +14,10 @@ pytest.importorskip("triton")
 
 from graphllm.kernels import fused_moe as fm  # noqa: E402
 from graphllm.kernels.fused_moe import fused_experts, fused_experts_reference, plan  # noqa: E402
-from graphllm.kernels.fused_moe_reference import select_experts  # noqa: E402
+from graphllm.kernels.fused_moe_reference import quantize_fp8_experts, select_experts  # noqa: E402
 from graphllm.kernels.skinny_matmul import split_k_counters  # noqa: E402
-from tests.kernels.conftest import ON_GPU, assert_close, gpu_only, randn  # noqa: E402
+from tests.kernels.conftest import LOW_DTYPE, ON_GPU, assert_close, gpu_only, randn  # noqa: E402
+from tests.kernels.test_sm90_compile import ROOT, nvidia_backend_present  # noqa: E402
 
 HIDDEN, SIZE = 32, 48  # H, I: I is not a multiple of the 32-column tiles (masked tail)
 QWEN, MIXTRAL = (128, 8, True), (8, 2, True)  # (experts, top_k, renormalize)
@@ -155,3 +160,80 @@ def test_replays_in_a_cuda_graph_with_new_routing(num_tokens):
             buffer.copy_(value)
         graph.replay()
         assert_close(out, fm.fused_moe_reference(*fresh, w13, w2, 8, True))
+
+
+# --- fp8 experts (graphllm.fused_moe_fp8): float8_e4m3fn weights, one float32 scale per output row -------------
+
+def fp8_operands(num_tokens: int, num_experts: int, top_k: int, renormalize: bool, dtype: torch.dtype, seed: int = 0):
+    """moe_inputs with the experts quantized (rows spread over 16x in size, so every row's scale differs):
+    (x, weights, ids, (w13 f8, w13_scale), (w2 f8, w2_scale))."""
+    x, weights, ids, w13, w2 = moe_inputs(num_tokens, num_experts, top_k, renormalize, torch.float32, seed)
+    spread = lambda w, s: w * 4.0 ** randn(w.shape[:-1], torch.float32, s).clamp(-1, 1)[..., None]  # noqa: E731
+    return (x.to(dtype), weights, ids, quantize_fp8_experts(spread(w13, seed + 4)),
+            quantize_fp8_experts(spread(w2, seed + 5)))
+
+
+def dequantized(w: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """W[e, n, k] = w[e, n, k] * scale[e, n], in dtype."""
+    return (w.float() * scale[..., None]).to(dtype)
+
+
+def fp8_reference(x, weights, ids, fp8_w13, fp8_w2) -> torch.Tensor:
+    """The float experts' oracle on the dequantized weights."""
+    return fused_experts_reference(x, weights, ids, dequantized(*fp8_w13, x.dtype), dequantized(*fp8_w2, x.dtype))
+
+
+def assert_fp8_matches(got: torch.Tensor, expected: torch.Tensor) -> None:
+    """assert_close; in half precision against the output's largest value: the oracle's weights are rounded to
+    x's dtype (one ulp each), the kernel's scale the exact float32 sums, and the rows' 16x spread lets a few
+    outputs cancel down to a small value."""
+    tol = 5e-3 if got.dtype == torch.float16 else 6e-2 if got.dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(got.float(), expected.float(), atol=tol * expected.abs().max().item(), rtol=tol)
+
+
+@pytest.mark.parametrize("path, dtype", [("plan", torch.float32), ("scan", torch.float32), ("sorted", torch.float32),
+                                         ("plan", LOW_DTYPE)])
+@pytest.mark.parametrize("num_tokens, route", [(1, QWEN), (3, MIXTRAL), (5, (6, 3, False)), (17, MIXTRAL)])
+def test_fp8_experts_match_the_reference_on_dequantized_weights(num_tokens, route, path, dtype):
+    """One token (a multiply-add per pair), a few (scan), sorted rows; renormalised and not; half precision
+    (float16 under the interpreter) on plan's path. Unchosen experts' weights and scales are NaN: never read."""
+    x, weights, ids, (w13, s13), (w2, s2) = fp8_operands(num_tokens, *route, dtype)
+    expected = fp8_reference(x, weights, ids, (w13, s13), (w2, s2))
+    unused = sorted(set(range(route[0])) - set(ids.flatten().tolist()))
+    s13[unused], s2[unused] = float("nan"), float("nan")
+    w13[unused], w2[unused] = float("nan"), float("nan")
+    got = fused_experts(x, weights, ids, w13, w2, PATHS[path], w13_scale=s13, w2_scale=s2)
+    assert_fp8_matches(got, expected)
+
+
+@pytest.mark.parametrize("renormalize", (True, False))
+def test_fp8_whole_op_past_the_decode_pairs_takes_sorted_rows(renormalize):
+    """65 tokens x k 8 = 520 pairs > DECODE_MAX_PAIRS: plan's sorted path, as the op launches it."""
+    num_tokens, num_experts, top_k = 65, 8, 8
+    assert num_tokens * top_k > fm.DECODE_MAX_PAIRS and plan(num_tokens, top_k, num_experts)["SORTED"]
+    x, _, _, (w13, s13), (w2, s2) = fp8_operands(num_tokens, num_experts, top_k, renormalize, torch.float32)
+    logits = randn((num_tokens, num_experts), torch.float32, 7)
+    expected = fm.fused_moe_reference(x, logits, dequantized(w13, s13, x.dtype), dequantized(w2, s2, x.dtype), top_k,
+                                      renormalize)
+    assert_close(fm.fused_moe(x, logits, w13, w2, top_k, renormalize, w13_scale=s13, w2_scale=s2), expected)
+
+
+FP8_SM90 = """
+from graphllm.kernels import moe_experts
+from tests.kernels import sm90_compile as S
+fp8 = dict(w_ptr="*fp8e4nv", scale_ptr="*fp32")
+for kernel, types, constexprs, options in S.moe_variants():
+    if kernel in (moe_experts._gate_up_silu_kernel, moe_experts._down_weighted_kernel):
+        print(kernel.__name__, constexprs["BLOCK_M"], S.check(kernel, {**types, **fp8}, constexprs, options))
+"""
+
+
+@pytest.mark.skipif(not nvidia_backend_present(), reason="needs Triton's NVIDIA backend and its bundled ptxas")
+def test_fp8_expert_kernels_compile_for_sm90():
+    """The interpreter runs what the compiler may reject: plan's four tile sets (one token, scan at 8 and 64
+    tokens, sorted) of both expert kernels over float8 weights build for the H200 (tests/kernels/sm90_compile.py
+    builds the float ones)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", FP8_SM90], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0 and run.stdout.count("cubin") == 8, run.stdout + run.stderr

@@ -1,8 +1,9 @@
 """Mixtral and Qwen3-MoE: the published per-expert checkpoints load into the stacked experts, the registry
 builds the layers transformers builds and refuses by name what the fused MoE does not do, the captured
 step keeps one graphllm.fused_moe node per sparse layer through the pass pipeline, tensor parallelism is
-refused, and quantization leaves the experts float (saying so). Greedy parity with transformers, eager and
-from the compiled artifact: tests/test_parity.py (CONFIGS "mixtral", "qwen3_moe", "qwen3_moe-mixed")."""
+refused, int8 / int4 leave the experts float (saying so), and an fp8 artifact gives the greedy tokens of
+the model on its fp8-dequantized weights. Greedy parity with transformers, eager and from the compiled
+artifact: tests/test_parity.py (CONFIGS "mixtral", "qwen3_moe", "qwen3_moe-mixed")."""
 
 import json
 import logging
@@ -166,7 +167,7 @@ def test_an_eager_engine_at_tp2_refuses_before_any_worker_starts(tiny_model_dir)
     assert not dist.is_initialized()
 
 
-@pytest.mark.parametrize("scheme", ("int8", "fp8", "int4"))
+@pytest.mark.parametrize("scheme", ("int8", "int4"))
 def test_quantization_leaves_the_experts_float_and_says_so(scheme, caplog):
     from graphllm.compiler.pipeline import unquantized_expert_share
     from graphllm.passes.manager import quantization_pass
@@ -180,6 +181,70 @@ def test_quantization_leaves_the_experts_float_and_says_so(scheme, caplog):
         share = unquantized_expert_share(graph, CompileConfig(quantization=scheme))
     assert 0.1 < share < 1 and f"--quantization {scheme} leaves the MoE experts in float32" in caplog.text
     assert unquantized_expert_share(graph, CompileConfig()) is None
+
+
+def test_fp8_quantizes_the_experts_too_and_keeps_the_routers(caplog):
+    from graphllm.compiler.pipeline import unquantized_expert_share
+    from graphllm.passes.manager import PassManager
+    graph, config = tiny_step_graph("qwen3_moe")
+    routers = {n: w.clone() for n, w in graph.weights.items() if n.endswith(".gate.weight")}
+    PassManager(CompileConfig(quantization="fp8")).run(graph)
+    assert op_counts(graph.gm)["fused_moe_fp8.default"] == len(config.sparse_layers)
+    assert all(torch.equal(graph.weights[n], w) for n, w in routers.items())
+    assert not [n for n, w in graph.weights.items() if ".experts." in n and w.dtype != torch.float8_e4m3fn
+                and not n.endswith("_weight_scale")]
+    with caplog.at_level(logging.WARNING):
+        assert unquantized_expert_share(graph, CompileConfig(quantization="fp8")) is None  # nothing left to say
+    assert "leaves the MoE experts" not in caplog.text
+
+
+def fp8_dequantized(hf: transformers.PreTrainedModel) -> transformers.PreTrainedModel:
+    """A copy of hf as --quantization fp8 computes it: every linear but lm_head W8A8 (its weight fp8-dequantized,
+    its input rounded to float8 per token), the experts' stacks fp8-dequantized (weight-only), routers as they are."""
+    import copy
+
+    from graphllm.kernels import quant_layout as Q
+
+    def fp8_rounded(w: torch.Tensor) -> torch.Tensor:  # [..., N, K]: each output row quantized on its own
+        rows = w.reshape(-1, w.shape[-1])
+        return Q.dequantize_per_channel(*Q.quantize_fp8_weight(rows)).to(w.dtype).view(w.shape)
+
+    def round_rows(_, args):
+        rows = args[0].reshape(-1, args[0].shape[-1])
+        xq, scale = Q.quantize_fp8_rows(rows)
+        return ((xq.float() * scale).to(args[0].dtype).view(args[0].shape),)
+
+    model = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.Linear) and name != "lm_head":
+                module.weight.copy_(fp8_rounded(module.weight))
+                module.register_forward_pre_hook(round_rows)
+            elif name.endswith(".experts"):
+                for stack in (module.gate_up_proj, module.down_proj):
+                    stack.copy_(fp8_rounded(stack))
+    return model
+
+
+@pytest.mark.parametrize("arch", EXPERT)
+def test_fp8_artifact_gives_the_tokens_of_the_fp8_dequantized_model(arch, folders):
+    """The whole pipeline (quantize_fp8 and quantize_fp8_experts, fusions, AOTInductor, Engine.load) against
+    transformers on the weights fp8 rounds them to; the experts run graphllm.fused_moe_fp8."""
+    from graphllm import Engine, EngineConfig, SamplingParams
+    from graphllm.compiler.artifact import read_manifest
+    from tests.conftest import compile_cached
+    from tests.test_quantized_parity import PROMPTS
+    folder, hf = folders[arch]
+    art = compile_cached(EngineConfig(model=str(folder), dtype="float32", quantization="fp8"), folder)
+    reports = {p["name"]: p["counts"] for p in read_manifest(art)["passes"]}
+    assert reports["quantize_fp8_experts"] == {"moe_layers": hf.config.num_hidden_layers}
+    greedy = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in Engine.load(art).generate(PROMPTS, greedy)]
+    reference = fp8_dequantized(hf)
+    with torch.no_grad():
+        expected = [reference.generate(torch.tensor([p]), max_new_tokens=16, do_sample=False, eos_token_id=None,
+                                       pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
+    assert got == expected
 
 
 def test_a_preset_folder_reads_in_graphllm_and_transformers_alike(tmp_path):

@@ -1,14 +1,16 @@
 """graphllm.fused_moe equals transformers' sparse MoE blocks (Mixtral, Qwen3-MoE) and the formula computed
-token by token in float64; it passes opcheck and stays one node under torch.compile."""
+token by token in float64; it passes opcheck and stays one node under torch.compile. graphllm.fused_moe_fp8
+equals the formula over its dequantized float8 experts."""
 
 import pytest
 import torch
 import transformers
 
 import graphllm.ops.moe  # noqa: F401  (registers the op)
-from graphllm.kernels.fused_moe_reference import select_experts
+from graphllm.kernels.fused_moe_reference import quantize_fp8_experts, select_experts
 
 fused_moe = torch.ops.graphllm.fused_moe
+fused_moe_fp8 = torch.ops.graphllm.fused_moe_fp8
 HIDDEN = 32
 
 
@@ -134,3 +136,43 @@ def test_cuda_equals_the_cpu_reference(num_tokens, num_experts, top_k, size):
     expected = fused_moe(x, logits, w13, w2, top_k, True)
     got = fused_moe(*(t.cuda() for t in (x, logits, w13, w2)), top_k, True)
     torch.testing.assert_close(got.cpu().float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
+def fp8_operands(num_tokens: int, num_experts: int, size: int, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """x, router_logits, then the experts quantized: w13 f8 [E, 2I, H], w13_scale [E, 2I], w2 f8, w2_scale."""
+    x, logits, w13, w2 = operands(num_tokens, num_experts, size, dtype, seed)
+    return (x, logits, *quantize_fp8_experts(w13), *quantize_fp8_experts(w2))
+
+
+@pytest.mark.parametrize("renormalize", (True, False))
+@pytest.mark.parametrize("num_tokens, num_experts, top_k", [(1, 4, 1), (5, 8, 2), (17, 6, 3)])
+def test_fp8_equals_the_formula_on_dequantized_experts(num_tokens, num_experts, top_k, renormalize):
+    x, logits, w13, s13, w2, s2 = fp8_operands(num_tokens, num_experts, 24)
+    got = fused_moe_fp8(x, logits, w13, s13, w2, s2, top_k, renormalize)
+    assert got.shape == x.shape and got.dtype == x.dtype
+    dequantized = lambda w, scale: w.double() * scale.double()[..., None]  # noqa: E731  W[e, n, :] = w * scale[e, n]
+    expected = per_token_formula(x, logits, dequantized(w13, s13), dequantized(w2, s2), top_k, renormalize)
+    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_fp8_experts_round_to_bfloat16_once_where_x_is_bfloat16():
+    x, logits, w13, s13, w2, s2 = fp8_operands(7, 8, 24, torch.bfloat16)
+    expected = fused_moe(x, logits, (w13.float() * s13[..., None]).bfloat16(), (w2.float() * s2[..., None]).bfloat16(),
+                         2, True)
+    assert torch.equal(fused_moe_fp8(x, logits, w13, s13, w2, s2, 2, True), expected)
+
+
+def test_fp8_operands_that_do_not_fit_are_refused():
+    x, logits, w13, s13, w2, s2 = fp8_operands(3, 4, 8)
+    with pytest.raises(RuntimeError, match=r"w13_scale torch.float32 \(4, 8\); float32 \(4, 16\) expected"):
+        fused_moe_fp8(x, logits, w13, s13[:, :8], w2, s2, 2, True)
+    with pytest.raises(RuntimeError, match="float8_e4m3fn expected"):
+        fused_moe_fp8(x, logits, w13.float(), s13, w2, s2, 2, True)
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+def test_fp8_opcheck(dtype):
+    """Without test_schema: its mutation check compares inputs with allclose, which float8 lacks on CPU."""
+    args = (*fp8_operands(6, 4, 8, dtype), 2, True)
+    torch.library.opcheck(fused_moe_fp8.default, args,
+                          test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
