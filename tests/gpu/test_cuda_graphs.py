@@ -87,4 +87,5 @@ def test_verify_steps_replay_their_own_graphs_with_transformers_tokens(backend, 
     assert engine.runner.verify_graphs is not None and engine.runner.verify_graphs.q == 4
     assert tokens(engine.generate(PROMPTS, GREEDY)) == expected
     assert engine.runner.verify_graphs.replays > 0
+    assert engine.spec_decoder.proposer.runner.graphs.replays > 0  # the draft's decode steps: its own graphs
     assert engine.pool.num_free_blocks == engine.pool.num_blocks

@@ -2,7 +2,8 @@
 
 The draft runs on runtime pieces of its own, built like an engine's (setup.build_runtime): its KV cache and
 block pool (as many tokens as the target's, no prefix caching), its runner, eager or compiled as the target
-(compile=True), never CUDA-graphed. Each sequence has a draft-side copy (a Sequence over the same tokens)
+(compile=True); on a GPU its one-token decode steps replay its own decode CUDA graphs (cuda_graphs as the
+target's), its catch-up steps run un-graphed. Each sequence has a draft-side copy (a Sequence over the same tokens)
 whose K/V the draft keeps between steps. Proposing for a sequence:
 
     sync       the copy takes the target's tokens; its computed tokens are cut back to where they still
@@ -53,7 +54,7 @@ class DraftModelProposer:
                              max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
                              block_size=limits.block_size, max_model_len=max_model_len,
                              num_kv_blocks=max(target.num_kv_blocks, -(-max_model_len // limits.block_size)),
-                             enable_prefix_caching=False, cuda_graphs=False, async_scheduling=False,
+                             enable_prefix_caching=False, cuda_graphs=config.cuda_graphs, async_scheduling=False,
                              attention_backend=config.attention_backend, seed=config.seed, cache_dir=config.cache_dir)
         return cls(build_runtime(draft))
 
