@@ -104,6 +104,7 @@ def measure_ngram(args: argparse.Namespace, model_dir: Path) -> tuple[list[dict]
                               max(args.batch_sizes), max_len, max(args.batch_sizes) * MAX_DEMO_PROMPT)
         facts = facts or engine_facts(engine)
         warm_up(engine, max(args.batch_sizes), 16)
+        engine.generate([engine.apply_chat_template(chat_messages(questions[0]))], params)  # verify steps too
         timer, stats = StepTimer(engine), engine.spec_decoder.stats if config else None
         try:
             for b in args.batch_sizes:
