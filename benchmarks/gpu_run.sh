@@ -51,12 +51,13 @@
 #   startup-prof  benchmarks/startup_profile.py: cProfile of a cold compile and of Engine.load (issue 19)
 #   moe-lat / moe-prof / moe-tput  (issue 20) bench latency (batch 1, 8, 32), its kernel profile at batch 32, and bench
 #              throughput of qwen3-30b-a3b with 12 of its 48 layers (preset and artifact of all 48 would not fit the disk)
-#   fam-tests  (issue 20) the new families (Gemma 2/3, OLMo 2, Phi-3) through compiled CUDA graphs against
-#              transformers, and the soft-capped attention kernel tests;  clean  drop the presets and artifacts (disk)
+#   fam-tests  (issue 20) the new families (Gemma 2/3, OLMo 2, Phi-3, DeepSeek-V2) through compiled CUDA graphs
+#              against transformers, the soft-capped and MLA attention kernel tests, Phi-3 LongRoPE;
+#              clean  drop the presets and artifacts (disk)
 #   moe-bench  benchmarks/moe_kernel_bench.py: the fused MoE op alone at Qwen3-30B-A3B's and Mixtral's layer shapes
 #   spec-bench / spec-tests  (issue 21) bench spec (oracle proposer: verify-step cost and speed-up for k 1, 2, 4, 8
 #              at batch 1, 8, 32, acceptance 100% and 60%), and the speculative-decoding tests on the GPU
-#   moe-tests  (issue 20) the fused MoE kernel and op tests and the MoE CUDA-graph tests on the GPU
+#   moe-tests  (issue 20) the fused MoE kernel and op tests (float and float8 experts) and the MoE CUDA-graph tests
 #   fam-P      (issue 20) bench latency at batch 1 and 8 of preset P (olmo-2-7b, phi-3-mini, ...), the usual limits
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
 # Usage there: bash benchmarks/gpu_run.sh tests latency-flashinfer
@@ -172,7 +173,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         $WORK/models/llama-3-8b /tmp/startup-prof "$OUT/r/$stage.json" 30 ;;
     fam-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/gpu/test_cuda_graphs.py tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py \
-        -k "gemma or olmo2 or phi3 or softcap or soft_cap" ;;
+        tests/kernels/test_mla_attention.py tests/models/test_deepseek_v2.py tests/models/test_phi3_longrope.py \
+        -k "gemma or olmo2 or phi3 or softcap or soft_cap or mla or deepseek or longrope" ;;
     clean) rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; df -h /tmp | tail -1 ;;
     moe-bench) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$stage.json" ;;
     spec-bench) bench spec --preset llama-3-8b --batch-sizes 1,8,32 --num-speculative-tokens 1,2,4,8 \
@@ -181,7 +183,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         tests/runtime/test_spec_decode.py tests/runtime/test_spec_decode_parts.py tests/bench/test_spec_bench.py \
         tests/runtime/test_spec_decode_structured.py tests/gpu/test_cuda_graphs.py -k "spec or verify or structured" ;;
     moe-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
-        tests/kernels/test_fused_moe.py tests/kernels/test_moe_*.py tests/ops/test_moe.py tests/gpu/test_cuda_graphs.py -k "moe or mixtral" ;;
+        tests/kernels/test_fused_moe.py tests/kernels/test_moe_*.py tests/ops/test_moe.py tests/gpu/test_cuda_graphs.py \
+        tests/passes/test_quantize_fp8_experts.py tests/models/test_moe.py -k "moe or mixtral or fp8" ;;
     qsweep-pairs) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-pairs.json" 240 int4 1,4,16 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-pairs.json" int4 \
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
