@@ -49,7 +49,8 @@
 #   startup    (issue 19) bench compile --no-decode: a cold compile in a fresh Inductor cache, two warm starts and a
 #              cold-disk start (the artifact evicted from the page cache), each with its start-up phases
 #   startup-prof  benchmarks/startup_profile.py: cProfile of a cold compile and of Engine.load (issue 19)
-#   moe-lat / moe-prof / moe-tput  (issue 20) bench latency (batch 1, 8, 32), its kernel profile at batch 32, and bench
+#   moe-lat / moe-prof / moe-tput  (issue 20) bench latency (batch 1, 8, 32; moe-lat-fp8: float8 experts and
+#              linears), its kernel profile at batch 32, and bench
 #              throughput of qwen3-30b-a3b with 12 of its 48 layers (preset and artifact of all 48 would not fit the disk)
 #   fam-tests  (issue 20) the new families (Gemma 2/3, OLMo 2, Phi-3, DeepSeek-V2) through compiled CUDA graphs
 #              against transformers, the soft-capped and MLA attention kernel tests, Phi-3 LongRoPE;
@@ -163,6 +164,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --json "$OUT/r/$stage.json"; rm -rf $WORK/startup ;;
     moe-lat) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
         --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    moe-lat-fp8) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
+        --output-len 256 --quantization fp8 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     moe-prof) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 32 --input-len 128 --output-len 64 \
         $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     moe-tput) bench throughput --preset qwen3-30b-a3b --preset-layers 12 --num-requests 1024 $LIMITS --work $WORK \
