@@ -18,11 +18,9 @@ import torch.nn.functional as F
 
 import graphllm.ops.moe  # noqa: F401  (registers torch.ops.graphllm.fused_moe)
 from graphllm.models.config import ModelConfig
-from graphllm.models.layers import RMSNorm
-from graphllm.models.llama import LlamaForCausalLM
+from graphllm.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 from graphllm.models.mla import DeepseekV2Attention, LatentRotaryEmbedding
 from graphllm.models.moe import MoeExperts
-from graphllm.ops.attention import AttentionMetadata
 
 EXPERT_NAMES = ("gate_proj", "up_proj", "down_proj")
 
@@ -58,38 +56,19 @@ class DeepseekV2MoE(nn.Module):
         return routed + self.shared_experts(x)
 
 
-class DeepseekV2DecoderLayer(nn.Module):
+class DeepseekV2DecoderLayer(LlamaDecoderLayer):
+    attention = DeepseekV2Attention
+
     def __init__(self, config: ModelConfig, layer_idx: int):
-        super().__init__()
-        self.self_attn = DeepseekV2Attention(config, layer_idx)
+        super().__init__(config, layer_idx)  # Llama's norms; its dense MLP replaced before any weight is read
         sparse = layer_idx in config.sparse_layers
         self.mlp = DeepseekV2MoE(config) if sparse else DeepseekV2MLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x, cos, sin, positions, meta):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class DeepseekV2Model(nn.Module):
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DeepseekV2DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = LatentRotaryEmbedding(config.rope, config.qk_rope_head_dim)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
-        # input_ids, positions: [T] -> hidden states [T, hidden]
-        x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(positions)  # [T, rope // 2] float32
-        for layer in self.layers:
-            x = layer(x, cos, sin, positions, meta)
-        return self.norm(x)
 
 
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
+    decoder_layer = DeepseekV2DecoderLayer
+
     def build_model(self, config: ModelConfig) -> nn.Module:
-        return DeepseekV2Model(config)
+        # the decoupled rope of q_pe and k_pe: qk_rope_head_dim wide, interleaved, yarn, cos/sin in float32
+        return LlamaModel(config, self.decoder_layer, self.norm,
+                          rotary=lambda config: LatentRotaryEmbedding(config.rope, config.qk_rope_head_dim))

@@ -73,13 +73,15 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    """rotary_emb(positions, dtype) -> cos, sin for every layer; `rotary` builds it (DeepSeek-V2: its own)."""
+
     def __init__(self, config: ModelConfig, decoder_layer: type[nn.Module] = LlamaDecoderLayer,
-                 norm: type[nn.Module] = RMSNorm):
+                 norm: type[nn.Module] = RMSNorm, rotary=lambda config: RotaryEmbedding(config.rope, config.head_dim)):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(decoder_layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = norm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config.rope, config.head_dim)
+        self.rotary_emb = rotary(config)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:

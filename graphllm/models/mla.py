@@ -79,7 +79,8 @@ class LatentRotaryEmbedding(nn.Module):
         """Recompute inv_freq on `device` (the model is built on the meta device)."""
         self.inv_freq = rope_tables(self.rope, self.dim)[0].to(device)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        # float32 whatever the model's dtype (rotate_interleaved rotates in float32)
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, rope // 2]
         return freqs.cos() * self.attention_factor, freqs.sin() * self.attention_factor
 
