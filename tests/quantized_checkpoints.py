@@ -1,7 +1,9 @@
 """Tiny pre-quantized Hugging Face folders, written in each library's exact on-disk layout (no downloads).
 
 Each writer starts from a tiny model of tests/tiny_models.py, quantizes every linear of the decoder
-layers (lm_head stays float) with that library's own quantizer and packing, ported below line for
+layers (lm_head stays float; in a mixture of experts, each expert's linears and the router, as
+llm-compressor sees them: `experts.{e}.gate_proj` ..., `mlp.gate`, unless the ignore list names them)
+with that library's own quantizer and packing, ported below line for
 line from the file cited, and rewrites model.safetensors and config.json. Each format also has the
 library's own dequantization, also ported, which `write_dequantized_folder` uses to write a plain
 float32 folder that transformers loads: the oracle for the same weights.
@@ -23,6 +25,9 @@ from tests.tiny_models import make_hf_model, save_model_folder
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# MoE linears as published: one per expert and projection (Mixtral w1/w3/w2, Qwen3-MoE gate/up/down_proj), the router
+MOE_LINEARS = re.compile(r".*\.(experts\.\d+\.(w1|w2|w3|gate_proj|up_proj|down_proj)|block_sparse_moe\.gate|mlp\.gate)")
+ROUTERS = r"re:.*(block_sparse_moe|mlp)\.gate$"  # the ignore entry that keeps every router float (as published)
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]  # AutoAWQ awq/utils/packing_utils.py
@@ -226,7 +231,8 @@ def quantize_folder(path: Path, arch: str, quantization_config: dict, quantize_l
     """A tiny model of `arch` saved to path, its decoder linears replaced by quantize_linear(prefix, W, bias)."""
     folder = save_model_folder(make_hf_model(arch), Path(path))
     tensors = load_file(folder / "model.safetensors")
-    prefixes = sorted({name.rsplit(".", 1)[0] for name in tensors if name.rsplit(".", 1)[0].endswith(LINEARS)})
+    prefixes = sorted({prefix for prefix in (name.rsplit(".", 1)[0] for name in tensors)
+                       if prefix.endswith(LINEARS) or MOE_LINEARS.fullmatch(prefix)})
     for prefix in (p for p in prefixes if not skip(p)):
         weight, bias = tensors.pop(f"{prefix}.weight"), tensors.pop(f"{prefix}.bias", None)
         tensors.update({f"{prefix}.{key}": t for key, t in quantize_linear(prefix, weight, bias).items()})

@@ -58,7 +58,12 @@ COMPILER_MODULES = ("graphllm.ir.capture", "graphllm.ir.graph", "graphllm.compil
                     "graphllm.models.llama", "graphllm.models.layers", "graphllm.models.olmo2", "graphllm.models.phi3",
                     "graphllm.models.moe", "graphllm.models.mixtral", "graphllm.models.qwen3_moe", "graphllm.ops.moe",
                     "graphllm.models.gemma", "graphllm.models.gemma_config", "graphllm.models.deepseek_v2",
-                    "graphllm.models.mla", "graphllm.ops.mla_attention", "graphllm.kernels.mla_reference")
+                    "graphllm.models.mla", "graphllm.ops.mla_attention", "graphllm.kernels.mla_reference",
+                    # the loader and checkpoint conversion decide the weights the artifact stores
+                    "graphllm.models.loader", "graphllm.models.checkpoint_parts",
+                    "graphllm.models.quantization.parse", "graphllm.models.quantization.scheme",
+                    "graphllm.models.quantization.convert", "graphllm.models.quantization.checkpoint",
+                    "graphllm.models.quantization.experts")
 
 
 @functools.cache
@@ -100,8 +105,8 @@ def planned_prequantized(model_dir: Path) -> Prequantized | None:
 
 
 def checkpoint_quantization(config: CompileConfig, loaded, model_dir: Path) -> Prequantized | None:
-    """The pre-quantized checkpoint's linears for the quantization pass (None for a float checkpoint),
-    after checking that config.quantization does not ask for something else."""
+    """The pre-quantized checkpoint's linears and experts for the quantization passes (None for a float
+    checkpoint), after checking that config.quantization does not ask for something else."""
     asked, found = config.quantization, loaded.quantization
     if found is None:
         if asked in CHECKPOINT_QUANTIZATIONS:
@@ -111,7 +116,7 @@ def checkpoint_quantization(config: CompileConfig, loaded, model_dir: Path) -> P
     if asked is not None and asked != found.method:
         raise ModelLoadError(f"{model_dir} is a {found.method} checkpoint ({found.scheme}); it cannot be quantized "
                              f"again with --quantization {asked}: drop the flag (the checkpoint's scheme is used)")
-    return Prequantized(found.scheme, loaded.quantized)
+    return Prequantized(found.scheme, loaded.quantized, loaded.experts)
 
 
 def check_device_runs(scheme: str | None, device: torch.device) -> None:

@@ -62,7 +62,8 @@ class StackedTensors:
             raise ModelLoadError(f"tensor {name!r} appears twice in the checkpoint")
         if not tensor.is_floating_point():
             raise ModelLoadError(f"tensor {name!r} in {file.name} is stored as {tensor.dtype}, expected a "
-                                 "floating-point expert weight (quantized experts are not supported)")
+                                 "floating-point expert weight: the checkpoint's quantization config (if any) "
+                                 "does not quantize it")
         target.copy_(tensor)
         self.seen.add(name)
 

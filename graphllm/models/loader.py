@@ -7,7 +7,9 @@ mismatch between checkpoint and module is an error that names the tensor.
 A pre-quantized folder (compressed-tensors, GPTQ, AWQ, fp8: graphllm/models/quantization/) loads
 through load_checkpoint: each quantized linear's weight parameter is a zero-memory placeholder of
 its shape, and its tensors in graphllm's internal layout come beside the model, for the compiler's
-quantization pass to put in place of the linear.
+quantization pass to put in place of the linear. Quantized MoE experts (fp8, one linear per expert) are
+the same: their stacked parameters are placeholders, their float8 stacks come beside the model, for
+quantize_fp8_experts.
 """
 
 import json
@@ -22,8 +24,8 @@ from torch import nn
 from graphllm.models.checkpoint_parts import CheckpointPart, StackedTensors, checkpoint_parts
 from graphllm.models.config import ModelConfig
 from graphllm.models.errors import ModelLoadError
-from graphllm.models.quantization import (CheckpointQuantization, QuantizedTensors, quantized_linears,
-                                          read_checkpoint_quantization)
+from graphllm.models.quantization import (CheckpointQuantization, QuantizedTensors, quantized_experts,
+                                          quantized_linears, read_checkpoint_quantization)
 from graphllm.models.registry import resolve_architecture
 
 # Checkpoint entries that carry no weights (old Llama checkpoints saved the rope buffer).
@@ -40,11 +42,15 @@ class LoadedCheckpoint:
     path ("model.layers.0.self_attn.q_proj") to its tensors in graphllm's internal layout
     (graphllm/kernels/quant_layout.py): {"qweight", "weight_scale", "input_scale"?} for fp8, {"qweight",
     "scales", "zeros"} for int4, plus "bias" where the linear has one; that linear's weight parameter in
-    `model` is a zero-memory placeholder. `kv_scales` maps a layer to its fp8 KV-cache (k_scale, v_scale)."""
+    `model` is a zero-memory placeholder. `experts` maps each quantized MoE expert stack
+    ("model.layers.0.mlp.experts.gate_up_proj" / ".down_proj") to {"qweight": float8 [E, N, K], "weight_scale":
+    float32 [E, N]} (models/quantization/experts.py); that stack in `model` is a placeholder too. `kv_scales`
+    maps a layer to its fp8 KV-cache (k_scale, v_scale)."""
     model: nn.Module
     config: ModelConfig
     quantization: CheckpointQuantization | None = None
     quantized: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    experts: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     kv_scales: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
@@ -137,12 +143,15 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, device
     with torch.device("meta"):
         model = module_cls(config)
     linears = quantized_linears(model, quant) if quant else {}
-    placeholders = {f"{prefix}.weight" for prefix in linears}
+    experts = quantized_experts(model, quant) if quant else {}
+    stacks = {expert.part.parameter: expert.stack for expert in experts.values()}  # [E, N, K] each
+    placeholders = {f"{prefix}.weight" for prefix in linears} | set(stacks)
     expected = {n: p for n, p in model.named_parameters() if n not in placeholders}  # tied lm_head appears once
     skip = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    router = QuantizedTensors(quant, linears) if quant else None
+    router = QuantizedTensors(quant, linears, experts) if quant else None
     claims = router.claims if router else (lambda name: False)
-    tensors, claimed = read_checkpoint(files, expected, skip, dtype, device, claims, checkpoint_parts(model))
+    parts = {name: part for name, part in checkpoint_parts(model).items() if part.parameter not in stacks}
+    tensors, claimed = read_checkpoint(files, expected, skip, dtype, device, claims, parts)
     if router is None:
         return LoadedCheckpoint(fill_model(model, config, tensors, device), config)
     quantized = router.convert(claimed, dtype, device)
@@ -150,7 +159,10 @@ def load_checkpoint(path: str | Path, dtype: torch.dtype = torch.float32, device
         tensors[f"{prefix}.weight"] = torch.zeros((), dtype=dtype, device=device).expand(n, k)  # no memory
         if f"{prefix}.bias" in tensors:
             quantized[prefix]["bias"] = tensors[f"{prefix}.bias"]
+    for name, shape in stacks.items():
+        tensors[name] = torch.zeros((), dtype=dtype, device=device).expand(shape)
     return LoadedCheckpoint(fill_model(model, config, tensors, device), config, quant, quantized,
+                            router.convert_experts(claimed, dtype, device),
                             router.kv_scales(claimed, config.num_hidden_layers))
 
 

@@ -16,6 +16,7 @@ from graphllm.models.llama import LlamaForCausalLM
 from graphllm.models.mixtral import MixtralForCausalLM
 from graphllm.models.olmo2 import Olmo2ForCausalLM
 from graphllm.models.phi3 import Phi3ForCausalLM
+from graphllm.models.quantization import read_checkpoint_quantization
 from graphllm.models.qwen3_moe import Qwen3MoeForCausalLM
 
 
@@ -62,8 +63,13 @@ def _phi3(hf: dict[str, Any], arch: str) -> ModelConfig:
 
 
 def _check_moe(hf: dict[str, Any], arch: str, num_experts: int) -> None:
-    """What graphllm's fused MoE (graphllm/ops/moe.py) does not do, refused by name."""
-    _reject(hf, "quantization_config", f"a pre-quantized {arch} checkpoint (the fused MoE runs float experts)")
+    """What graphllm's fused MoE (graphllm/ops/moe.py) does not do, refused by name. A pre-quantized checkpoint
+    loads in fp8 only (graphllm.fused_moe_fp8); its parser refuses block-wise fp8, and the loader a quantized
+    router or a layer whose experts are partly quantized (models/quantization/experts.py)."""
+    quant = read_checkpoint_quantization(hf)
+    if quant is not None and quant.scheme != "fp8":
+        raise ValueError(f"config.json sets quantization_config with quant_method={quant.method!r} ({quant.scheme}): "
+                         f"a pre-quantized {arch} checkpoint loads in fp8 only (the fused MoE has no int4 path)")
     if hf.get("hidden_act", "silu") != "silu":
         raise ValueError(f"config.json sets hidden_act={hf['hidden_act']!r}: {arch}'s experts run SiLU only")
     top_k = hf.get("num_experts_per_tok")
@@ -111,6 +117,8 @@ def _deepseek_v2(hf: dict[str, Any], arch: str) -> ModelConfig:
     if not experts:
         raise ValueError(f"config.json sets n_routed_experts={hf.get('n_routed_experts')!r}: a dense {arch} is not "
                          "supported yet")
+    _reject(hf, "quantization_config", f"a pre-quantized {arch} checkpoint (its attention absorbs kv_b_proj's "
+                                       "float weight)")
     _check_moe(hf, arch, experts)
     _check_deepseek_v2_routing(hf, arch)
     first_dense, freq = int(hf.get("first_k_dense_replace") or 0), int(hf.get("moe_layer_freq") or 1)

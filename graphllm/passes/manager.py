@@ -1,9 +1,9 @@
 """PassManager: the ordered list of passes a CompileConfig asks for, with a fixed clean-up tail.
 
 Order matters: quantization comes first (the fusions concatenate quantized weights as they do
-float ones; with --quantization fp8, quantize_fp8_experts follows quantize_fp8 for the MoE experts,
-and a rank's shard_tp runs before both, so each rank quantizes its own slices), gate/up must be
-fused before silu·mul can match its split, and skinny_linear
+float ones; with fp8, --quantization or a pre-quantized checkpoint, quantize_fp8_experts follows
+quantize_fp8 for the MoE experts, and a rank's shard_tp runs before both, so each rank quantizes its
+own slices), gate/up must be fused before silu·mul can match its split, and skinny_linear
 comes after every pass that matches aten.linear, linear_prologue after it (it folds norms
 into graphllm.linear), and for fp8 quantize_fp8_activations after all of them (one activation
 quantization per fused linear); clean-up (no-op elimination, then dead code) always runs last. A pass
@@ -14,7 +14,7 @@ so an artifact's cache key changes whenever any pass changes.
 
 import hashlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from graphllm.config import CompileConfig
@@ -37,9 +37,11 @@ class PassReport:
 class Prequantized:
     """A pre-quantized checkpoint's linears, unpacked by the loader into graphllm's layout
     (graphllm/kernels/quant_layout.py): the scheme ("fp8" or "int4") and, by module path
-    ("model.layers.0.self_attn.q_proj"), the tensors of each quantized linear."""
+    ("model.layers.0.self_attn.q_proj"), the tensors of each quantized linear; for fp8, by stack path
+    ("model.layers.0.mlp.experts.gate_up_proj"), the float8 MoE experts and their scales."""
     scheme: str
     linears: dict
+    experts: dict = field(default_factory=dict)
 
 
 def quantization_pass(config: CompileConfig, prequantized: Prequantized | None) -> GraphPass | None:
@@ -77,9 +79,9 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
               (config.skinny_linear and config.linear_prologue, LinearPrologue)]
     linears = quantization_pass(config, prequantized)
     quantize = [linears] if linears else []
-    if config.quantization == "fp8" and prequantized is None:  # float experts (a pre-quantized MoE is refused)
-        quantize.append(QuantizeFP8Experts())
     scheme = prequantized.scheme if prequantized is not None else config.quantization
+    if scheme == "fp8":  # the experts: quantized here, or the checkpoint's (a dense graph has none: a no-op)
+        quantize.append(QuantizeFP8Experts(None if prequantized is None else prequantized.experts))
     late = [QuantizeFP8Activations()] if scheme == "fp8" else []  # after the fusions: one per fused linear
     return [EliminateNoops()] + quantize + [cls() for wanted, cls in chosen if wanted] + late + cleanup
 

@@ -116,7 +116,8 @@ def moe_config(arch: str, **changes) -> dict:
 @pytest.mark.parametrize("arch, key, value, message", [
     ("mixtral", "hidden_act", "gelu", "hidden_act='gelu'"),
     ("mixtral", "num_experts_per_tok", 5, "num_experts_per_tok=5 for 4 experts"),
-    ("mixtral", "quantization_config", {"quant_method": "fp8"}, "quantization_config.*pre-quantized Mixtral"),
+    ("mixtral", "quantization_config", {"quant_method": "gptq", "bits": 4, "group_size": 128},
+     "quant_method='gptq'.*pre-quantized Mixtral.*fp8 only"),
     ("qwen3_moe", "use_sliding_window", True, "use_sliding_window"),
     ("qwen3_moe", "shared_expert_intermediate_size", 512, "shared_expert_intermediate_size.*shared expert"),
     ("qwen3_moe", "attn_logit_softcapping", 30.0, "attn_logit_softcapping"),

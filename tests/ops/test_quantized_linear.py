@@ -64,3 +64,11 @@ def test_ops_keep_leading_dims_and_fake_shapes():
         fake = torch.ops.graphllm.int4_linear(mode.from_tensor(x3), mode.from_tensor(qw), mode.from_tensor(s),
                                               mode.from_tensor(z), None)
     assert fake.shape == (2, 3, N)
+
+
+def test_fp8_quantize_of_one_row_with_a_static_scale_returns_no_alias():
+    """Regression: one row under a checkpoint's static input_scale [1] gave back input_scale itself, which a
+    custom op may not return (PyTorch refused it in eager graphs of pre-quantized fp8 checkpoints)."""
+    scale = torch.tensor([0.05])
+    xq, out = torch.ops.graphllm.fp8_quantize(torch.randn(1, 16), scale)
+    assert out.tolist() == [[pytest.approx(0.05)]] and out.data_ptr() != scale.data_ptr()

@@ -1,9 +1,11 @@
-"""Which checkpoint tensors belong to quantized linears and KV-cache scales, and their conversion.
+"""Which checkpoint tensors belong to quantized linears, quantized MoE experts and KV-cache scales, and their
+conversion.
 
 The loader reads every tensor of the folder once; the names `QuantizedTensors.claims` accepts come
-here instead of into the model's parameters: `<linear>.<suffix>` for each quantized linear (the
-suffixes of its method, convert.py) and the per-layer KV-cache scales
-(`model.layers.<i>.self_attn.k_scale` / `v_scale`, or the older `k_proj.output_scale` / `v_proj.output_scale`).
+here instead of into the model's parameters: `<linear>.<suffix>` for each quantized linear and each quantized
+expert's linear (`<experts>.{e}.<proj>`: experts.py; the suffixes of its method, convert.py) and the per-layer
+KV-cache scales (`model.layers.<i>.self_attn.k_scale` / `v_scale`, or the older `k_proj.output_scale` /
+`v_proj.output_scale`).
 """
 
 import re
@@ -13,6 +15,7 @@ from torch import nn
 
 from graphllm.models.errors import ModelLoadError
 from graphllm.models.quantization.convert import FLOAT_DTYPES, convert_linear, linear_tensor_names
+from graphllm.models.quantization.experts import ExpertLinear, stack_experts
 from graphllm.models.quantization.scheme import CheckpointQuantization
 
 KV_SCALE = re.compile(r"model\.layers\.(\d+)\.self_attn\.(?:([kv])_scale|([kv])_proj\.output_scale)")
@@ -20,7 +23,8 @@ UNQUANTIZED_HEAD = "lm_head"  # the logits projection stays in the model dtype (
 
 
 def quantized_linears(model: nn.Module, quant: CheckpointQuantization) -> dict[str, tuple[int, int]]:
-    """Module path -> (N, K) of every linear stored quantized: each nn.Linear but lm_head and the ignored."""
+    """Module path -> (N, K) of every linear stored quantized: each nn.Linear but lm_head and the ignored
+    (an MoE router among them is refused by experts.quantized_experts)."""
     return {name: (module.out_features, module.in_features) for name, module in model.named_modules()
             if isinstance(module, nn.Linear) and name != UNQUANTIZED_HEAD and not quant.ignored(name)}
 
@@ -28,8 +32,9 @@ def quantized_linears(model: nn.Module, quant: CheckpointQuantization) -> dict[s
 class QuantizedTensors:
     """Routes a quantized checkpoint's tensors: `claims(name)` says whether this class takes the tensor."""
 
-    def __init__(self, quant: CheckpointQuantization, linears: dict[str, tuple[int, int]]):
-        self.quant, self.linears = quant, linears
+    def __init__(self, quant: CheckpointQuantization, linears: dict[str, tuple[int, int]],
+                 experts: dict[str, ExpertLinear] | None = None):
+        self.quant, self.linears, self.experts = quant, linears, experts or {}
         self.suffixes = set(linear_tensor_names(quant))
 
     def claims(self, name: str) -> bool:
@@ -37,19 +42,20 @@ class QuantizedTensors:
         if prefix == UNQUANTIZED_HEAD and suffix in self.suffixes - {"weight"}:
             raise ModelLoadError(f"the checkpoint quantizes lm_head (tensor {name!r}): graphllm keeps lm_head "
                                  "unquantized; add it to the quantization config's ignore list when quantizing")
-        return bool(KV_SCALE.fullmatch(name)) or (prefix in self.linears and suffix in self.suffixes)
+        return bool(KV_SCALE.fullmatch(name)) or (
+            (prefix in self.linears or prefix in self.experts) and suffix in self.suffixes)
 
     def convert(self, claimed: dict[str, torch.Tensor], dtype: torch.dtype,
                 device: torch.device) -> dict[str, dict[str, torch.Tensor]]:
         """Every quantized linear's internal-layout tensors (graphllm/kernels/quant_layout.py), on `device`."""
-        by_linear: dict[str, dict[str, torch.Tensor]] = {prefix: {} for prefix in self.linears}
-        for name, tensor in claimed.items():
-            prefix, _, suffix = name.rpartition(".")
-            if prefix in by_linear and not KV_SCALE.fullmatch(name):
-                by_linear[prefix][suffix] = tensor
         return {prefix: {key: t.to(device) for key, t in
                          convert_linear(self.quant, prefix, tensors, self.linears[prefix], dtype).items()}
-                for prefix, tensors in by_linear.items()}
+                for prefix, tensors in by_linear(claimed, self.linears).items()}
+
+    def convert_experts(self, claimed: dict[str, torch.Tensor], dtype: torch.dtype,
+                        device: torch.device) -> dict[str, dict[str, torch.Tensor]]:
+        """Every quantized expert stack ("<experts>.gate_up_proj" / ".down_proj") -> {"qweight", "weight_scale"}."""
+        return stack_experts(self.quant, self.experts, by_linear(claimed, self.experts), dtype, device)
 
     def kv_scales(self, claimed: dict[str, torch.Tensor], num_layers: int) -> dict[int, tuple[float, float]]:
         """Layer -> (k_scale, v_scale); every layer must have both when the config declares an fp8 KV cache."""
@@ -67,6 +73,16 @@ class QuantizedTensors:
                     raise ModelLoadError(f"checkpoint is missing tensor 'model.layers.{layer}.self_attn.{kv}_scale' "
                                          "(the fp8 KV-cache scale of that layer)")
         return {layer: (found[layer]["k"], found[layer]["v"]) for layer in layers}
+
+
+def by_linear(claimed: dict[str, torch.Tensor], prefixes) -> dict[str, dict[str, torch.Tensor]]:
+    """Linear path -> {suffix: tensor} over `prefixes` (each present, maybe empty), KV-cache scales left out."""
+    out: dict[str, dict[str, torch.Tensor]] = {prefix: {} for prefix in prefixes}
+    for name, tensor in claimed.items():
+        prefix, _, suffix = name.rpartition(".")
+        if prefix in out and not KV_SCALE.fullmatch(name):
+            out[prefix][suffix] = tensor
+    return out
 
 
 def scalar_scale(name: str, tensor: torch.Tensor) -> float:
