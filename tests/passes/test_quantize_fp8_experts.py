@@ -95,3 +95,13 @@ def test_after_shard_tp_each_rank_quantizes_its_rows_of_every_expert():
             else:
                 assert got.shape == (qweight.shape[0], qweight.shape[1], size // 2)
                 assert torch.equal(got_scale, quantize_fp8_experts(graph.weights[name][:, :, mine])[1])
+
+
+def test_shard_tp_refuses_experts_already_in_float8():
+    """The pipeline shards before it quantizes; a graph whose experts are float8 already is refused by name,
+    never left unsharded."""
+    from graphllm.passes.parallel.shard_tp import TP_GROUP, ShardTP
+    graph, config = tiny_step_graph("mixtral")
+    QuantizeFP8Experts()(graph)
+    with pytest.raises(ValueError, match="fused_moe_fp8"):
+        ShardTP.for_model(config, 0, 2, TP_GROUP)(graph)

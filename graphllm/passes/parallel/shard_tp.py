@@ -70,7 +70,7 @@ LINEAR = torch.ops.aten.linear.default
 FUSED_MOE = "graphllm::fused_moe"  # its overload's name (the op registers when an MoE model is imported)
 COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROW = ("o_proj", "down_proj")
-QUANTIZED = ("fp8_linear", "int8_linear", "int4_linear")
+QUANTIZED = ("fp8_linear", "int8_linear", "int4_linear", "fused_moe_fp8")  # quantization runs after sharding
 VOCAB = ("lm_head", "embed_tokens")  # a linear over the vocabulary rows (embed_tokens: lm_head tied to it)
 VOCAB_IDS = "tp_vocab_ids"  # the buffer of the token ids whose rows rank r holds
 TP_GROUP = "0"  # the name torch.distributed gives the default (WORLD) group, which the ranks form
@@ -98,8 +98,8 @@ class ShardTP(GraphPass):
         self.plan: dict[str, RankSlice] = {}  # weight name -> the part of it this rank holds
         for node in list(graph.graph.nodes):
             if node.op == "call_function" and getattr(node.target, "__name__", "").split(".")[0] in QUANTIZED:
-                raise ValueError("tensor parallelism over quantized linears is not supported yet: "
-                                 "shard before quantizing, or use --tensor-parallel-size 1")
+                raise ValueError(f"tensor parallelism over quantized linears or experts ({node.target}) is not "
+                                 "supported yet: shard before quantizing, or use --tensor-parallel-size 1")
             member = _member(node)
             if member in COLUMN:
                 self._shard_column(graph, node, member)
