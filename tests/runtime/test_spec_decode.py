@@ -13,6 +13,7 @@ import transformers
 from scipy.stats import chisquare
 
 from graphllm import Engine, SamplingParams
+from tests.conftest import TEST_CACHE_DIR
 from tests.tiny_models import COMMON, make_hf_model, make_tokenizer, save_model_folder
 
 # repeated n-grams (prompt lookup finds them) and prompts of other lengths
@@ -250,8 +251,10 @@ def test_a_compiled_artifact_verifies_too(llama, compiled_dir, plain):
 def test_a_compiled_step_returns_a_logits_row_per_token(llama, compiled_dir, plain):
     """Verify steps sample k + 1 rows per sequence: 16 sequences with 4 proposals each need 80 rows, more than
     the artifact's max_num_seqs (64), which once bounded them and cut the proposals short."""
-    engine = Engine.load(compiled_dir("llama"), speculative_config={"model": str(llama[0]), "num_speculative_tokens": 4})
+    engine = Engine.load(compiled_dir("llama"), speculative_config={"model": str(llama[0]), "num_speculative_tokens": 4},
+                         cache_dir=TEST_CACHE_DIR)
     assert engine.state.limits.max_num_seqs == 64 and engine.scheduler.max_num_logits >= 80
+    assert engine.spec_decoder.proposer.compiled  # a compiled target's draft is compiled too
     prompts = [[1, 3 + i, 7, 9 + i] for i in range(16)]
     assert_same(run(engine, prompts, GREEDY), run(plain, prompts, GREEDY))
     stats = engine.stats().spec_decode

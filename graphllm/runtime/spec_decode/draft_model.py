@@ -1,8 +1,8 @@
 """DraftModelProposer: a second, small model proposes k tokens per sequence, greedily (vLLM's "draft_model").
 
 The draft runs on runtime pieces of its own, built like an engine's (setup.build_runtime): its KV cache and
-block pool (as many tokens as the target's, no prefix caching), its runner, eager or compiled as the target
-(compile=True); on a GPU its one-token decode steps replay its own decode CUDA graphs (cuda_graphs as the
+block pool (as many tokens as the target's, no prefix caching), its runner, compiled when the target is (an
+artifact, or compile=True: the draft's own artifact in the same cache_dir), else eager; on a GPU its one-token decode steps replay its own decode CUDA graphs (cuda_graphs as the
 target's), its catch-up steps run un-graphed. Each sequence has a draft-side copy (a Sequence over the same tokens)
 whose K/V the draft keeps between steps. Proposing for a sequence:
 
@@ -38,6 +38,7 @@ class DraftCopy(NamedTuple):
 class DraftModelProposer:
     def __init__(self, runtime: Runtime):
         self.pool, self.runner = runtime.pool, runtime.runner
+        self.compiled = runtime.model is None  # its runner steps an artifact's compiled step (else the eager model)
         self.max_model_len = runtime.state.max_model_len  # the draft's positions (num_proposals caps k by it)
         self.max_num_seqs, self.budget = runtime.state.limits.max_num_seqs, runtime.state.limits.max_num_batched_tokens
         self.copies: dict[int, DraftCopy] = {}  # target seq_id -> its draft-side copy
@@ -50,7 +51,8 @@ class DraftModelProposer:
         check_same_vocabulary(path, draft_config.vocab_size, load_tokenizer(path), target, target_tokenizer)
         max_model_len = min(target.max_model_len, draft_config.max_position_embeddings)
         limits = target.limits
-        draft = EngineConfig(model=str(path), compile=config.compile, dtype=config.dtype, device=config.device,
+        compiled = config.compile or config.artifact is not None
+        draft = EngineConfig(model=str(path), compile=compiled, dtype=config.dtype, device=config.device,
                              max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
                              block_size=limits.block_size, max_model_len=max_model_len,
                              num_kv_blocks=max(target.num_kv_blocks, -(-max_model_len // limits.block_size)),
