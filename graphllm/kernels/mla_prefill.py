@@ -6,7 +6,7 @@ rope; graphllm/kernels/mla_reference.py is the oracle). All heads share one key,
 does for a GQA group, program (tile, head block) flattens BLOCK_Q consecutive new tokens of one sequence times
 BLOCK_H heads into BLOCK_M rows (row r: token r // BLOCK_H, head r % BLOCK_H of the block) and each entry tile
 serves them all, as key (latent dot plus rope dot, split as in mla_decode.py) and as value (its latent). Tiles
-map to sequences as in paged_prefill_attention (_find_seq over a grid of cdiv(T, BLOCK_Q) + B tiles, programs past
+map to sequences as in paged_prefill_attention (_query_tile over a grid of cdiv(T, BLOCK_Q) + B tiles, programs past
 their sequence's tokens exit): shapes only, no host sync.
 
 A sequence with one new token (a decode of a mixed step) runs mla_decode's one-token loop on its BLOCK_H heads;
@@ -22,7 +22,7 @@ import triton.language as tl
 
 from graphllm.kernels.mla_decode import BLOCK_H as DECODE_BLOCK_H
 from graphllm.kernels.mla_decode import load_mla_q, mla_decode_attention, one_token_mla
-from graphllm.kernels.paged_prefill_attention import DECODE_KERNEL_MIN_SEQS, _find_seq
+from graphllm.kernels.paged_prefill_attention import DECODE_KERNEL_MIN_SEQS, _query_tile
 
 LOG2E = 1.4426950408889634
 
@@ -57,10 +57,7 @@ def _mla_prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_
                         BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, ONE_TOKEN_ROWS: tl.constexpr,
                         PRECISION: tl.constexpr):
     tile, head_block = tl.program_id(0), tl.program_id(1)
-    b = _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
-    q_first = tl.load(query_start_loc_ptr + b).to(tl.int32)
-    q_len = tl.load(query_start_loc_ptr + b + 1).to(tl.int32) - q_first
-    q_tile_start = (tile - (q_first // BLOCK_Q + b)) * BLOCK_Q  # first token of the tile, local
+    b, q_first, q_len, q_tile_start = _query_tile(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
     if q_tile_start >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)

@@ -86,6 +86,16 @@ def _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def _query_tile(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
+    """Program `tile`'s sequence b, its first query row, its number of query rows, and the tile's first token
+    counted within the sequence (past q_len: the program has nothing to do)."""
+    b = _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
+    q_first = tl.load(query_start_loc_ptr + b).to(tl.int32)
+    q_len = tl.load(query_start_loc_ptr + b + 1).to(tl.int32) - q_first
+    return b, q_first, q_len, (tile - (q_first // BLOCK_Q + b)) * BLOCK_Q
+
+
+@triton.jit
 def _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kvh, token, seq_len,
                stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt,
                scale_log2, v_scale, softcap_log2, sliding_window, block_size, GROUP: tl.constexpr,
@@ -122,10 +132,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
                     BLOCK_N: tl.constexpr, ONE_TOKEN_ROWS: tl.constexpr, PRECISION: tl.constexpr,
                     KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr):
     tile, kvh = tl.program_id(0), tl.program_id(1)
-    b = _find_seq(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
-    q_first = tl.load(query_start_loc_ptr + b).to(tl.int32)
-    q_len = tl.load(query_start_loc_ptr + b + 1).to(tl.int32) - q_first
-    q_tile_start = (tile - (q_first // BLOCK_Q + b)) * BLOCK_Q  # first token of the tile, local
+    b, q_first, q_len, q_tile_start = _query_tile(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
     if q_tile_start >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
