@@ -47,7 +47,8 @@ def load_compiled_step(art: Path, manifest: dict, device: torch.device, rank: in
     is called as they load (start-up timings). The inductor lowering's compiled step loads while the weights
     stream in on their reader threads (it takes them only when bound): "step" is the time to load it, then
     "weights" what is left of reading them; the AOTInductor package (CPU) takes its weights as it loads."""
-    _, model_config = resolve_architecture(manifest["model"]["config"])
+    # the max_model_len it was compiled for: LongRoPE's factors are baked into the step
+    _, model_config = resolve_architecture(manifest["model"]["config"], manifest["compile"]["max_model_len"])
     lowered = manifest["lowering"]
     if lowered["kind"] != "inductor":
         weights = load_weights(art, manifest, device, rank)

@@ -19,7 +19,7 @@ from graphllm.config import DEFAULT_LIMITS, EngineConfig, default_buckets
 from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir.capture import StepModule
 from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales
-from graphllm.models.config import ModelConfig, fit_max_model_len
+from graphllm.models.config import ModelConfig
 from graphllm.models.loader import load_model, read_hf_config
 from graphllm.runtime.kv_cache import BlockPool, allocate_kv_caches, kv_bytes_per_block
 from graphllm.runtime.model_runner import ModelRunner
@@ -227,7 +227,6 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
     manifest = verify_artifact(art, device, defer_weights=True)  # load_compiled_step checks them as it reads
     timer.lap("verify")
     model_config, weights, step = load_compiled_step(art, manifest, device, lap=timer.lap)
-    model_config = fit_max_model_len(model_config, manifest["compile"]["max_model_len"])  # its rope's as compiled
     dtype = getattr(torch, manifest["compile"]["dtype"])  # not a weight's: quantized ones are int/float8
     check_quantization_matches(config, manifest, art)
     limits = resolve_limits(config, manifest["compile"])
