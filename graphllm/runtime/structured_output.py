@@ -122,13 +122,11 @@ class StructuredOutputManager:
         if not rows:
             return
         import xgrammar as xgr
-        host, device = self._buffers(logits.shape[0], logits.device)
+        host, _ = self._buffers(logits.shape[0], logits.device)
         if self._batch is None:
             self._batch = xgr.BatchGrammarMatcher()
         self._batch.batch_fill_next_token_bitmask([seqs[i].grammar for i in rows], host, indices=rows)
-        device[:logits.shape[0]].copy_(host[:logits.shape[0]], non_blocking=True)
-        xgr.apply_token_bitmask_inplace(logits, device[:logits.shape[0]], vocab_size=self.vocab_size,
-                                        indices=rows)
+        self._apply(logits, rows)
 
     def constrain_drafts(self, logits: torch.Tensor, seqs: list, proposals: list[list[int]]) -> None:
         """Mask, in place, a verify step's rows (logits [sum of 1 + k, V], each sequence's 1 + k rows in turn):
@@ -136,18 +134,21 @@ class StructuredOutputManager:
         walks the proposals and is rolled back afterwards; the tokens a verify step emits are accepted
         later, one by one (PostProcessor.update_stop), like sampled ones. Past a proposal the grammar
         refuses, rows stay unmasked: that proposal's own row forbids it, so no later row is ever used."""
-        import xgrammar as xgr
-        host, device = self._buffers(logits.shape[0], logits.device)
+        host, _ = self._buffers(logits.shape[0], logits.device)
         rows, first = [], 0
         for seq, tokens in zip(seqs, proposals):
             if grammar_live(seq):
                 rows += self._fill_along(seq.grammar, tokens, host, first)
             first += 1 + len(tokens)
-        if not rows:
-            return
-        device[:logits.shape[0]].copy_(host[:logits.shape[0]], non_blocking=True)
-        xgr.apply_token_bitmask_inplace(logits, device[:logits.shape[0]], vocab_size=self.vocab_size,
-                                        indices=rows)
+        if rows:
+            self._apply(logits, rows)
+
+    def _apply(self, logits: torch.Tensor, rows: list[int]) -> None:
+        """Copy the filled host masks over and apply them to those rows of logits, in place."""
+        import xgrammar as xgr
+        n = logits.shape[0]
+        self._device[:n].copy_(self._host[:n], non_blocking=True)
+        xgr.apply_token_bitmask_inplace(logits, self._device[:n], vocab_size=self.vocab_size, indices=rows)
 
     @staticmethod
     def _fill_along(matcher, tokens: list[int], host: torch.Tensor, first: int) -> list[int]:
