@@ -197,7 +197,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     qtests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_fp8_matmul.py \
         tests/kernels/test_int4_matmul.py tests/kernels/test_int8_matmul.py tests/kernels/test_int4_dequant.py \
         tests/ops/test_quantized_linear.py tests/passes/test_quantize_fp8.py tests/passes/test_quantize_int4.py \
-        tests/passes/test_quantize_int8.py tests/passes/test_quantized_fusion.py tests/passes/test_quantize_fp8_activations.py tests/kernels/test_silu_and_mul_fp8.py tests/gpu/test_quantized.py 2>tests/passes/test_quantize_fp8_activations.py tests/gpu/test_quantized.py 2>&11 \
+        tests/passes/test_quantize_int8.py tests/passes/test_quantized_fusion.py tests/passes/test_quantize_fp8_activations.py tests/kernels/test_silu_and_mul_fp8.py tests/gpu/test_quantized.py 2>&1 \
         | grep -v -E "^\.*$|DEBUG|^\s*$" | grep -E "FAILED|ERROR|Error|agreement|passed|failed|SKIPPED|^E " | tail -60 ;;
     qtests-fp8) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_fp8_matmul.py tests/kernels/test_silu_and_mul_fp8.py tests/passes/test_quantize_fp8_activations.py \
