@@ -4,10 +4,11 @@ The step is any callable over the flat tensors of StepInputs (graphllm.ir.STEP_I
 the eager StepModule, or the compiled artifact. That seam is the whole difference between the
 eager and compiled engines. The attention backend is planned here, on the host, before the step
 (CUDAGraphRunner plans it for the bucket it replays), and is active only during the step. Decode steps
-replay the decode graphs, speculative decoding's verify steps the verify graphs, where they fit.
+replay the decode graphs, speculative decoding's verify steps the verify graphs of the fewest tokens a sequence
+that hold them, where they fit.
 """
 
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -21,9 +22,10 @@ from graphllm.runtime.scheduler import ScheduledSeq
 class ModelRunner:
     def __init__(self, step: Callable[..., torch.Tensor], kv_caches: list[torch.Tensor], block_size: int,
                  device: torch.device, graphs: CUDAGraphRunner | None = None,
-                 backend: AttentionBackend | None = None, verify_graphs: CUDAGraphRunner | None = None):
+                 backend: AttentionBackend | None = None, verify_graphs: Sequence[CUDAGraphRunner] = ()):
         self.step, self.graphs = step, graphs
-        self.verify_graphs = verify_graphs  # speculative decoding's verify steps (k + 1 tokens a sequence)
+        # speculative decoding's verify steps, ascending in tokens a sequence (setup.verify_sizes): up to k + 1
+        self.verify_graphs = tuple(verify_graphs)
         self.kv_caches = kv_caches  # per layer [2, num_blocks, block_size, Hkv, D]
         self.block_size, self.device = block_size, device
         self.backend = backend or TorchBackend()
@@ -39,13 +41,17 @@ class ModelRunner:
         with use_backend(self.backend):
             if self.graphs is not None and self.graphs.can_run(host):
                 return self.graphs.run(host, fill)
-            if self.verify_graphs is not None and fill is None and self.verify_graphs.can_run(host):
-                return self.verify_graphs.run(host)
+            if fill is None and (verify := self.verify_graph_for(host)) is not None:
+                return verify.run(host)
             self.backend.plan(host.attention)
             inputs = host.to_device(self.kv_caches, self.device)
             if fill is not None:
                 fill(inputs.input_ids)
             return self.step(*inputs.flat())  # [N, vocab]
+
+    def verify_graph_for(self, host) -> CUDAGraphRunner | None:
+        """The verify graphs of the fewest tokens a sequence that hold host's step, if any do."""
+        return next((verify for verify in self.verify_graphs if verify.can_run(host)), None)
 
     @torch.inference_mode()
     def execute_decode_steps(self, batch: list[ScheduledSeq], num_steps: int) -> list[list[int]]:

@@ -327,17 +327,18 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     if layer_kv_scales is not None:
         backend.bind_layer_scales(kv_caches, layer_kv_scales)
     logger.info("attention backend: %s", backend.name)
-    graphs = verify_graphs = None
+    graphs, verify_graphs = None, []
     if device.type == "cuda" and config.cuda_graphs:
         buckets, max_blocks = buckets or default_buckets(limits.max_num_seqs), -(-max_model_len // limits.block_size)
         graphs = capture_graphs(step, kv_caches, buckets, max_blocks, num_blocks, limits.block_size, device, backend)
         spec = config.speculative_config
         if spec is not None and not backend.plans_on_host:  # FlashInfer's plans cannot be replayed so
-            q = spec.num_speculative_tokens + 1
             rows = min(limits.max_num_batched_tokens, max_num_logits or limits.max_num_batched_tokens)
-            if fitting := verify_buckets(buckets, q, rows):
-                verify_graphs = capture_graphs(step, kv_caches, fitting, max_blocks, num_blocks, limits.block_size,
-                                               device, backend, tokens_per_seq=q, pool=graphs.pool)
+            for q in verify_sizes(spec.num_speculative_tokens):
+                if fitting := verify_buckets(buckets, q, rows):
+                    verify_graphs.append(capture_graphs(step, kv_caches, fitting, max_blocks, num_blocks,
+                                                        limits.block_size, device, backend, tokens_per_seq=q,
+                                                        pool=graphs.pool))
     timer.lap("graphs")
     runner = ModelRunner(step, kv_caches, limits.block_size, device, graphs, backend, verify_graphs)
     logger.info("start-up phases (s): %s", ", ".join(f"{k} {v:.2f}" for k, v in timer.seconds.items()))
@@ -366,6 +367,17 @@ def capture_graphs(step, kv_caches, buckets, max_blocks_per_seq: int, padding_bl
                 "decode" if tokens_per_seq == 1 else f"verify ({tokens_per_seq} tokens a sequence)",
                 list(graphs.buckets), graphs.capture_seconds, graphs.pool_bytes / 2**30)
     return graphs
+
+
+VERIFY_SIZES = (2, 3, 5, 9, 17)  # tokens a sequence of the verify graphs below k + 1 (each also captures k + 1)
+
+
+def verify_sizes(num_speculative_tokens: int) -> tuple[int, ...]:
+    """The q (tokens a sequence) of the verify graphs a speculative engine captures, ascending: k + 1 and the
+    VERIFY_SIZES below it. A verify step replays the smallest q that holds its longest sequence, so steps with
+    few proposals (prompt lookup often finds none or one) are padded to 2 or 3 tokens a sequence, not to k + 1."""
+    k1 = num_speculative_tokens + 1
+    return tuple(q for q in VERIFY_SIZES if q < k1) + (k1,)
 
 
 def verify_buckets(buckets: tuple[int, ...], tokens_per_seq: int, max_rows: int) -> tuple[int, ...]:

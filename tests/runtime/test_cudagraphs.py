@@ -7,6 +7,7 @@ import numpy as np
 
 from graphllm.runtime.cudagraphs import CUDAGraphRunner
 from graphllm.runtime.inputs import HostStep
+from graphllm.runtime.setup import verify_sizes
 
 
 class ReplayByCalling:
@@ -163,8 +164,24 @@ def test_a_padded_verify_step_computes_what_the_plain_step_does(tiny_model_dir):
     want = [o.outputs[0].token_ids for o in Engine.from_pretrained(str(path)).generate(prompts, params)]
     engine = Engine.from_pretrained(str(path), speculative_config={"model": str(path), "num_speculative_tokens": 3})
     runner = engine.runner
-    runner.verify_graphs = make_verify_runner(runner.step, runner.kv_caches, buckets=(1, 2, 4), q=4,
-                                              max_blocks=8, padding_block=engine.state.num_kv_blocks,
-                                              block_size=runner.block_size)
+    runner.verify_graphs = tuple(make_verify_runner(runner.step, runner.kv_caches, buckets=(1, 2, 4), q=q,
+                                                    max_blocks=8, padding_block=engine.state.num_kv_blocks,
+                                                    block_size=runner.block_size) for q in verify_sizes(3))
     assert [o.outputs[0].token_ids for o in engine.generate(prompts, params)] == want
-    assert runner.verify_graphs.replays > 0
+    assert [g.q for g in runner.verify_graphs] == [2, 3, 4] and runner.verify_graphs[-1].replays > 0
+
+
+def test_a_verify_step_replays_the_fewest_tokens_a_sequence_that_hold_it():
+    from graphllm.runtime.model_runner import ModelRunner
+    assert verify_sizes(1) == (2,) and verify_sizes(4) == (2, 3, 5) and verify_sizes(8) == (2, 3, 5, 9)
+    runners = [make_verify_runner(q=q) for q in verify_sizes(4)]
+    model_runner = ModelRunner(echo_tokens_step, [], block_size=4, device=torch.device("cpu"),
+                               backend=RecordingBackend(), verify_graphs=runners)
+    host = verify_inputs()  # 3 tokens, then 1: the q = 3 graphs
+    assert model_runner.verify_graph_for(host) is runners[1]
+    one_each = host._replace(input_ids=host.input_ids[[0, 3]], positions=np.array([5, 2]), slot_mapping=np.array([5, 10]),
+                             seq_lens=np.array([6, 3]), query_start_loc=np.array([0, 1, 2]), logits_indices=np.arange(2))
+    assert model_runner.verify_graph_for(one_each) is runners[0]
+    six = host._replace(input_ids=np.arange(7), positions=np.array([2, 3, 4, 5, 6, 7, 2]), slot_mapping=np.arange(7),
+                        query_start_loc=np.array([0, 6, 7]), logits_indices=np.arange(7))
+    assert model_runner.verify_graph_for(six) is None  # 6 tokens > k + 1 = 5: the step runs without a graph

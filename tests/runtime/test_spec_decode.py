@@ -1,7 +1,8 @@
 """Speculative decoding end to end on tiny random Llamas (CPU, float32): it must change how many target
 steps a request takes, never what comes out. Greedy outputs (tokens, text, stops, logprobs) equal a plain
 engine's for both proposers and k in 1, 2, 4, under preemption and prefix caching; sampled outputs follow
-the target's distribution (chi-square against the model's exact probabilities)."""
+the target's distribution (chi-square against the model's exact probabilities). Every engine runs float32, on
+a GPU too (dtype auto would be bfloat16 there, and the compiled artifacts and the oracle are float32)."""
 
 import json
 import math
@@ -39,11 +40,11 @@ def other_draft(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain(llama):
-    return Engine.from_pretrained(llama[0])
+    return Engine.from_pretrained(llama[0], dtype="float32")
 
 
 def spec_engine(path, speculative_config, **options) -> Engine:
-    return Engine.from_pretrained(path, speculative_config=speculative_config, **options)
+    return Engine.from_pretrained(path, speculative_config=speculative_config, **{"dtype": "float32", **options})
 
 
 def run(engine: Engine, prompts, params) -> list:
@@ -96,7 +97,8 @@ def test_preemption_with_a_small_kv_pool(llama, other_draft, proposer):
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     options = dict(num_kv_blocks=7, block_size=8, max_num_batched_tokens=8, max_num_seqs=4, max_model_len=56)
     engine = spec_engine(llama[0], config_of(proposer, 4, llama, other_draft), **options)
-    assert_same(run(engine, PROMPTS, params), run(Engine.from_pretrained(llama[0], **options), PROMPTS, params))
+    plain_engine = Engine.from_pretrained(llama[0], dtype="float32", **options)
+    assert_same(run(engine, PROMPTS, params), run(plain_engine, PROMPTS, params))
     assert engine.scheduler.num_preemptions > 0
     assert engine.stats().spec_decode.num_accepted_tokens > 0
 
@@ -156,7 +158,7 @@ def test_stops_inside_an_accepted_run(llama, plain, tmp_path):
     (eos_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, reference[at]]}))
     params = SamplingParams(temperature=0, max_tokens=24)
     got = run(spec_engine(eos_dir, {"model": str(eos_dir), "num_speculative_tokens": 4}), [PROMPTS[1]], params)
-    assert got == run(Engine.from_pretrained(eos_dir), [PROMPTS[1]], params)
+    assert got == run(Engine.from_pretrained(eos_dir, dtype="float32"), [PROMPTS[1]], params)
     assert got[0][0] == reference[:at + 1] and got[0][2] == "stop"
 
 
