@@ -57,7 +57,8 @@
 #              clean  drop the presets and artifacts (disk)
 #   moe-bench  benchmarks/moe_kernel_bench.py: the fused MoE op alone at Qwen3-30B-A3B's and Mixtral's layer shapes
 #   spec-bench / spec-tests  (issue 21) bench spec (oracle proposer: verify-step cost and speed-up for k 1, 2, 4, 8
-#              at batch 1, 8, 32, acceptance 100% and 60%), and the speculative-decoding tests on the GPU
+#              at batch 1, 8, 32, acceptance 100% and 60%), and the speculative-decoding tests on the GPU;
+#              spec-ngram  bench spec --method ngram (prompt lookup on the demo model's arithmetic questions)
 #   moe-tests  (issue 20) the fused MoE kernel and op tests (float and float8 experts) and the MoE CUDA-graph tests
 #   fam-P      (issue 20) bench latency at batch 1 and 8 of preset P (olmo-2-7b, phi-3-mini, ...), the usual limits
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
@@ -182,6 +183,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     moe-bench) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$stage.json" ;;
     spec-bench) bench spec --preset llama-3-8b --batch-sizes 1,8,32 --num-speculative-tokens 1,2,4,8 \
         --acceptance-rates 1.0,0.6 --input-len 128 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    spec-ngram) bench spec --method ngram --batch-sizes 1,8,32 --num-speculative-tokens 2,4 --output-len 64 \
+        --work $WORK --json "$OUT/r/$stage.json" ;;
     spec-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/runtime/test_spec_decode.py tests/runtime/test_spec_decode_parts.py tests/bench/test_spec_bench.py \
         tests/runtime/test_spec_decode_structured.py tests/gpu/test_cuda_graphs.py -k "spec or verify or structured" ;;

@@ -102,18 +102,21 @@ PRESETS: dict[str, dict] = {
 
 
 RESIDUAL_WRITERS = ("o_proj.weight", "down_proj.weight")  # the linears that add into the residual stream
+ECHO_RESIDUAL_STD = 1e-6
 
 
 def random_weights(config: dict, dtype: torch.dtype, device: torch.device, seed: int = 0,
-                   residual_std: float | None = None) -> dict[str, torch.Tensor]:
+                   echo: bool = False) -> dict[str, torch.Tensor]:
     """Every tensor of the preset's checkpoint, N(0, 0.02) for matrices and ones for norms, named as published:
     a stacked MoE expert weight is written as its per-expert linears (models/checkpoint_parts.py), so
     transformers reads the folder too.
 
-    residual_std: N(0, residual_std) for the linears that write into the residual stream instead. At 0.02 a
-    deep random network is chaotic: bf16 rounding in one kernel path rather than another flips its greedy
-    token every few steps. With the writers ~1e-6 each layer adds next to nothing to the embedding, so greedy
-    tokens no longer depend on the batch's shape; the work per step is the same (`bench spec` needs this)."""
+    echo: a model that repeats its last token by a wide margin, for `bench spec`: the linears that write into the
+    residual stream are N(0, 1e-6), so each layer adds next to nothing to the embedding, and lm_head's rows are
+    the embedding's, so the last token's own logit leads by far. With N(0, 0.02) everywhere the deep random
+    network is chaotic and its bf16 logits nearly tie: one kernel path's rounding rather than another's (a
+    verify step's against a decode step's) flips a greedy token every few hundred. The work per step is the
+    same."""
     module_cls, model_config = resolve_architecture(config)
     with torch.device("meta"):
         model = module_cls(model_config)
@@ -126,23 +129,25 @@ def random_weights(config: dict, dtype: torch.dtype, device: torch.device, seed:
         if name.endswith("norm.weight"):
             tensor = torch.ones(p.shape, dtype=dtype, device=device)
         else:
-            std = residual_std if residual_std is not None and name.endswith(RESIDUAL_WRITERS) else 0.02
+            std = ECHO_RESIDUAL_STD if echo and name.endswith(RESIDUAL_WRITERS) else 0.02
             tensor = (torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
         weights.update(split_into_parts({name: tensor}, parts_of[name]) if name in parts_of else {name: tensor})
+    if echo:
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
     return weights
 
 
 def write_preset(name: str, out: str | Path, dtype: torch.dtype = torch.bfloat16,
                  device: str = "cuda" if torch.cuda.is_available() else "cpu", overrides: dict | None = None,
-                 residual_std: float | None = None) -> Path:
+                 echo: bool = False) -> Path:
     """A Hugging Face folder with the preset's config.json (overrides: config fields to change, e.g. fewer
-    num_hidden_layers) and random safetensors weights (residual_std: random_weights)."""
+    num_hidden_layers) and random safetensors weights (echo: random_weights)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config = {**PRESETS[name], **(overrides or {}), "torch_dtype": str(dtype).removeprefix("torch.")}
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    weights = random_weights(read_hf_config(out), dtype, torch.device(device), residual_std=residual_std)
+    weights = random_weights(read_hf_config(out), dtype, torch.device(device), echo=echo)
     save_file({k: v.cpu() for k, v in weights.items()}, str(out / "model.safetensors"))
     return out

@@ -86,20 +86,20 @@ def cache_dir(args: argparse.Namespace, work: Path) -> str:
     return getattr(args, "cache_dir", None) or str((work / "cache").resolve())
 
 
-def model_folder(args: argparse.Namespace, work: Path, residual_std: float | None = None) -> Path:
+def model_folder(args: argparse.Namespace, work: Path, echo: bool = False) -> Path:
     """--model, else the preset's folder under --work (written once, renamed into place when complete);
-    residual_std: presets.random_weights' (a folder of its own)."""
+    echo: presets.random_weights' (a folder of its own)."""
     if args.model:
         return Path(args.model).expanduser()
     from graphllm.bench.presets import write_preset
     layers = getattr(args, "preset_layers", None)
     folder = work / "models" / (args.preset + (f"-{layers}-layers" if layers else "")
-                                + (f"-residual-{residual_std:g}" if residual_std is not None else ""))
+                                + ("-echo" if echo else ""))
     if not (folder / "config.json").is_file():
         start = time.perf_counter()
         overrides = {"num_hidden_layers": layers} if layers else {}
         partial = write_preset(args.preset, folder.with_name(folder.name + ".partial"), overrides=overrides,
-                               residual_std=residual_std)
+                               echo=echo)
         partial.rename(folder)
         print(f"wrote preset {args.preset} to {folder} in {time.perf_counter() - start:.1f} s", flush=True)
     return folder

@@ -29,18 +29,22 @@ def test_phi3_options_we_do_not_support_are_refused_by_name():
         resolve_architecture({**base, "rope_scaling": {**longrope, "long_factor": [2.0] * 47}})
 
 
-def test_residual_std_applies_to_the_linears_that_write_the_residual_stream_only():
+def test_the_echo_preset_repeats_its_last_token():
     import torch
 
     from graphllm.bench.presets import random_weights
     config = {**PRESETS["llama-3-8b"], "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
     usual = random_weights(config, torch.float32, torch.device("cpu"))
-    calm = random_weights(config, torch.float32, torch.device("cpu"), residual_std=1e-6)
-    assert usual.keys() == calm.keys()
+    echo = random_weights(config, torch.float32, torch.device("cpu"), echo=True)
+    assert usual.keys() == echo.keys()
     for name in usual:
         if name.endswith(("o_proj.weight", "down_proj.weight")):
-            assert calm[name].std().item() == pytest.approx(1e-6, rel=0.2)
+            assert echo[name].std().item() == pytest.approx(1e-6, rel=0.2)
         elif usual[name].dim() == 2:
-            assert calm[name].std().item() == pytest.approx(0.02, rel=0.2)
-    assert sum(n.endswith("down_proj.weight") for n in calm) == 2
+            assert echo[name].std().item() == pytest.approx(0.02, rel=0.2)
+    assert torch.equal(echo["lm_head.weight"], echo["model.embed_tokens.weight"])
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"}))
+    hf.load_state_dict(echo)
+    out = hf.generate(torch.tensor([[5, 77, 200, 31]]), max_new_tokens=6, do_sample=False)
+    assert out[0, 4:].tolist() == [31] * 6
