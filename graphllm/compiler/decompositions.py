@@ -25,11 +25,11 @@ def fused_op_references() -> dict:
             ops.fp8_quantize.default: quantize_fp8_rows}
 
 
-def add_rms_norm_reference(x, residual, weight, eps):
+def add_rms_norm_reference(x, residual, weight, eps, unit_offset=False):
     """add_rms_norm's body: (rms_norm(x + residual), x + residual)."""
     from graphllm.kernels.reference import reference_rms_norm
     summed = x + residual
-    return reference_rms_norm(summed, weight, eps), summed
+    return reference_rms_norm(summed, weight, eps, unit_offset), summed
 
 
 @contextlib.contextmanager

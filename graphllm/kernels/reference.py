@@ -18,11 +18,14 @@ import torch.nn.functional as F
 from graphllm.kernels.kv_quant import KVScales, dequantize_kv, is_fp8, quantize_kv
 
 
-def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [..., D], weight: [D] -> [..., D]. Keep in step with graphllm.models.layers.RMSNorm."""
+def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
+    """x: [..., D], weight: [D] -> [..., D]. Keep in step with graphllm.models.layers.RMSNorm; with
+    unit_offset, with graphllm.models.gemma.GemmaRMSNorm (scaled by 1 + weight in float32, then cast)."""
     dtype = x.dtype
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)  # [..., D] float32
+    if unit_offset:
+        return (xf * (1.0 + weight.float())).to(dtype)  # x's dtype, like Gemma's module
     return weight * xf.to(dtype)  # dtype: promote(weight, x), like the module
 
 

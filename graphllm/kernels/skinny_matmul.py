@@ -13,6 +13,8 @@ split-K reduce kernel of its own:
     add_rms_norm  rms_norm(h) * norm_weight, h = x + residual                h (the new residual)
     silu_mul      silu(x[:, :K]) * x[:, K:]                                  -
 
+With UNIT_OFFSET the norms scale by 1 + norm_weight in float32 and round once (Gemma's RMSNorm).
+
 Grid (N / BLOCK_N, SPLIT_K). Program (n, s) walks its share of K in BLOCK_K steps, so the weight
 tile stream is pipelined:
 
@@ -54,9 +56,9 @@ def skinny_matmul_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
-def rms_norm_matmul_reference(x, norm_weight, eps, weight, bias=None, residual=None):
+def rms_norm_matmul_reference(x, norm_weight, eps, weight, bias=None, residual=None, unit_offset=False):
     """(skinny_matmul_reference(rms_norm(h)), h or None) with h = x (+ residual), rounded like the eager ops."""
-    normed, h = rms_norm_reference(x, norm_weight, eps, residual)
+    normed, h = rms_norm_reference(x, norm_weight, eps, residual, unit_offset)
     return skinny_matmul_reference(normed, weight, bias), h
 
 
@@ -66,7 +68,7 @@ def silu_mul_matmul_reference(x, weight, bias=None):
 
 @triton.jit
 def _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, K, stride_xm, stride_rm,
-             residual_rows, PROLOGUE: tl.constexpr):
+             residual_rows, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
     """The matmul operand for columns k of the rows offs_m: [BLOCK_M, BLOCK_K] in x's dtype."""
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mk_mask, other=0.0)
     a = x
@@ -80,9 +82,12 @@ def _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, 
         a = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
         tl.store(new_res_ptr + offs_m[:, None] * K + k[None, :], a, mask=mk_mask & (offs_m < residual_rows)[:, None])
     if PROLOGUE == 1 or PROLOGUE == 2:
-        norm_w = tl.load(norm_w_ptr + k, mask=k < K, other=0.0)
-        normed = (a.to(tl.float32) * rstd).to(x.dtype)
-        a = (normed.to(tl.float32) * norm_w.to(tl.float32)[None, :]).to(x.dtype)
+        norm_w = tl.load(norm_w_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
+        if UNIT_OFFSET:  # Gemma: 1 + weight, in float32, one rounding
+            a = (a.to(tl.float32) * rstd * (1.0 + norm_w)).to(x.dtype)
+        else:
+            normed = (a.to(tl.float32) * rstd).to(x.dtype)
+            a = (normed.to(tl.float32) * norm_w).to(x.dtype)
     return a
 
 
@@ -136,7 +141,7 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
 @triton.jit(do_not_specialize=["M", "eps"])  # 2..16 rows share one compile
 def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
                           M, N, K, K_SPLIT, eps, stride_xm, stride_rm, stride_wn, stride_om,
-                          PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                          PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                           EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -167,7 +172,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
             mk_mask = m_mask[:, None] & k_mask[None, :]
             w_mask = n_mask[:, None] & k_mask[None, :]
         a = _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, K, stride_xm, stride_rm,
-                     residual_rows, PROLOGUE)
+                     residual_rows, PROLOGUE, UNIT_OFFSET)
         if EVEN_N and EVEN_K:
             w = tl.load(w_ptrs)
         else:
@@ -247,7 +252,7 @@ def beats_cublas(m: int, n: int, k: int) -> bool:
 
 def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             config: dict | None, residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-            eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+            eps: float = 0.0, unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     m = x.shape[0]
     n, k = weight.shape
     assert m <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1
@@ -275,7 +280,8 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         out if new_residual is None else new_residual, weight, weight if bias is None else bias, out, partial,
         counters, m, n, k, k_split, eps, x.stride(0), 0 if residual is None else residual.stride(0),
         weight.stride(0), out.stride(0),
-        PROLOGUE=PROLOGUES[prologue], HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        PROLOGUE=PROLOGUES[prologue], UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, BLOCK_M=block_m,
+        BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config["num_warps"], num_stages=config["num_stages"])
@@ -291,12 +297,13 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def rms_norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                     bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-                    config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    config: dict | None = None, unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(rms_norm(h) * norm_weight) @ weight^T + bias with h = x (+ residual): x, residual: [M, K],
-    norm_weight: [K] in x's dtype -> ([M, N], h as a new [M, K] when residual is given, else None)."""
+    norm_weight: [K] in x's dtype -> ([M, N], h as a new [M, K] when residual is given, else None).
+    unit_offset: the norm scales by 1 + norm_weight in float32 (Gemma's)."""
     assert norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
     return _launch("rms_norm" if residual is None else "add_rms_norm", x, weight, bias, config,
-                   residual=residual, norm_weight=norm_weight, eps=eps)
+                   residual=residual, norm_weight=norm_weight, eps=eps, unit_offset=unit_offset)
 
 
 def silu_mul_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

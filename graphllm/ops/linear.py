@@ -20,6 +20,8 @@ no norm or activation kernel of its own (graphllm/kernels/skinny_matmul.py's pro
     graphllm.rms_norm_linear(x, norm_weight, eps, weight, bias)          = linear(rms_norm(x))
     graphllm.add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
                                           = (linear(rms_norm(x + residual)), x + residual)
+
+(the two norm ops take a last unit_offset argument, Gemma's 1 + weight, as graphllm.rms_norm does)
     graphllm.silu_and_mul_linear(x, weight, bias)                        = linear(silu_and_mul(x))
 
 One row on CUDA in float16/bfloat16 is one skinny_matmul launch (`takes_fused_kernel`); anything
@@ -73,48 +75,51 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
-def _rms_norm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-              residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _rms_norm(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, residual: torch.Tensor | None,
+              unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(rms_norm(h), h or None), h = x (+ residual): graphllm's row kernel on CUDA, else the reference."""
     if x.is_cuda:
         from graphllm.kernels.rms_norm import rms_norm as rms_norm_kernel
-        out, h = rms_norm_kernel(_rows(x), norm_weight, eps, None if residual is None else _rows(residual))
+        out, h = rms_norm_kernel(_rows(x), norm_weight, eps, None if residual is None else _rows(residual),
+                                 unit_offset=unit_offset)
         return out.view(x.shape), None if h is None else h.view(x.shape)
     from graphllm.kernels.reference import reference_rms_norm
     h = x if residual is None else x + residual
-    return reference_rms_norm(h, norm_weight, eps), None if residual is None else h
+    return reference_rms_norm(h, norm_weight, eps, unit_offset), None if residual is None else h
 
 
 @torch.library.custom_op("graphllm::rms_norm_linear", mutates_args=())
 def rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                    bias: torch.Tensor | None = None) -> torch.Tensor:
-    """linear(rms_norm(x, norm_weight, eps), weight, bias); x: [..., K] -> a new [..., N]."""
+                    bias: torch.Tensor | None = None, unit_offset: bool = False) -> torch.Tensor:
+    """linear(rms_norm(x, norm_weight, eps, unit_offset), weight, bias); x: [..., K] -> a new [..., N]."""
     if takes_fused_kernel(x, weight, norm_weight, bias):
         from graphllm.kernels.skinny_matmul import rms_norm_matmul
-        out, _ = rms_norm_matmul(_rows(x), norm_weight, eps, weight, bias)
+        out, _ = rms_norm_matmul(_rows(x), norm_weight, eps, weight, bias, unit_offset=unit_offset)
         return out.view(*x.shape[:-1], weight.shape[0])
-    return linear(_rms_norm(x, norm_weight, eps, None)[0], weight, bias)
+    return linear(_rms_norm(x, norm_weight, eps, None, unit_offset)[0], weight, bias)
 
 
 @rms_norm_linear.register_fake
-def _(x, norm_weight, eps, weight, bias=None):
+def _(x, norm_weight, eps, weight, bias=None, unit_offset=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @torch.library.custom_op("graphllm::add_rms_norm_linear", mutates_args=())
 def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                        weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual; (linear(rms_norm(h, norm_weight, eps), weight, bias), h) as new tensors."""
+                        weight: torch.Tensor, bias: torch.Tensor | None = None,
+                        unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual; (linear(rms_norm(h, norm_weight, eps, unit_offset), weight, bias), h) as new tensors."""
     if takes_fused_kernel(x, weight, residual, norm_weight, bias) and residual.shape == x.shape:
         from graphllm.kernels.skinny_matmul import rms_norm_matmul
-        out, h = rms_norm_matmul(_rows(x), norm_weight, eps, weight, bias, residual=_rows(residual))
+        out, h = rms_norm_matmul(_rows(x), norm_weight, eps, weight, bias, residual=_rows(residual),
+                                 unit_offset=unit_offset)
         return out.view(*x.shape[:-1], weight.shape[0]), h.view(x.shape)
-    normed, h = _rms_norm(x, norm_weight, eps, residual)
+    normed, h = _rms_norm(x, norm_weight, eps, residual, unit_offset)
     return linear(normed, weight, bias), h.contiguous()
 
 
 @add_rms_norm_linear.register_fake
-def _(x, residual, norm_weight, eps, weight, bias=None):
+def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape)
 
 

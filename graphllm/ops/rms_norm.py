@@ -13,27 +13,33 @@ import torch
 from graphllm.kernels.reference import reference_rms_norm
 
 
+def norm_dtype(x_dtype: torch.dtype, weight_dtype: torch.dtype, unit_offset: bool) -> torch.dtype:
+    """The normed output's dtype: RMSNorm's promote(weight, x); Gemma's (unit_offset) x's."""
+    return x_dtype if unit_offset else torch.promote_types(weight_dtype, x_dtype)
+
+
 @torch.library.custom_op("graphllm::rms_norm", mutates_args=())
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of x ([..., D]) over its last dim, scaled by weight ([D]); a new contiguous tensor."""
-    return reference_rms_norm(x, weight, eps).contiguous()  # contiguous: the fake promises it
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False) -> torch.Tensor:
+    """RMSNorm of x ([..., D]) over its last dim, scaled by weight ([D]), or with unit_offset by 1 + weight in
+    float32 (Gemma's); a new contiguous tensor."""
+    return reference_rms_norm(x, weight, eps, unit_offset).contiguous()  # contiguous: the fake promises it
 
 
 @rms_norm.register_fake
-def _(x, weight, eps):
-    return x.new_empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype))
+def _(x, weight, eps, unit_offset=False):
+    return x.new_empty(x.shape, dtype=norm_dtype(x.dtype, weight.dtype, unit_offset))
 
 
 @torch.library.custom_op("graphllm::add_rms_norm", mutates_args=())
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """new_residual = x + residual (same shapes); returns (rms_norm(new_residual), new_residual)."""
     new_residual = (x + residual).contiguous()  # [..., D] in x's dtype
-    return reference_rms_norm(new_residual, weight, eps).contiguous(), new_residual
+    return reference_rms_norm(new_residual, weight, eps, unit_offset).contiguous(), new_residual
 
 
 @add_rms_norm.register_fake
-def _(x, residual, weight, eps):
+def _(x, residual, weight, eps, unit_offset=False):
     dtype = torch.promote_types(x.dtype, residual.dtype)
-    out = x.new_empty(x.shape, dtype=torch.promote_types(weight.dtype, dtype))
+    out = x.new_empty(x.shape, dtype=norm_dtype(dtype, weight.dtype, unit_offset))
     return out, x.new_empty(x.shape, dtype=dtype)

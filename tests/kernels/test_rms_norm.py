@@ -76,3 +76,17 @@ def test_varying_rows_share_one_compile():
     for num_rows in (3, 7, 33):
         check(randn((num_rows, 64), torch.float32, seed=num_rows), weight, None)
     assert len(kernel_cache) == compiled
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, LOW_DTYPE))
+@pytest.mark.parametrize("with_residual", (False, True))
+def test_unit_offset_scales_by_one_plus_weight_in_float32(with_residual, dtype):
+    """Gemma's norm: (h * rstd * (1 + w)) in float32, one rounding, in x's dtype."""
+    x, weight = randn((5, 200), dtype, seed=0), randn((200,), dtype, seed=1) / 4
+    residual = randn((5, 200), dtype, seed=2) if with_residual else None
+    out, h = rms_norm(x, weight, EPS, residual, unit_offset=True)
+    want, want_h = rms_norm_reference(x, weight, EPS, residual, unit_offset=True)
+    assert out.dtype == x.dtype and (h is None) == (residual is None)
+    assert_close(out, want)
+    ones = rms_norm(x, weight + 1, EPS, residual)[0]  # the same up to 1 + w's rounding in the weight's dtype
+    assert not torch.equal(out, ones) or dtype == torch.float32

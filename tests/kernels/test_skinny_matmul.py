@@ -55,6 +55,20 @@ def test_rms_norm_prologue(m, dtype, residual, split_k):
     assert (h is None and want_h is None) if r is None else torch.equal(h, want_h)  # the residual add rounds once
 
 
+@pytest.mark.parametrize("m, dtype", [(1, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])
+@pytest.mark.parametrize("residual", (False, True))
+def test_rms_norm_prologue_with_unit_offset(m, dtype, residual):
+    """Gemma's norm in the prologue: scaled by 1 + norm_weight in float32 (the weight itself near 0)."""
+    x, r = randn((m, 200), dtype, 0), randn((m, 200), dtype, 1) if residual else None
+    norm_w, w = randn((200,), dtype, 2) / 4, randn((80, 200), dtype, 3) / 200 ** 0.5
+    got, h = rms_norm_matmul(x, norm_w, 1e-6, w, residual=r, unit_offset=True)
+    want, want_h = rms_norm_matmul_reference(x, norm_w, 1e-6, w, residual=r, unit_offset=True)
+    assert_close(got, want)
+    assert (h is None) if r is None else torch.equal(h, want_h)
+    plain, _ = rms_norm_matmul_reference(x, norm_w, 1e-6, w, residual=r)
+    assert not torch.allclose(got.float(), plain.float(), atol=1e-2)  # the offset changes the result
+
+
 @pytest.mark.parametrize("split_k", (1, 2))
 @pytest.mark.parametrize("m, dtype", [(1, torch.float32), (5, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])
 def test_silu_mul_prologue(m, dtype, split_k):

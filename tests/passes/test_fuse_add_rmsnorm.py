@@ -12,7 +12,7 @@ from tests.passes.harness import (assert_same_function, clone_inputs, copy_graph
 FUSED = (torch.ops.graphllm.rms_norm.default, torch.ops.graphllm.add_rms_norm.default)
 
 
-# OLMo 2: test_olmo2_norms_are_left_alone; Gemma: test_gemma_norms_are_left_alone
+# OLMo 2: test_olmo2_norms_are_left_alone; Gemma: test_gemma_norms_fuse_with_unit_offset
 PRE_NORM = [arch for arch in ARCHS if arch != "olmo2" and not arch.startswith("gemma")]
 
 
@@ -192,12 +192,23 @@ def test_olmo2_norms_are_left_alone():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
-def test_gemma_norms_are_left_alone(arch, dtype):
-    """Gemma's RMSNorm scales by (1 + weight) in float32 (models/gemma.py): not RMSNorm's module, nor its
-    math, so the pass fuses none of its norms (4 per layer, Gemma 3's q/k norms, the final one) and the
-    function is the same."""
+def test_gemma_norms_fuse_with_unit_offset(arch, dtype):
+    """Gemma's RMSNorm scales by (1 + weight) in float32, then casts (models/gemma.py): each becomes the fused
+    op with unit_offset=True, the post-norms (on attention's and the MLP's outputs) and the embedding's norm
+    and Gemma 3's per-head q/k norms alone, the pre-norms after a residual add with it. Bit for bit in
+    float32."""
     before, after, counts, ops_before, ops_after, config = run_pass(FuseAddRMSNorm(), arch, dtype)
-    assert counts == {"rms_norm": 0, "add_rms_norm": 0}
-    norms = (6 if arch == "gemma3" else 4) * config.num_hidden_layers + 1
-    assert ops_before["rsqrt.default"] == ops_after["rsqrt.default"] == norms
-    assert_same_function(before, after, config, seeds=(1,), dtype=dtype)
+    layers = config.num_hidden_layers
+    qk = 2 * layers if arch == "gemma3" else 0
+    # alone: the first input norm, two post-norms a layer, q/k norms; after an add: the pre-feedforward norm,
+    # the next layer's input norm, the final norm
+    assert counts == {"rms_norm": 1 + 2 * layers + qk, "add_rms_norm": 2 * layers}
+    assert ops_before["rsqrt.default"] == 4 * layers + 1 + qk and "rsqrt.default" not in ops_after
+    assert all(n.args[-1] is True for n in fused_nodes(after))
+    if dtype == torch.float32:
+        inputs = random_step_inputs(config, seed=3)
+        a_in, b_in = clone_inputs(inputs), clone_inputs(inputs)
+        with on_reference():
+            assert torch.equal(after(*b_in), before(*a_in))
+    else:
+        assert_same_function(before, after, config, seeds=(1,), dtype=dtype, atol=2e-2)

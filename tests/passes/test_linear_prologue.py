@@ -48,6 +48,21 @@ def test_same_function_when_forced_on_cpu(arch):
     assert_same_function(before, after, config, seeds=(1, 2))
 
 
+@pytest.mark.parametrize("arch", ("gemma2", "gemma3"))
+def test_gemma_pre_norms_fold_with_their_unit_offset(arch):
+    """Gemma's norms (1 + weight, fuse_add_rmsnorm's unit_offset) fold like RMSNorm's, the flag after the bias;
+    its post-norms read attention's and the MLP's outputs, not a linear's input, and stay."""
+    before, config = prepared(arch)
+    after = copy_graph(before)
+    counts = LinearPrologue()(after)
+    DeadCodeElimination()(after)
+    layers = config.num_hidden_layers
+    assert counts == {"add_rms_norm": 2 * layers - 1, "rms_norm": 1, "silu_and_mul": 0}  # Gemma's MLP: GELU
+    fused = [n for n in after.graph.nodes if n.target in (ops.rms_norm_linear.default, ops.add_rms_norm_linear.default)]
+    assert len(fused) == 2 * layers and all(n.args[-1] is True and n.args[-2] is None for n in fused)
+    assert_same_function(before, after, config, seeds=(1, 2))
+
+
 def test_cpu_graph_is_left_alone():
     graph, _ = prepared("llama")
     code = graph.gm.code
@@ -64,7 +79,7 @@ def test_a_norm_read_elsewhere_stays():
     lin = g.call_function(ops.linear.default, (y, w))
     g.output((lin, y))
     from graphllm.passes.lowering.linear_prologue import _fold_single
-    assert not _fold_single(g, lin, ops.rms_norm.default, ops.rms_norm_linear.default)
+    assert not _fold_single(g, lin, ops.rms_norm.default, ops.rms_norm_linear.default, 3)
 
 
 def test_ops_equal_their_parts_off_the_kernel_path():
@@ -77,5 +92,8 @@ def test_ops_equal_their_parts_off_the_kernel_path():
                                rtol=0, atol=0)
     out, h = add_rms_norm_linear(x, r, nw, 1e-5, w)
     assert torch.equal(h, x + r) and torch.equal(out, linear(reference_rms_norm(x + r, nw, 1e-5), w))
+    gemma = (reference_rms_norm(x + r, nw, 1e-5, unit_offset=True))
+    out, h = add_rms_norm_linear(x, r, nw, 1e-5, w, None, True)
+    assert torch.equal(out, linear(gemma, w)) and not torch.equal(out, linear(reference_rms_norm(x + r, nw, 1e-5), w))
     gate_up = torch.randn(20, 64, generator=gen)
     assert torch.equal(silu_and_mul_linear(gate_up, w), linear(reference_silu_and_mul(gate_up), w))

@@ -27,7 +27,18 @@ After:
 
 When the group's input is not an add of two tensors of one shape and dtype (the embedding,
 Qwen3's per-head q/k norms over [T, heads, head_dim]) the group alone becomes
-`y = graphllm.rms_norm.default(h, w, eps)`. A group that is not exactly this math, or whose
+`y = graphllm.rms_norm.default(h, w, eps)`.
+
+Gemma's RMSNorm (models/gemma.py) scales by 1 + weight in float32 and casts once at the end:
+
+    n: "f32[T, H]" = aten.mul.Tensor(hf, inv)                     # hf, inv as above
+    wf: "f32[H]" = aten.to.dtype(w, f32)
+    w1: "f32[H]" = aten.add.Tensor(wf, 1.0)
+    s: "f32[T, H]" = aten.mul.Tensor(n, w1)
+    y: "bf16[T, H]" = aten.to.dtype(s, bf16)                      # h's dtype
+
+and becomes the same ops with a last argument unit_offset=True (`graphllm.rms_norm.default(h, w, eps,
+True)`), which linear_prologue carries into the fused matmul prologue. A group that is not exactly this math, or whose
 inner values are read elsewhere, is left alone. The replacement ops repeat RMSNorm's math op by
 op, so float32 results are bit-identical on CPU.
 """
@@ -41,12 +52,14 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 import graphllm.ops.rms_norm  # noqa: F401  (registers torch.ops.graphllm.rms_norm / add_rms_norm)
 from graphllm.ir.graph import StepGraph, new_node
+from graphllm.models.gemma import GemmaRMSNorm
 from graphllm.models.layers import RMSNorm
 from graphllm.passes.base import GraphPass
 
 aten = torch.ops.aten
 ASSERT = aten._assert_tensor_metadata.default
-RMSNORM_TYPE = f"{RMSNorm.__module__}.{RMSNorm.__qualname__}"
+NORM_TYPES = (RMSNorm, GemmaRMSNorm)
+NORM_TYPE_NAMES = tuple(f"{t.__module__}.{t.__qualname__}" for t in NORM_TYPES)
 
 
 @dataclass
@@ -59,14 +72,15 @@ class NormMatch:
     eps: float
     output: fx.Node  # y
     nodes: list[fx.Node]  # the whole group, asserts included, in graph order
+    unit_offset: bool = False  # Gemma's: y = to(xf * rsqrt(...) * (1 + float(weight)), x.dtype)
 
 
 # ---- finding the groups ---------------------------------------------------------------------
 
 def _is_rmsnorm(module_type) -> bool:
     if isinstance(module_type, type):
-        return issubclass(module_type, RMSNorm)
-    return module_type == RMSNORM_TYPE
+        return issubclass(module_type, NORM_TYPES)
+    return module_type in NORM_TYPE_NAMES
 
 
 def rmsnorm_groups(graph: fx.Graph) -> list[list[fx.Node]]:
@@ -111,21 +125,50 @@ def _strip_cast(node, dtype: torch.dtype | None = None) -> tuple:
     return None, node
 
 
-def _match_body(out: fx.Node) -> dict | None:
-    """Name the nodes of y = w * to(xf * rsqrt(mean(xf ** 2, [-1], True) + eps)), from y back."""
-    weight, nc = _mul_operands(out, lambda a: isinstance(a, fx.Node) and a.op == "get_attr")
-    cast_back, n = _strip_cast(nc)
+def _match_normalized(n) -> dict | None:
+    """Name the nodes of n = xf * rsqrt(mean(xf ** 2, [-1], True) + eps)."""
     inv, xf = _mul_operands(n, lambda a: _args(a, aten.rsqrt.default, 1)[0] is not None)
     (ms_eps,) = _args(inv, aten.rsqrt.default, 1)
     ms, eps = _args(ms_eps, aten.add.Tensor, 2)
     sq, dims, keepdim = _args(ms, aten.mean.dim, 3)
     base, exponent = _args(sq, aten.pow.Tensor_Scalar, 2)
-    if weight is None or base is None or base is not xf or dims != [-1] or keepdim is not True:
+    if base is None or base is not xf or dims != [-1] or keepdim is not True:
         return None
     if exponent != 2 or isinstance(eps, bool) or not isinstance(eps, (int, float)):
         return None
-    return dict(weight=weight, eps=float(eps), xf=xf, cast_back=cast_back,
-                body=[out, nc, n, inv, ms_eps, ms, sq])
+    return dict(eps=float(eps), xf=xf, nodes=[n, inv, ms_eps, ms, sq])
+
+
+def _unit_weight(node) -> tuple | None:
+    """(w, the nodes) for node = to(w, f32) + 1.0 (or w + 1.0 where w is float32), w a get_attr."""
+    wf, one = _args(node, aten.add.Tensor, 2)
+    if isinstance(one, bool) or one != 1.0 or not isinstance(wf, fx.Node):
+        return None
+    cast, w = _strip_cast(wf, torch.float32)
+    if not (isinstance(w, fx.Node) and w.op == "get_attr"):
+        return None
+    return w, [node] + ([cast] if cast is not None else [])
+
+
+def _match_body(out: fx.Node) -> dict | None:
+    """Name the nodes of y = w * to(n) (RMSNorm) or y = to(n * (1 + float(w))) (Gemma's), from y back;
+    n = xf * rsqrt(mean(xf ** 2, [-1], True) + eps)."""
+    weight, nc = _mul_operands(out, lambda a: isinstance(a, fx.Node) and a.op == "get_attr")
+    if weight is not None:
+        cast_back, n = _strip_cast(nc)
+        parts = _match_normalized(n)
+        if parts is None:
+            return None
+        return dict(weight=weight, eps=parts["eps"], xf=parts["xf"], cast_back=cast_back, unit_offset=False,
+                    body=[out, nc, *parts["nodes"]])
+    cast_back, scaled = _strip_cast(out)
+    n, w1 = _mul_operands(scaled, lambda a: _match_normalized(a) is not None)
+    unit = _unit_weight(w1) if n is not None else None
+    if unit is None:
+        return None
+    parts = _match_normalized(n)
+    return dict(weight=unit[0], eps=parts["eps"], xf=parts["xf"], cast_back=cast_back, unit_offset=True,
+                body=[out, scaled, *unit[1], *parts["nodes"]])
 
 
 def _casts_agree(x_dtype, cast, cast_back) -> bool:
@@ -157,7 +200,7 @@ def match_rmsnorm(group: list[fx.Node]) -> NormMatch | None:
     cast, x = _strip_cast(parts["xf"], torch.float32) if parts["xf"] in group else (None, parts["xf"])
     if x in group or not _casts_agree(_dtype(x), cast, parts["cast_back"]):
         return None
-    match = NormMatch(x, cast, parts["weight"], parts["eps"], body[-1], group)
+    match = NormMatch(x, cast, parts["weight"], parts["eps"], body[-1], group, parts["unit_offset"])
     return match if _is_closed(match, [n for n in parts["body"] if n is not cast]) else None
 
 
@@ -187,12 +230,17 @@ def _erase(graph: fx.Graph, nodes: list[fx.Node]) -> None:
         graph.erase_node(node)
 
 
+def _unit(match: NormMatch) -> tuple:
+    """The ops' unit_offset argument, given only where it is set (RMSNorm's nodes keep their old form)."""
+    return (True,) if match.unit_offset else ()
+
+
 def rewrite_rms_norm(graph: fx.Graph, match: NormMatch) -> None:
     """y = rms_norm(x, w, eps) in place of the group."""
     _release_cast(match)
     with graph.inserting_before(match.output):
         fused = new_node(graph, torch.ops.graphllm.rms_norm.default,
-                          (match.input, match.weight, match.eps), match.output)
+                          (match.input, match.weight, match.eps, *_unit(match)), match.output)
     match.output.replace_all_uses_with(fused)
     _erase(graph, match.nodes)
 
@@ -202,8 +250,8 @@ def rewrite_add_rms_norm(graph: fx.Graph, match: NormMatch, a: fx.Node, b: fx.No
     x, group = match.input, set(match.nodes)
     _release_cast(match)
     with graph.inserting_after(x):
-        fused = new_node(graph, torch.ops.graphllm.add_rms_norm.default, (a, b, match.weight, match.eps),
-                          match.output)
+        fused = new_node(graph, torch.ops.graphllm.add_rms_norm.default,
+                          (a, b, match.weight, match.eps, *_unit(match)), match.output)
     with graph.inserting_after(fused):
         y = new_node(graph, operator.getitem, (fused, 0), match.output)
     match.output.replace_all_uses_with(y)
@@ -219,7 +267,7 @@ class FuseAddRMSNorm(GraphPass):
     """Every RMSNorm call -> rms_norm, or add_rms_norm when a residual add feeds it."""
 
     name = "fuse_add_rmsnorm"
-    version = 1
+    version = 2  # 2: Gemma's norms too
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
         counts = {"rms_norm": 0, "add_rms_norm": 0}

@@ -21,6 +21,7 @@ Before and after, for the three shapes a decoder layer has:
     down = graphllm.linear.default(act, w_down)
 ->  down = graphllm.silu_and_mul_linear.default(gate_up, w_down)
 
+A norm's unit_offset (Gemma's 1 + weight, fuse_add_rmsnorm) goes along, after the linear's bias.
 Only a norm or activation whose output nothing else reads is folded (the final norm reaches
 lm_head through a row gather, so it stays). Like skinny_linear, only graphs whose example
 inputs are on the listed devices are rewritten (`devices`, which the pass manager reads).
@@ -48,6 +49,15 @@ def _linear_operands(node: fx.Node) -> tuple[fx.Node, tuple]:
     return x, tuple(params[:1] if len(params) < 2 or params[1] is None else params[:2])
 
 
+def _fused_args(source: fx.Node, arity: int, params: tuple) -> tuple:
+    """The fused op's arguments: source's first `arity` (its own), then the linear's weight and bias, then
+    a norm's unit_offset where it has one set (Gemma's): the fused ops take it after the bias."""
+    own, extra = source.args[:arity], source.args[arity:]
+    if extra and extra[0]:
+        return (*own, params[0], params[1] if len(params) > 1 else None, *extra)
+    return (*own, *params)
+
+
 def _fold_add_rms_norm(graph: fx.Graph, lin: fx.Node) -> bool:
     """lin = linear(getitem(add_rms_norm(...), 0), w[, b]) with the norm's outputs read only there and by getitem 1."""
     y, params = _linear_operands(lin)
@@ -58,7 +68,7 @@ def _fold_add_rms_norm(graph: fx.Graph, lin: fx.Node) -> bool:
             _call(u, operator.getitem) and u.args[1] in (0, 1) for u in norm.users):
         return False
     with graph.inserting_before(lin):
-        fused = new_node(graph, ops.add_rms_norm_linear.default, (*norm.args, *params), lin)
+        fused = new_node(graph, ops.add_rms_norm_linear.default, _fused_args(norm, 4, params), lin)
         out = new_node(graph, operator.getitem, (fused, 0), lin)
         new_residual = new_node(graph, operator.getitem, (fused, 1), norm)
     lin.replace_all_uses_with(out)
@@ -70,13 +80,13 @@ def _fold_add_rms_norm(graph: fx.Graph, lin: fx.Node) -> bool:
     return True
 
 
-def _fold_single(graph: fx.Graph, lin: fx.Node, source, fused_op) -> bool:
+def _fold_single(graph: fx.Graph, lin: fx.Node, source, fused_op, arity: int) -> bool:
     """lin = linear(source(args...), w[, b]) with source read only there -> fused_op(args..., w, b)."""
     y, params = _linear_operands(lin)
     if not _call(y, source) or len(y.users) != 1:
         return False
     with graph.inserting_before(lin):
-        fused = new_node(graph, fused_op, (*y.args, *params), lin)
+        fused = new_node(graph, fused_op, _fused_args(y, arity, params), lin)
     lin.replace_all_uses_with(fused)
     graph.erase_node(lin)
     graph.erase_node(y)
@@ -87,7 +97,7 @@ class LinearPrologue(GraphPass):
     """Fold norms and SwiGLU into the graphllm.linear they feed; counts each kind folded."""
 
     name = "linear_prologue"
-    version = 1
+    version = 2  # 2: norms with unit_offset (Gemma's) fold too
 
     devices = ("cuda",)
 
@@ -97,8 +107,8 @@ class LinearPrologue(GraphPass):
         for lin in [n for n in g.nodes if n.op == "call_function" and n.target == ops.linear.default]:
             if _fold_add_rms_norm(g, lin):
                 counts["add_rms_norm"] += 1
-            elif _fold_single(g, lin, ops.rms_norm.default, ops.rms_norm_linear.default):
+            elif _fold_single(g, lin, ops.rms_norm.default, ops.rms_norm_linear.default, 3):
                 counts["rms_norm"] += 1
-            elif _fold_single(g, lin, ops.silu_and_mul.default, ops.silu_and_mul_linear.default):
+            elif _fold_single(g, lin, ops.silu_and_mul.default, ops.silu_and_mul_linear.default, 1):
                 counts["silu_and_mul"] += 1
         return counts
