@@ -1,17 +1,23 @@
 """Attention with graphllm's own Triton kernels (graphllm/kernels): one store_kv launch (or, for
 graphllm.rope_attention, one rope_store_kv launch that also rotates q and k), then split-KV paged
-decode when every sequence has one new token, else paged prefill. Multi-head latent attention (DeepSeek-V2's
+decode when every sequence has one new token, split-KV paged verify attention when none has more than
+paged_verify_attention.MAX_TOKENS (speculative decoding's verify steps: the host's plan of the step says
+so), else paged prefill. Multi-head latent attention (DeepSeek-V2's
 graphllm.mla_attention) writes its latent entries with index_copy_, then runs kernels/mla_decode.py or
 kernels/mla_prefill.py on the same rule (interpreter-tested; not yet run on a GPU).
 
-Nothing is planned on the host: launch grids depend on tensor shapes only, so a decode step
-captures into a CUDA graph as is. A float8 cache is written and read with `kv_scales`."""
+Nothing is planned on the host but that bound (`plan` reads the step's query lengths, which the host
+has): launch grids depend on tensor shapes only, so decode and verify steps capture into CUDA graphs as
+they are. A float8 cache is written and read with `kv_scales`."""
+
+import numpy as np
 
 from graphllm.kernels.mla_decode import mla_decode_attention
 from graphllm.kernels.mla_prefill import mla_prefill_attention
 from graphllm.kernels.mla_reference import write_latent_cache
 from graphllm.kernels.paged_decode_attention import paged_decode_attention
 from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
+from graphllm.kernels.paged_verify_attention import MAX_TOKENS, paged_verify_attention
 from graphllm.kernels.rope_store_kv import rope_store_kv
 from graphllm.kernels.store_kv import store_kv
 from graphllm.backends.base import AttentionBackend
@@ -19,6 +25,18 @@ from graphllm.backends.base import AttentionBackend
 
 class TritonBackend(AttentionBackend):
     name = "triton"
+    # (tokens, sequences, the most new tokens a sequence) of the step planned last; a step of other shapes
+    # was not planned (a direct call of the step) and takes the prefill kernel
+    planned: tuple[int, int, int] = (0, 0, 0)
+
+    def plan(self, host, graph_bucket=None) -> None:
+        counts = np.diff(host.query_start_loc)
+        self.planned = (int(host.query_start_loc[-1]), len(host.seq_lens), int(counts.max()) if len(counts) else 0)
+
+    def _max_new_tokens(self, q, seq_lens) -> int | None:
+        """The planned bound on new tokens a sequence, when this step is the one planned."""
+        tokens, seqs, most = self.planned
+        return most if (tokens, seqs) == (q.shape[0], seq_lens.shape[0]) else None
 
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                 scale, sliding_window, logit_softcap=0.0):
@@ -44,6 +62,11 @@ class TritonBackend(AttentionBackend):
         if q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
                                           sliding_window, kv_scales=self.scales_for(kv_cache),
+                                          logit_softcap=logit_softcap)
+        most = self._max_new_tokens(q, seq_lens)
+        if most is not None and 1 < most <= MAX_TOKENS:
+            return paged_verify_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
+                                          scale, sliding_window, most, kv_scales=self.scales_for(kv_cache),
                                           logit_softcap=logit_softcap)
         return paged_prefill_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
                                        scale, sliding_window, kv_scales=self.scales_for(kv_cache),

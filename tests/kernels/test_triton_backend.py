@@ -43,3 +43,24 @@ def test_triton_backend_gives_the_reference_tokens_for_mla(arch, tiny_model_dir)
     assert engine.runner.backend.name == "triton"
     got = engine.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_verify_steps_take_the_verify_kernel_and_the_reference_tokens(arch, tiny_model_dir, monkeypatch):
+    """Speculative decoding (prompt lookup, k = 4): its verify steps, 2..5 tokens a sequence, run
+    paged_verify_attention (counted: its max_tokens argument), and the tokens are the plain reference
+    backend's."""
+    import graphllm.backends.triton_backend as triton_backend
+    path, _ = tiny_model_dir(arch)
+    calls = []
+    kernel = triton_backend.paged_verify_attention
+    monkeypatch.setattr(triton_backend, "paged_verify_attention", lambda *a, **k: calls.append(a[8]) or kernel(*a, **k))
+    options = dict(dtype="float32", device=DEVICE.type, cuda_graphs=False)
+    prompts = [[1, 5, 9, 17, 5, 9, 17, 5], [1, 7, 7, 7, 7]]
+    expected = Engine.from_pretrained(path, attention_backend="torch", **options).generate(prompts, GREEDY)
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    engine = Engine.from_pretrained(path, attention_backend="triton", speculative_config=spec, **options)
+    got = engine.generate(prompts, GREEDY)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+    # the prompts (8 and 5 tokens) take it too: every sequence of their prefill step has at most 16 new tokens
+    assert 8 in calls and any(2 <= c <= 5 for c in calls) and engine.stats().spec_decode.num_accepted_tokens > 0
