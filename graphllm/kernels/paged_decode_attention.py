@@ -100,37 +100,45 @@ def soft_cap_log2(s, softcap_log2):
 
 
 @triton.jit
-def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
-                         stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
-                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-                         SOFTCAP: tl.constexpr):
-    """Online softmax of q ([BLOCK_G, BLOCK_D]: one token's query heads of KV head kvh) over the
-    keys at positions lo..hi-1 of the pages in `table`; returns (acc, l, m), acc unnormalised.
-    Shared by the decode kernel and the prefill kernel's one-token sequences. KV_FP8: a float8
-    cache, whose k_scale the caller folded into scale_log2; acc comes back times v_scale.
+def rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
+                   stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2, BLOCK_M: tl.constexpr,
+                   BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                   KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr, CAUSAL: tl.constexpr = True):
+    """Online softmax of q's rows ([BLOCK_M, BLOCK_D], queries of KV head kvh) over the keys at positions
+    lo..hi-1 of the pages in `table`; returns (acc, l, m), acc unnormalised. CAUSAL: row r sees keys
+    q_min_key[r]..q_pos[r] only, and a row that sees no key gets l = 0 (the prefill kernel, verify
+    attention); else every row sees every key in range (one token's query heads: q_pos, q_min_key unread).
+    KV_FP8: a float8 cache, whose k_scale the caller folded into scale_log2; acc comes back times v_scale.
     SOFTCAP: soft-cap the scores (soft_cap_log2) before the mask."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for tile in range(lo, hi, BLOCK_N):
-        toks = tile + offs_n  # [BLOCK_N] key positions
-        valid = toks < hi
-        pages = tl.load(table + toks // block_size, mask=valid, other=0).to(tl.int64)
-        kv_off = (pages * stride_cb + (toks % block_size) * stride_co + kvh * stride_ch)[:, None] \
+    for tile_n in range(lo, hi, BLOCK_N):
+        k_pos = tile_n + offs_n  # [BLOCK_N] key positions
+        k_valid = k_pos < hi
+        pages = tl.load(table + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
+        kv_off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] \
             + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
-        kv_mask = valid[:, None] & d_mask[None, :]
+        kv_mask = k_valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_G, BLOCK_N]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
         if SOFTCAP:
             s = soft_cap_log2(s, softcap_log2)
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a valid key
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
+        if CAUSAL:
+            visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None]) \
+                & (k_pos[None, :] >= q_min_key[:, None])
+            s = tl.where(visible, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row may see nothing yet
+        else:
+            s = tl.where(k_valid[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a valid key
+            m_safe = m_new
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
         if KV_FP8:  # exact: float8 e4m3 fits in float16, bfloat16 and float32
@@ -140,6 +148,19 @@ def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_s
     if KV_FP8:
         acc = acc * v_scale
     return acc, l_i, m_i
+
+
+@triton.jit
+def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
+                         stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
+                         BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                         BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
+                         SOFTCAP: tl.constexpr):
+    """rows_attention of one token's query heads of KV head kvh (q: [BLOCK_G, BLOCK_D]) over the keys at
+    positions lo..hi-1, all visible. Shared by the decode kernel and the prefill kernel's one-token rows."""
+    return rows_attention(q, lo, lo, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb, stride_co,
+                          stride_ch, scale_log2, v_scale, softcap_log2, BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N,
+                          PRECISION, KV_FP8, SOFTCAP, False)
 
 
 @triton.jit

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.paged_decode_attention import one_token_attention, paged_decode_attention, soft_cap_log2
+from graphllm.kernels.paged_decode_attention import one_token_attention, paged_decode_attention, rows_attention
 from graphllm.kernels.kv_quant import KVScales, dequantize_kv, is_fp8
 from graphllm.kernels.reference import soft_cap
 
@@ -163,38 +163,10 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
     if sliding_window > 0:
         q_min_key = q_pos - sliding_window + 1
         lo = tl.maximum(prefix + q_tile_start - sliding_window + 1, 0)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    offs_n = tl.arange(0, BLOCK_N)
-    for tile_n in range(lo, hi, BLOCK_N):
-        k_pos = tile_n + offs_n  # [BLOCK_N]
-        k_valid = k_pos < hi
-        pages = tl.load(table + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
-        kv_off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] \
-            + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
-        kv_mask = k_valid[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
-        if SOFTCAP:
-            s = soft_cap_log2(s, softcap_log2)
-        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None]) \
-            & (k_pos[None, :] >= q_min_key[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row may see nothing yet
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if KV_FP8:  # exact: float8 e4m3 fits in float16, bfloat16 and float32
-            v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-
-    if KV_FP8:
-        acc = acc * v_scale
+    acc, l_i, _ = rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
+                                 stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2, BLOCK_M, BLOCK_D,
+                                 HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_off = (q_first + toks).to(tl.int64)[:, None] * stride_ot + heads[:, None] * stride_oh \
         + offs_d[None, :]

@@ -6,7 +6,8 @@ KV head as one [BLOCK_R >= 16, D] tile of rows (row r: token r // G, head r % G)
 once for all of them, over its share of the keys. Token t of a sequence with n new tokens sits at position
 p = seq_len - n + t and sees keys 0..p (p - sliding_window + 1..p with a window): the mask is per row. The
 keys are cut into num_splits tile-aligned chunks on device; splits write a normalised partial output and
-its log2-sum-exp2 per (token, head), a second kernel merges them. The grid depends on shapes only, so a
+its log2-sum-exp2 per (token, head), and the decode kernel's merge kernel merges them. The loop over the keys
+is the prefill kernel's (paged_decode_attention.rows_attention). The grid depends on shapes only, so a
 verify step captures into a CUDA graph.
 
 Why not the prefill kernel: it gives a sequence's query tile one program per KV head that walks every key,
@@ -19,7 +20,7 @@ import triton
 import triton.language as tl
 
 from graphllm.kernels.kv_quant import KVScales, is_fp8
-from graphllm.kernels.paged_decode_attention import LOG2E, default_num_splits, soft_cap_log2
+from graphllm.kernels.paged_decode_attention import LOG2E, _decode_reduce_kernel, default_num_splits, rows_attention
 
 MAX_TOKENS = 16  # new tokens per sequence this kernel takes (k + 1 of speculative decoding)
 
@@ -41,7 +42,6 @@ def _verify_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
 
     offs_r = tl.arange(0, BLOCK_R)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
     token = offs_r // GROUP  # [BLOCK_R]
     heads = kvh * GROUP + offs_r % GROUP
     r_mask = token < n_new
@@ -52,42 +52,17 @@ def _verify_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                 mask=r_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_R, BLOCK_D]
 
     start = 0
+    q_min_key = tl.zeros([BLOCK_R], tl.int32)
     if sliding_window > 0:
         start = tl.maximum(first_pos - sliding_window + 1, 0)  # the first token's window; later rows mask more
+        q_min_key = q_pos - sliding_window + 1
     chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
     lo = start + split * chunk
     hi = tl.minimum(lo + chunk, seq_len)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
-
-    m_i = tl.full([BLOCK_R], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_R], tl.float32)
-    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-    for tile in range(lo, hi, BLOCK_N):
-        toks = tile + offs_n  # [BLOCK_N] key positions
-        valid = toks < hi
-        pages = tl.load(table + toks // block_size, mask=valid, other=0).to(tl.int64)
-        kv_off = (pages * stride_cb + (toks % block_size) * stride_co + kvh * stride_ch)[:, None] + offs_d[None, :]
-        kv_mask = valid[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_R, BLOCK_N]
-        if SOFTCAP:
-            s = soft_cap_log2(s, softcap_log2)
-        visible = valid[None, :] & (toks[None, :] <= q_pos[:, None])
-        if sliding_window > 0:
-            visible &= toks[None, :] > q_pos[:, None] - sliding_window
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new > float("-inf"), m_new, 0.0)  # a row that has seen no key yet
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if KV_FP8:  # exact: float8 e4m3 fits in float16, bfloat16 and float32
-            v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-    if KV_FP8:
-        acc = acc * v_scale
+    acc, l_i, m_i = rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
+                                   stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2, BLOCK_R,
+                                   BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # l_i = 0: no visible key in this split, zeros and lse -inf
     out = acc / l_safe[:, None]
@@ -101,26 +76,6 @@ def _verify_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
         tl.store(part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :], out, mask=o_mask)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=r_mask)
-
-
-@triton.jit(do_not_specialize=["num_splits"])
-def _verify_reduce_kernel(part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh, num_splits,
-                          HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    t, h = tl.program_id(0), tl.program_id(1)
-    row = (t * tl.num_programs(1) + h).to(tl.int64) * num_splits  # first split of (token t, head h)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_splits
-    d_mask = offs_d < HEAD_DIM
-    lse = tl.load(part_lse_ptr + row + offs_s, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
-    m = tl.max(lse, 0)
-    w = tl.where(lse > float("-inf"), tl.exp2(lse - tl.where(m > float("-inf"), m, 0.0)), 0.0)
-    parts = tl.load(part_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=s_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_S, BLOCK_D]
-    total = tl.sum(w, 0)
-    out = tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)  # [BLOCK_D]
-    tl.store(out_ptr + t.to(tl.int64) * stride_ot + h * stride_oh + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=d_mask)
 
 
 def paged_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -168,8 +123,9 @@ def paged_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         DIRECT=direct, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
         num_warps=4, num_stages=3)
     if not direct:
-        _verify_reduce_kernel[(num_tokens, num_heads)](
-            part_out, part_lse, out, out.stride(0), out.stride(1), num_splits,
-            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+        # the decode kernel's merge, one program per (token, head): part rows are laid out as its (b, head)
+        _decode_reduce_kernel[(num_tokens, num_heads)](
+            part_out, part_lse, query_start_loc, out, out.stride(0), out.stride(1), num_splits,
+            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, MIXED=False,
             num_warps=4 if head_dim >= 128 else 2)
     return out

@@ -23,6 +23,7 @@ from triton.compiler import ASTSource
 from graphllm.kernels import fused_moe, mla_decode, mla_prefill, moe_align, moe_experts, moe_routing
 from graphllm.kernels import paged_decode_attention as decode
 from graphllm.kernels import paged_prefill_attention as prefill
+from graphllm.kernels import paged_verify_attention as verify
 from graphllm.kernels import rope_store_kv as rope
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -53,6 +54,11 @@ def variants():
         yield prefill._prefill_kernel, pointer_types(kv_fp8), dict(
             SHAPE, BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16, ONE_TOKEN_ROWS=one_token_rows, KV_FP8=kv_fp8,
             SOFTCAP=softcap), {}
+    for direct, kv_fp8, softcap in itertools.product((True, False), (True, False), (False, True)):
+        if kv_fp8 and softcap:
+            continue
+        yield verify._verify_split_kernel, pointer_types(kv_fp8), dict(  # k = 4: 5 tokens x group 4 -> 32 rows
+            SHAPE, BLOCK_R=32, DIRECT=direct, KV_FP8=kv_fp8, SOFTCAP=softcap), {}
     for kv_fp8 in (False, True):
         types = dict(pointer_types(kv_fp8), k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
                      q_out_ptr="*bf16", slot_ptr="*i64", k_scale="fp32")
