@@ -121,7 +121,8 @@ def check_tokens(engine, tokens: list[list[int]], reference: list[list[int]], wh
     summation orders), and random weights leave near-ties that flip: run["same_tokens"] records the share of
     generated tokens before each sequence's first difference (an oracle proposes the plain tokens, so after one
     its proposals are wrong and measured acceptance falls below the target)."""
-    agree = [next((i for i, (x, y) in enumerate(zip(t, r)) if x != y), len(r)) / len(r) for t, r in zip(tokens, reference)]
+    agree = [next((i for i, (x, y) in enumerate(zip(t, r)) if x != y), len(r)) / len(r)
+             for t, r in zip(tokens, reference)]
     run["same_tokens"] = sum(agree) / len(agree)
     if tokens != reference and engine.state.dtype == torch.float32:
         raise AssertionError(f"{what}: speculative tokens differ from plain (float32)")

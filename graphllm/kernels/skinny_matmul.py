@@ -141,7 +141,8 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
 @triton.jit(do_not_specialize=["M", "eps"])  # 2..16 rows share one compile
 def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
                           M, N, K, K_SPLIT, eps, stride_xm, stride_rm, stride_wn, stride_om,
-                          PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr,
+                          PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                           EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr):
     pid_n = tl.program_id(0)

@@ -44,7 +44,8 @@ def test_the_echo_preset_repeats_its_last_token():
         elif usual[name].dim() == 2:
             assert echo[name].std().item() == pytest.approx(0.02, rel=0.2)
     assert torch.equal(echo["lm_head.weight"], echo["model.embed_tokens.weight"])
-    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"}))
+    hf_config = transformers.LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"})
+    hf = transformers.LlamaForCausalLM(hf_config)
     hf.load_state_dict(echo)
     out = hf.generate(torch.tensor([[5, 77, 200, 31]]), max_new_tokens=6, do_sample=False)
     assert out[0, 4:].tolist() == [31] * 6

@@ -179,8 +179,9 @@ def test_a_verify_step_replays_the_fewest_tokens_a_sequence_that_hold_it():
                                backend=RecordingBackend(), verify_graphs=runners)
     host = verify_inputs()  # 3 tokens, then 1: the q = 3 graphs
     assert model_runner.verify_graph_for(host) is runners[1]
-    one_each = host._replace(input_ids=host.input_ids[[0, 3]], positions=np.array([5, 2]), slot_mapping=np.array([5, 10]),
-                             seq_lens=np.array([6, 3]), query_start_loc=np.array([0, 1, 2]), logits_indices=np.arange(2))
+    one_each = host._replace(input_ids=host.input_ids[[0, 3]], positions=np.array([5, 2]),
+                             slot_mapping=np.array([5, 10]), seq_lens=np.array([6, 3]),
+                             query_start_loc=np.array([0, 1, 2]), logits_indices=np.arange(2))
     assert model_runner.verify_graph_for(one_each) is runners[0]
     six = host._replace(input_ids=np.arange(7), positions=np.array([2, 3, 4, 5, 6, 7, 2]), slot_mapping=np.arange(7),
                         query_start_loc=np.array([0, 6, 7]), logits_indices=np.arange(7))
