@@ -20,6 +20,7 @@ def fused_op_references() -> dict:
     from graphllm.kernels.quant_layout import quantize_fp8_rows
     ops = torch.ops.graphllm
     return {ops.silu_and_mul.default: silu_and_mul.reference_silu_and_mul,
+            ops.gelu_tanh_and_mul.default: silu_and_mul.reference_gelu_tanh_and_mul,
             ops.rms_norm.default: rms_norm.reference_rms_norm,
             ops.add_rms_norm.default: add_rms_norm_reference,
             ops.fp8_quantize.default: quantize_fp8_rows}

@@ -29,6 +29,13 @@ def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, unit_o
     return weight * xf.to(dtype)  # dtype: promote(weight, x), like the module
 
 
+def reference_gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x: [..., 2I] -> [..., I]; GemmaMLP's GeGLU, gelu(gate, approximate="tanh") * up, in x's dtype."""
+    size = x.shape[-1] // 2
+    gate, up = x[..., :size], x[..., size:]
+    return F.gelu(gate, approximate="tanh") * up
+
+
 def reference_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """x: [..., 2I] -> [..., I]; the same ops as LlamaMLP, in x's dtype (bit-identical on CPU)."""
     size = x.shape[-1] // 2

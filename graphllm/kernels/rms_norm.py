@@ -45,11 +45,13 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, D, eps,
         tl.store(h_ptr + row * D + offs, h, mask=mask)
     hf = h.to(tl.float32)  # masked lanes are 0: they add nothing to the sum
     rstd = tl.rsqrt(tl.sum(hf * hf, axis=0) / D + eps)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     if UNIT_OFFSET:  # Gemma: scaled by 1 + weight in float32, one cast at the end
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         out = hf * rstd * (1.0 + w)
     else:
-        out = w * (hf * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)  # the reference's cast back
+        normed = (hf * rstd).to(x_ptr.dtype.element_ty).to(tl.float32)  # the reference's cast back
+        w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        out = w * normed
     tl.store(out_ptr + row * D + offs, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 

@@ -8,6 +8,8 @@ Rounding follows reference_silu_and_mul (F.silu(gate) * up in x's dtype) step by
 
     a   = silu(gate.float()).to(x.dtype)
     out = (a.float() * up.float()).to(x.dtype)
+
+GELU_TANH: the same with Gemma's GeGLU, a = gelu(gate.float(), approximate="tanh").to(x.dtype).
 """
 
 import torch
@@ -25,20 +27,36 @@ def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, size, stride_xm, BLOCK: tl.constexpr):
+def gelu_tanh(x):
+    """F.gelu(x, approximate="tanh") of float32 x: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), with
+    tanh(u) = 1 - 2 / (exp(2u) + 1) (Triton has no tanh in every version, nor in the interpreter)."""
+    u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return 0.5 * x * (2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0))
+
+
+@triton.jit
+def _silu_and_mul_kernel(x_ptr, out_ptr, size, stride_xm, BLOCK: tl.constexpr, GELU_TANH: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < size
     x_row = x_ptr + row * stride_xm
     gate = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
     up = tl.load(x_row + size + offs, mask=mask, other=0.0).to(tl.float32)
-    a = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)  # F.silu's cast back
+    if GELU_TANH:
+        a = gelu_tanh(gate).to(x_ptr.dtype.element_ty).to(tl.float32)
+    else:
+        a = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)  # F.silu's cast back
     tl.store(out_ptr + row * size + offs, (a * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """silu(x[:, :I]) * x[:, I:] for x: [M, 2I] with last-dim stride 1 (M may be 0);
-    returns a new contiguous [M, I] in x's dtype."""
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu_and_mul with Gemma's GeGLU: gelu(x[:, :I], approximate="tanh") * x[:, I:]."""
+    return silu_and_mul(x, gelu=True)
+
+
+def silu_and_mul(x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+    """silu(x[:, :I]) * x[:, I:] (gelu: gelu_tanh_and_mul's) for x: [M, 2I] with last-dim stride 1 (M may
+    be 0); returns a new contiguous [M, I] in x's dtype."""
     num_rows, width = x.shape
     assert width % 2 == 0 and x.stride(-1) == 1, f"silu_and_mul needs [M, 2I] rows of stride 1, got {x.shape}"
     size = width // 2
@@ -46,5 +64,5 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if num_rows == 0 or size == 0:
         return out
     _silu_and_mul_kernel[(num_rows, triton.cdiv(size, BLOCK))](
-        x, out, size, x.stride(0), BLOCK=BLOCK, num_warps=4)
+        x, out, size, x.stride(0), BLOCK=BLOCK, GELU_TANH=gelu, num_warps=4)
     return out

@@ -12,6 +12,7 @@ split-K reduce kernel of its own:
     rms_norm      rms_norm(x) * norm_weight                                  -
     add_rms_norm  rms_norm(h) * norm_weight, h = x + residual                h (the new residual)
     silu_mul      silu(x[:, :K]) * x[:, K:]                                  -
+    gelu_mul      gelu(x[:, :K], approximate="tanh") * x[:, K:] (Gemma)      -
 
 With UNIT_OFFSET the norms scale by 1 + norm_weight in float32 and round once (Gemma's RMSNorm).
 
@@ -42,12 +43,13 @@ import triton
 import triton.language as tl
 
 from graphllm.kernels.rms_norm import rms_norm_reference
-from graphllm.kernels.reference import reference_silu_and_mul
+from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_silu_and_mul
+from graphllm.kernels.silu_and_mul import gelu_tanh
 
 MAX_ROWS = 16  # the kernel's BLOCK_M: rows beyond this go to cuBLAS (compute-bound territory)
 SMALL_WEIGHT = 1 << 25  # elements: qkv and o_proj of an 8B model, not its MLP
 VOCAB_WIDE = 1 << 16  # output features: a vocabulary
-PROLOGUES = {"none": 0, "rms_norm": 1, "add_rms_norm": 2, "silu_mul": 3}
+PROLOGUES = {"none": 0, "rms_norm": 1, "add_rms_norm": 2, "silu_mul": 3, "gelu_mul": 4}
 MAX_COLUMN_TILES = 1 << 16  # split-K counters per device
 
 
@@ -60,6 +62,10 @@ def rms_norm_matmul_reference(x, norm_weight, eps, weight, bias=None, residual=N
     """(skinny_matmul_reference(rms_norm(h)), h or None) with h = x (+ residual), rounded like the eager ops."""
     normed, h = rms_norm_reference(x, norm_weight, eps, residual, unit_offset)
     return skinny_matmul_reference(normed, weight, bias), h
+
+
+def gelu_mul_matmul_reference(x, weight, bias=None):
+    return skinny_matmul_reference(reference_gelu_tanh_and_mul(x), weight, bias)
 
 
 def silu_mul_matmul_reference(x, weight, bias=None):
@@ -76,6 +82,10 @@ def _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, 
         up = tl.load(x_ptr + offs_m[:, None] * stride_xm + K + k[None, :], mask=mk_mask, other=0.0)
         gate = x.to(tl.float32)
         act = (gate / (1.0 + tl.exp(-gate))).to(x.dtype)
+        a = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
+    if PROLOGUE == 4:  # gelu_mul: the same with GeGLU
+        up = tl.load(x_ptr + offs_m[:, None] * stride_xm + K + k[None, :], mask=mk_mask, other=0.0)
+        act = gelu_tanh(x.to(tl.float32)).to(x.dtype)
         a = (act.to(tl.float32) * up.to(tl.float32)).to(x.dtype)
     if PROLOGUE == 2:  # add_rms_norm: h = x + residual, in x's dtype
         res = tl.load(res_ptr + offs_m[:, None] * stride_rm + k[None, :], mask=mk_mask, other=0.0)
@@ -257,7 +267,7 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     m = x.shape[0]
     n, k = weight.shape
     assert m <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1
-    assert x.shape[1] == (2 * k if prologue == "silu_mul" else k), (prologue, x.shape, weight.shape)
+    assert x.shape[1] == (2 * k if prologue in ("silu_mul", "gelu_mul") else k), (prologue, x.shape, weight.shape)
     out = x.new_empty((m, n))
     new_residual = None
     if residual is not None:
@@ -308,6 +318,7 @@ def rms_norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weig
 
 
 def silu_mul_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    config: dict | None = None) -> torch.Tensor:
-    """(silu(x[:, :K]) * x[:, K:]) @ weight^T + bias for x: [M, 2K], weight: [N, K] -> [M, N]."""
-    return _launch("silu_mul", x, weight, bias, config)[0]
+                    config: dict | None = None, gelu: bool = False) -> torch.Tensor:
+    """(silu(x[:, :K]) * x[:, K:]) @ weight^T + bias for x: [M, 2K], weight: [N, K] -> [M, N]; gelu: with
+    gelu(x[:, :K], approximate="tanh") in place of silu (Gemma's GeGLU)."""
+    return _launch("gelu_mul" if gelu else "silu_mul", x, weight, bias, config)[0]

@@ -23,6 +23,7 @@ no norm or activation kernel of its own (graphllm/kernels/skinny_matmul.py's pro
 
 (the two norm ops take a last unit_offset argument, Gemma's 1 + weight, as graphllm.rms_norm does)
     graphllm.silu_and_mul_linear(x, weight, bias)                        = linear(silu_and_mul(x))
+    graphllm.gelu_tanh_and_mul_linear(x, weight, bias)                   = linear(gelu_tanh_and_mul(x))
 
 One row on CUDA in float16/bfloat16 is one skinny_matmul launch (`takes_fused_kernel`); anything
 else runs the two ops (graphllm's row kernels on CUDA, the references elsewhere) and then
@@ -123,19 +124,35 @@ def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape)
 
 
+def _act_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: bool) -> torch.Tensor:
+    """linear(act(x[..., :K]) * x[..., K:], weight, bias), act silu or (gelu) tanh-approximated GELU."""
+    if takes_fused_kernel(x, weight, bias):
+        from graphllm.kernels.skinny_matmul import silu_mul_matmul
+        return silu_mul_matmul(_rows(x), weight, bias, gelu=gelu).view(*x.shape[:-1], weight.shape[0])
+    if x.is_cuda:
+        from graphllm.kernels.silu_and_mul import silu_and_mul as act_and_mul_kernel
+        act = act_and_mul_kernel(_rows(x), gelu=gelu).view(*x.shape[:-1], x.shape[-1] // 2)
+    else:
+        from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_silu_and_mul
+        act = (reference_gelu_tanh_and_mul if gelu else reference_silu_and_mul)(x)
+    return linear(act, weight, bias)
+
+
 @torch.library.custom_op("graphllm::silu_and_mul_linear", mutates_args=())
 def silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """linear(silu(x[..., :K]) * x[..., K:], weight, bias); x: [..., 2K], weight: [N, K] -> a new [..., N]."""
-    if takes_fused_kernel(x, weight, bias):
-        from graphllm.kernels.skinny_matmul import silu_mul_matmul
-        return silu_mul_matmul(_rows(x), weight, bias).view(*x.shape[:-1], weight.shape[0])
-    if x.is_cuda:
-        from graphllm.kernels.silu_and_mul import silu_and_mul as silu_and_mul_kernel
-        act = silu_and_mul_kernel(_rows(x)).view(*x.shape[:-1], x.shape[-1] // 2)
-    else:
-        from graphllm.kernels.reference import reference_silu_and_mul
-        act = reference_silu_and_mul(x)
-    return linear(act, weight, bias)
+    return _act_and_mul_linear(x, weight, bias, gelu=False)
+
+
+@torch.library.custom_op("graphllm::gelu_tanh_and_mul_linear", mutates_args=())
+def gelu_tanh_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """linear(gelu(x[..., :K], approximate="tanh") * x[..., K:], weight, bias): Gemma's GeGLU before down_proj."""
+    return _act_and_mul_linear(x, weight, bias, gelu=True)
+
+
+@gelu_tanh_and_mul_linear.register_fake
+def _(x, weight, bias=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @silu_and_mul_linear.register_fake

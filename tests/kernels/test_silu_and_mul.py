@@ -31,3 +31,14 @@ def test_strided_rows(dtype):
 def test_rejects_odd_width():
     with pytest.raises(AssertionError):
         silu_and_mul(randn((2, 7), torch.float32, seed=0))
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, LOW_DTYPE))
+@pytest.mark.parametrize("num_rows", (1, 5))
+def test_gelu_tanh_matches_gemmas_geglu(num_rows, dtype):
+    from graphllm.kernels.reference import reference_gelu_tanh_and_mul
+    from graphllm.kernels.silu_and_mul import gelu_tanh_and_mul
+    x = randn((num_rows, 2 * 1500), dtype, seed=1) * 4  # * 4: tanh's saturated ends too
+    out = gelu_tanh_and_mul(x)
+    assert_close(out, reference_gelu_tanh_and_mul(x))
+    assert not torch.allclose(out.float(), silu_and_mul_reference(x).float(), atol=1e-2)

@@ -56,6 +56,16 @@ def test_rms_norm_prologue(m, dtype, residual, split_k):
 
 
 @pytest.mark.parametrize("m, dtype", [(1, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])
+def test_gelu_mul_prologue(m, dtype):
+    """Gemma's GeGLU before down_proj: gelu(gate, approximate="tanh") * up in the prologue."""
+    from graphllm.kernels.skinny_matmul import gelu_mul_matmul_reference
+    x, w = randn((m, 2 * 200), dtype, 0) * 3, randn((80, 200), dtype, 1) / 200 ** 0.5
+    got = silu_mul_matmul(x, w, gelu=True)
+    assert_close(got, gelu_mul_matmul_reference(x, w))
+    assert not torch.allclose(got.float(), silu_mul_matmul_reference(x, w).float(), atol=1e-2)
+
+
+@pytest.mark.parametrize("m, dtype", [(1, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])
 @pytest.mark.parametrize("residual", (False, True))
 def test_rms_norm_prologue_with_unit_offset(m, dtype, residual):
     """Gemma's norm in the prologue: scaled by 1 + norm_weight in float32 (the weight itself near 0)."""

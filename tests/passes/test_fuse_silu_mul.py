@@ -59,7 +59,7 @@ def gate_up_graph(arch: str, dtype: torch.dtype = torch.float32):
     return plain, split, config
 
 
-SWIGLU = [arch for arch in ARCHS if not arch.startswith("gemma")]  # Gemma: test_gemma_geglu_is_left_alone
+SWIGLU = [arch for arch in ARCHS if not arch.startswith("gemma")]  # Gemma: test_gemma_geglu_becomes_gelu_tanh_and_mul
 
 
 @pytest.fixture(scope="module", params=SWIGLU)
@@ -164,14 +164,28 @@ def test_bfloat16():
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
-def test_gemma_geglu_is_left_alone(arch):
-    """Gemma's MLP is gelu(gate, tanh) * up: fuse_gate_up still merges the linears (the same function), and
-    this pass, which matches silu only, leaves the GeGLU as it is."""
+def test_gemma_geglu_becomes_gelu_tanh_and_mul(arch):
+    """Gemma's MLP is gelu(gate, approximate="tanh") * up: one graphllm.gelu_tanh_and_mul per layer over the
+    fused gate/up output, bit for bit in float32."""
     plain, before, config = gate_up_graph(arch)
     after = copy_graph(before)
-    assert FuseSiluMul()(after) == {"fused": 0}
+    assert FuseSiluMul()(after) == {"fused": config.num_hidden_layers}
     ops = op_counts(after.gm)
-    assert ops["split_with_sizes.default"] == config.num_hidden_layers  # gate_up_proj, split in two
-    assert ops["gelu.default"] == config.num_hidden_layers and ops["silu_and_mul.default"] == 0
-    assert format_graph(after.gm) == format_graph(before.gm)
+    assert ops["gelu_tanh_and_mul.default"] == config.num_hidden_layers and "gelu.default" not in ops
+    assert "silu_and_mul.default" not in ops and "split_with_sizes.default" not in ops
+    inputs = random_step_inputs(config, seed=4)
+    a_in, b_in = clone_inputs(inputs), clone_inputs(inputs)
+    with on_reference():
+        assert torch.equal(after(*b_in), before(*a_in))
     assert_same_function(plain, after, config, seeds=(1,))
+
+
+def test_gelu_without_tanh_is_left_alone():
+    """Exact GELU is another function: the pass takes only the tanh approximation."""
+    plain, before, config = gate_up_graph("gemma2")
+    for node in before.graph.nodes:
+        if node.target == torch.ops.aten.gelu.default:
+            node.kwargs = {"approximate": "none"}
+    before.gm.recompile()
+    after = copy_graph(before)
+    assert FuseSiluMul()(after) == {"fused": 0}

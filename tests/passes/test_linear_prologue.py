@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from graphllm.kernels.reference import reference_rms_norm, reference_silu_and_mul
-from graphllm.ops.linear import add_rms_norm_linear, rms_norm_linear, silu_and_mul_linear
+from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_rms_norm, reference_silu_and_mul
+from graphllm.ops.linear import add_rms_norm_linear, gelu_tanh_and_mul_linear, rms_norm_linear, silu_and_mul_linear
 from graphllm.passes.fusion.fuse_add_rmsnorm import FuseAddRMSNorm
 from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
 from graphllm.passes.fusion.fuse_qkv import FuseQKV
@@ -41,7 +41,8 @@ def test_same_function_when_forced_on_cpu(arch):
     layers = config.num_hidden_layers
     # every layer's post-attention norm and the input norms after the first; the first layer's input
     # norm has no residual yet; the final norm reaches lm_head through the row gather and stays
-    assert counts == {"add_rms_norm": 2 * layers - 1, "rms_norm": 1, "silu_and_mul": layers}
+    assert counts == {"add_rms_norm": 2 * layers - 1, "rms_norm": 1, "silu_and_mul": layers,
+                      "gelu_tanh_and_mul": 0}
     found = targets(after)
     assert found.count(ops.linear.default) == 1 + layers  # lm_head and each o_proj keep the plain op
     assert ops.silu_and_mul.default not in found and found.count(ops.add_rms_norm.default) == 1
@@ -51,13 +52,15 @@ def test_same_function_when_forced_on_cpu(arch):
 @pytest.mark.parametrize("arch", ("gemma2", "gemma3"))
 def test_gemma_pre_norms_fold_with_their_unit_offset(arch):
     """Gemma's norms (1 + weight, fuse_add_rmsnorm's unit_offset) fold like RMSNorm's, the flag after the bias;
-    its post-norms read attention's and the MLP's outputs, not a linear's input, and stay."""
+    its post-norms read attention's and the MLP's outputs, not a linear's input, and stay. Its GeGLU folds into
+    down_proj."""
     before, config = prepared(arch)
     after = copy_graph(before)
     counts = LinearPrologue()(after)
     DeadCodeElimination()(after)
     layers = config.num_hidden_layers
-    assert counts == {"add_rms_norm": 2 * layers - 1, "rms_norm": 1, "silu_and_mul": 0}  # Gemma's MLP: GELU
+    assert counts == {"add_rms_norm": 2 * layers - 1, "rms_norm": 1, "silu_and_mul": 0,
+                      "gelu_tanh_and_mul": layers}
     fused = [n for n in after.graph.nodes if n.target in (ops.rms_norm_linear.default, ops.add_rms_norm_linear.default)]
     assert len(fused) == 2 * layers and all(n.args[-1] is True and n.args[-2] is None for n in fused)
     assert_same_function(before, after, config, seeds=(1, 2))
@@ -97,3 +100,4 @@ def test_ops_equal_their_parts_off_the_kernel_path():
     assert torch.equal(out, linear(gemma, w)) and not torch.equal(out, linear(reference_rms_norm(x + r, nw, 1e-5), w))
     gate_up = torch.randn(20, 64, generator=gen)
     assert torch.equal(silu_and_mul_linear(gate_up, w), linear(reference_silu_and_mul(gate_up), w))
+    assert torch.equal(gelu_tanh_and_mul_linear(gate_up, w), linear(reference_gelu_tanh_and_mul(gate_up), w))

@@ -15,6 +15,7 @@ After:
     gate_up: "f32[T, 2I]" = aten.linear.default(h, w_gate_up)
     y: "f32[T, I]" = graphllm.silu_and_mul.default(gate_up)
 
+Gemma's GeGLU, `gelu(gate, approximate="tanh") * up`, becomes graphllm.gelu_tanh_and_mul the same way.
 Graphs where gate and up come from two separate linears are left alone: there is no single
 tensor to hand the op. The split, getitems and silu are erased once nothing else reads them.
 """
@@ -40,6 +41,7 @@ class SiluMulMatch:
     up: fx.Node  # getitem(halves, 1)
     halves: fx.Node  # split_with_sizes(gate_up, [I, I], -1)
     gate_up: fx.Node  # [..., 2I]
+    op: object = torch.ops.graphllm.silu_and_mul.default  # or gelu_tanh_and_mul (GeGLU)
 
 
 def _is_call(node, target) -> bool:
@@ -64,8 +66,20 @@ def _is_last_dim(node: fx.Node, dim: int) -> bool:
     return isinstance(val, torch.Tensor) and dim == val.dim() - 1
 
 
+def _activation_op(act) -> object | None:
+    """The fused op for act = silu(gate) or gelu(gate, approximate="tanh"), else None."""
+    if _is_call(act, aten.silu.default) and not act.kwargs and len(act.args) == 1:
+        return torch.ops.graphllm.silu_and_mul.default
+    approximate = act.kwargs.get("approximate") if isinstance(act, fx.Node) else None
+    if (_is_call(act, aten.gelu.default) and len(act.args) == 1 and set(act.kwargs) == {"approximate"}
+            and approximate == "tanh"):
+        return torch.ops.graphllm.gelu_tanh_and_mul.default
+    return None
+
+
 def _match_operands(mul: fx.Node, act, up) -> SiluMulMatch | None:
-    if not _is_call(act, aten.silu.default) or act.kwargs or len(act.args) != 1:
+    op = _activation_op(act)
+    if op is None:
         return None
     gate_half, up_half = _halves_of(act.args[0]), _halves_of(up)
     if gate_half is None or up_half is None or gate_half[0] is not up_half[0]:
@@ -73,7 +87,7 @@ def _match_operands(mul: fx.Node, act, up) -> SiluMulMatch | None:
     if (gate_half[1], up_half[1]) != (0, 1):
         return None
     split = gate_half[0]
-    return SiluMulMatch(mul, act, act.args[0], up, split, split.args[0])
+    return SiluMulMatch(mul, act, act.args[0], up, split, split.args[0], op)
 
 
 def match_silu_mul(mul: fx.Node) -> SiluMulMatch | None:
@@ -87,7 +101,7 @@ def match_silu_mul(mul: fx.Node) -> SiluMulMatch | None:
 def rewrite_silu_mul(graph: fx.Graph, match: SiluMulMatch) -> None:
     """y = silu_and_mul(gate_up); erase the silu, getitems and split when nothing else reads them."""
     with graph.inserting_before(match.mul):
-        fused = new_node(graph, torch.ops.graphllm.silu_and_mul.default, (match.gate_up,), match.mul)
+        fused = new_node(graph, match.op, (match.gate_up,), match.mul)
     match.mul.replace_all_uses_with(fused)
     graph.erase_node(match.mul)
     for node in (match.act, match.gate, match.up, match.halves):
@@ -96,10 +110,10 @@ def rewrite_silu_mul(graph: fx.Graph, match: SiluMulMatch) -> None:
 
 
 class FuseSiluMul(GraphPass):
-    """mul(silu(gate), up) over one split gate/up output -> graphllm.silu_and_mul."""
+    """mul(silu(gate), up) over one split gate/up output -> graphllm.silu_and_mul (GeGLU: gelu_tanh_and_mul)."""
 
     name = "fuse_silu_mul"
-    version = 1
+    version = 2  # 2: GeGLU too
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
         fused = 0

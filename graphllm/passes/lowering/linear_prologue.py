@@ -21,6 +21,8 @@ Before and after, for the three shapes a decoder layer has:
     down = graphllm.linear.default(act, w_down)
 ->  down = graphllm.silu_and_mul_linear.default(gate_up, w_down)
 
+(GeGLU's graphllm.gelu_tanh_and_mul the same, into graphllm.gelu_tanh_and_mul_linear.)
+
 A norm's unit_offset (Gemma's 1 + weight, fuse_add_rmsnorm) goes along, after the linear's bias.
 Only a norm or activation whose output nothing else reads is folded (the final norm reaches
 lm_head through a row gather, so it stays). Like skinny_linear, only graphs whose example
@@ -33,6 +35,7 @@ import torch
 from torch import fx
 
 import graphllm.ops.linear  # noqa: F401  (registers the fused ops)
+import graphllm.ops.silu_and_mul  # noqa: F401  (registers the activations the fused ops take in)
 from graphllm.ir.graph import StepGraph, new_node
 from graphllm.passes.base import GraphPass
 
@@ -97,12 +100,12 @@ class LinearPrologue(GraphPass):
     """Fold norms and SwiGLU into the graphllm.linear they feed; counts each kind folded."""
 
     name = "linear_prologue"
-    version = 2  # 2: norms with unit_offset (Gemma's) fold too
+    version = 3  # 2: norms with unit_offset (Gemma's) fold too; 3: GeGLU
 
     devices = ("cuda",)
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
-        counts = {"add_rms_norm": 0, "rms_norm": 0, "silu_and_mul": 0}
+        counts = {"add_rms_norm": 0, "rms_norm": 0, "silu_and_mul": 0, "gelu_tanh_and_mul": 0}
         g = graph.graph
         for lin in [n for n in g.nodes if n.op == "call_function" and n.target == ops.linear.default]:
             if _fold_add_rms_norm(g, lin):
@@ -111,4 +114,6 @@ class LinearPrologue(GraphPass):
                 counts["rms_norm"] += 1
             elif _fold_single(g, lin, ops.silu_and_mul.default, ops.silu_and_mul_linear.default, 1):
                 counts["silu_and_mul"] += 1
+            elif _fold_single(g, lin, ops.gelu_tanh_and_mul.default, ops.gelu_tanh_and_mul_linear.default, 1):
+                counts["gelu_tanh_and_mul"] += 1
         return counts
