@@ -61,7 +61,8 @@
 #              spec-ngram  bench spec --method ngram (prompt lookup on the demo model's arithmetic questions)
 #   moe-tests  (issue 20) the fused MoE kernel and op tests (float and float8 experts) and the MoE CUDA-graph tests
 #   fam-P      (issue 20) bench latency at batch 1 and 8 of preset P (olmo-2-7b, phi-3-mini, ...), the usual limits;
-#              fam12-P  the same with 12 of its layers (deepseek-v2-lite: preset and artifact of all 27 would not fit
+#              famnp-P  the same compiled with --no-linear-prologue (the A/B of the prologue fusions: Gemma's
+#              norms and GeGLU); fam12-P  the same with 12 of its layers (deepseek-v2-lite: preset and artifact of all 27 would not fit
 #              the disk together)
 #   spec-long  (issue 21) bench spec at 1,900 prompt tokens, batch 1 and 8, k = 4: the verify attention kernel's
 #              split over the keys at a long context
@@ -224,6 +225,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --quantization "${stage#qtput-}" --json "$OUT/r/$stage.json" ;;
     pc-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/runtime/test_prefix_caching.py ;;
+    famnp-*) bench latency --preset "${stage#famnp-}" --batch-sizes 1,8 --input-len 128 --output-len 256 \
+        --no-linear-prologue $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     fam12-*) bench latency --preset "${stage#fam12-}" --preset-layers 12 --batch-sizes 1,8 --input-len 128 \
         --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     spec-long) bench spec --preset llama-3-8b --batch-sizes 1,8 --num-speculative-tokens 4 --acceptance-rates 1.0,0.6 \
