@@ -22,7 +22,9 @@ gloo, the torch attention backend, no CUDA graphs.
 
 import dataclasses
 import logging
+import os
 import socket
+import sys
 import weakref
 from datetime import timedelta
 from pathlib import Path
@@ -191,6 +193,17 @@ def worker_main(rank: int, world_size: int, init_method: str, rank_step: RankSte
         dist.destroy_process_group()
 
 
+def spawned_worker(*args) -> None:
+    """worker_main in a process spawned here; once it has returned (stopped and left the group) the process
+    exits without the interpreter's teardown, where a C++ thread still joinable (the gloo group's, the
+    compiled step's) can abort it: "terminate called without an active exception", exit code -6, once in a
+    full CPU test run. An exception still ends it the usual way, with its traceback and a non-zero code."""
+    worker_main(*args)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def start_tensor_parallel(world_size: int, rank_step: RankStep, kv_dtype: torch.dtype,
                           rank0: tuple | None = None, init_method: str | None = None
                           ) -> tuple[TensorParallelStep, ModelConfig]:
@@ -202,7 +215,7 @@ def start_tensor_parallel(world_size: int, rank_step: RankStep, kv_dtype: torch.
     if init_method is None:
         init_method = f"tcp://127.0.0.1:{_free_port()}"
         ctx = mp.get_context("spawn")
-        workers = [ctx.Process(target=worker_main, args=(rank, world_size, init_method, rank_step, kv_dtype),
+        workers = [ctx.Process(target=spawned_worker, args=(rank, world_size, init_method, rank_step, kv_dtype),
                                daemon=True) for rank in range(1, world_size)]
         for proc in workers:
             proc.start()

@@ -27,6 +27,6 @@ def test_attention_kernels_compile_for_sm90_and_rope_keeps_eager_rounding():
     run = subprocess.run([sys.executable, "-m", "tests.kernels.sm90_compile"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
-    # 8 + 2 soft-capped split-kernel, 2 reduce, 4 + 2 soft-capped prefill, 2 rope variants
+    # 8 + 2 soft-capped split-kernel, 2 reduce, 4 + 2 soft-capped prefill, 2 rope variants, 4 + 2 verify
     # + MLA: 4 split decode, 2 reduce, 2 prefill; + MoE: 2 routing, align, 4 x 2 expert GEMMs, k-sum
-    assert run.stdout.count("cubin") == 20 + 8 + 12, run.stdout
+    assert run.stdout.count("cubin") == 20 + 6 + 8 + 12, run.stdout
