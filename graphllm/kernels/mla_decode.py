@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.paged_decode_attention import _decode_reduce_kernel, _query_row, default_num_splits
+from graphllm.kernels.paged_decode_attention import _decode_reduce_kernel, _query_row, default_num_splits, split_buffers
 
 LOG2E = 1.4426950408889634
 BLOCK_H = 16  # query heads per program: the least M of tl.dot
@@ -156,11 +156,7 @@ def mla_decode_attention(q: torch.Tensor, cache: torch.Tensor, block_tables: tor
         num_splits = default_num_splits(batch, head_blocks, block_tables.shape[1] * cache.shape[1], block_n,
                                         q.device)  # head blocks in the KV heads' place: programs per sequence
     direct = num_splits == 1
-    if direct:
-        part_out = part_lse = out  # unused
-    else:
-        part_out = q.new_empty((batch, num_heads, num_splits, kv_lora_rank), dtype=torch.float32)
-        part_lse = q.new_empty((batch, num_heads, num_splits), dtype=torch.float32)
+    part_out, part_lse = split_buffers(q, out, batch, num_heads, num_splits, kv_lora_rank)
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     block_l = max(16, triton.next_power_of_2(kv_lora_rank))
     _mla_decode_split_kernel[(batch, head_blocks, num_splits)](

@@ -92,6 +92,17 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: 
     return max(1, min(splits, cap))
 
 
+def split_buffers(q: torch.Tensor, out: torch.Tensor, rows: int, num_heads: int, num_splits: int,
+                  width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(part_out [rows, heads, splits, width], part_lse [rows, heads, splits]) in float32, where the split
+    kernels leave normalised partial outputs and their log2-sum-exp2 for the merge kernel; with one split
+    (the kernels then write `out` directly) `out` twice, unused."""
+    if num_splits == 1:
+        return out, out
+    return (q.new_empty((rows, num_heads, num_splits, width), dtype=torch.float32),
+            q.new_empty((rows, num_heads, num_splits), dtype=torch.float32))
+
+
 @triton.jit
 def soft_cap_log2(s, softcap_log2):
     """softcap_log2 * tanh(s / softcap_log2), tanh(x) = 1 - 2 / (exp(2x) + 1): Triton has no tanh in
@@ -288,11 +299,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                         block_n, q.device)
     group = num_heads // num_kv_heads
     direct = num_splits == 1
-    if direct:
-        part_out = part_lse = out  # unused
-    else:
-        part_out = q.new_empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32)
-        part_lse = q.new_empty((batch, num_heads, num_splits), dtype=torch.float32)
+    part_out, part_lse = split_buffers(q, out, batch, num_heads, num_splits, head_dim)
     block_d = triton.next_power_of_2(head_dim)
     kv_fp8 = is_fp8(k_cache.dtype)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from graphllm.kernels.kv_quant import KVScales, is_fp8
-from graphllm.kernels.paged_decode_attention import LOG2E, _decode_reduce_kernel, default_num_splits, rows_attention
+from graphllm.kernels.paged_decode_attention import (LOG2E, _decode_reduce_kernel, default_num_splits, rows_attention,
+                                                     split_buffers)
 
 MAX_TOKENS = 16  # new tokens per sequence this kernel takes (k + 1 of speculative decoding)
 
@@ -104,11 +105,7 @@ def paged_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                                         q.device)
     group = num_heads // num_kv_heads
     direct = num_splits == 1
-    if direct:
-        part_out = part_lse = out  # unused
-    else:
-        part_out = q.new_empty((num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32)
-        part_lse = q.new_empty((num_tokens, num_heads, num_splits), dtype=torch.float32)
+    part_out, part_lse = split_buffers(q, out, num_tokens, num_heads, num_splits, head_dim)
     block_d = triton.next_power_of_2(head_dim)
     kv_fp8 = is_fp8(k_cache.dtype)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E

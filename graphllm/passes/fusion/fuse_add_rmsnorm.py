@@ -38,7 +38,9 @@ Gemma's RMSNorm (models/gemma.py) scales by 1 + weight in float32 and casts once
     y: "bf16[T, H]" = aten.to.dtype(s, bf16)                      # h's dtype
 
 and becomes the same ops with a last argument unit_offset=True (`graphllm.rms_norm.default(h, w, eps,
-True)`), which linear_prologue carries into the fused matmul prologue. A group that is not exactly this math, or whose
+True)`), which linear_prologue carries into the fused matmul prologue.
+
+A group that is not exactly this math, or whose
 inner values are read elsewhere, is left alone. The replacement ops repeat RMSNorm's math op by
 op, so float32 results are bit-identical on CPU.
 """
