@@ -261,3 +261,26 @@ def test_a_compiled_step_returns_a_logits_row_per_token(llama, compiled_dir, pla
     assert_same(run(engine, prompts, GREEDY), run(plain, prompts, GREEDY))
     stats = engine.stats().spec_decode
     assert stats.num_draft_tokens / stats.num_drafts > 3.5  # whole proposals granted (at most 3 under 64 rows)
+
+
+def test_argmax_verification_on_the_host_accepts_what_the_device_path_accepts(llama, monkeypatch):
+    """A step of argmax-only sequences reads the argmax back once and accepts on the host (_verify_argmax); the
+    general path (rejection_sampler.accept on the device) must emit the same tokens and accept the same counts.
+    n-gram guesses on these prompts are partly wrong, so both acceptance and rejection are exercised."""
+    from graphllm.runtime.spec_decode.decoder import SpeculativeDecoder
+
+    def outcome(engine):
+        tokens = run(engine, PROMPTS, GREEDY)
+        s = engine.stats().spec_decode
+        return tokens, (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, list(s.accepted_per_position))
+
+    host_path = spec_engine(llama[0], NGRAM)
+    calls = []
+    monkeypatch.setattr(SpeculativeDecoder, "_verify", lambda self, *a: calls.append(a))
+    host = outcome(host_path)
+    assert not calls  # every step took the host path
+    monkeypatch.undo()
+    monkeypatch.setattr(SpeculativeDecoder, "_argmax_only", lambda self, seq: False)
+    device = outcome(spec_engine(llama[0], NGRAM))
+    assert host[0] == device[0] and host[1] == device[1]
+    assert 0 < host[1][2] < host[1][1]  # some proposals accepted, some rejected

@@ -12,7 +12,10 @@
                       that position), then acceptance (rejection_sampler.py). Tokens are appended one by one
                       with the usual stop checks, so EOS, stop ids, stop strings and max_tokens end a run just
                       where plain decoding would; the tokens after are dropped. Logprobs are the same as plain
-                      decoding reports (the raw logits' log_softmax at each token's position).
+                      decoding reports (the raw logits' log_softmax at each token's position). When every
+                      sequence of the step takes the raw argmax at every row (greedy, no logprobs, penalties,
+                      grammar or pending min_tokens) the rows' argmax is read back once and acceptance runs on
+                      the host (_verify_argmax): the same tokens, without the small kernels and syncs.
     roll-back         num_computed_tokens counts the last input and the accepted proposals only; the blocks
                       past them go back to the pool (BlockPool.truncate). The K/V written for rejected tokens
                       lies past num_computed_tokens, where it is overwritten before it is read, and prefix
@@ -32,7 +35,7 @@ import torch
 from graphllm.runtime.kv_cache import BlockPool
 from graphllm.runtime.postprocess import PostProcessor
 from graphllm.runtime.sampler import (SamplingRow, _has_penalty, apply_min_tokens, apply_penalties,
-                                      compute_raw_logprobs, gather_logprobs, sampling_probs)
+                                      compute_raw_logprobs, gather_logprobs, plain_greedy, sampling_probs)
 from graphllm.runtime.sequence import Sequence
 from graphllm.runtime.structured_output import grammar_live
 from graphllm.speculative_config import SpeculativeConfig
@@ -88,6 +91,10 @@ class SpeculativeDecoder:
         for seq in seqs:
             offsets.append(row)
             row += 1 + len(seq.spec_token_ids)
+        if all(self._argmax_only(seq) for seq in seqs):
+            self._verify_argmax(logits.argmax(dim=-1).tolist(), seqs, offsets)
+            self.stats.verify_seconds += time.perf_counter() - since
+            return
         plain = [i for i, seq in enumerate(seqs) if not seq.spec_token_ids]
         if plain:
             sub = logits[torch.tensor([offsets[i] for i in plain], device=logits.device)]
@@ -98,6 +105,35 @@ class SpeculativeDecoder:
             index = [offsets[i] + j for i in spec for j in range(1 + len(seqs[i].spec_token_ids))]
             self._verify(logits[torch.tensor(index, device=logits.device)], [seqs[i] for i in spec])
             self.stats.verify_seconds += time.perf_counter() - since
+
+    def _argmax_only(self, seq: Sequence) -> bool:
+        """Every row of seq takes the raw logits' argmax: greedy, no logprobs, penalties or grammar, and
+        min_tokens reached (no row forbids a stop token)."""
+        return plain_greedy(seq.params) and seq.grammar is None and not self.post.min_tokens_stop_ids(seq)
+
+    def _verify_argmax(self, argmax: list[int], seqs: list[Sequence], offsets: list[int]) -> None:
+        """verify() when every sequence is _argmax_only: one read-back of the rows' argmax, acceptance on the
+        host (the longest prefix of proposals equal to the argmax at their rows, then the argmax after it:
+        what accept() computes for greedy rows, without a dozen small kernels and their syncs)."""
+        for seq, first in zip(seqs, offsets):
+            proposed, a = seq.spec_token_ids, 0
+            while a < len(proposed) and argmax[first + a] == proposed[a]:
+                a += 1
+            tokens = proposed[:a] + [argmax[first + a]]
+            if not proposed:  # no proposals: sampled as post.sample would, the argmax
+                self.post.append_token(seq, tokens[0], None)
+                continue
+            self.stats.record(len(proposed), a)
+            appended = self._append(seq, tokens, [None] * len(tokens), False)
+            self._roll_back(seq, appended)
+
+    def _roll_back(self, seq: Sequence, appended: int) -> None:
+        """After a verify step appended `appended` tokens to seq: K/V is valid for the last input and the
+        tokens kept after it; the blocks past them go back to the pool."""
+        seq.spec_token_ids = []
+        if not seq.is_finished:
+            seq.num_computed_tokens += appended - 1
+            self.pool.truncate(seq, seq.num_computed_tokens)
 
     def _verify(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
         """logits: [R, V], the 1 + k rows of each of seqs (every one with k >= 1 proposals)."""
@@ -120,11 +156,7 @@ class SpeculativeDecoder:
         for seq, proposed, tokens, a, first, wait in zip(seqs, drafts.tokens, emitted, num_accepted,
                                                          drafts.row_offsets(), waiting):
             self.stats.record(len(proposed), a)
-            appended = self._append(seq, tokens, logprobs[first:first + len(tokens)], wait)
-            seq.spec_token_ids = []
-            if not seq.is_finished:  # roll back: K/V is valid for the last input and the tokens kept after it
-                seq.num_computed_tokens += appended - 1
-                self.pool.truncate(seq, seq.num_computed_tokens)
+            self._roll_back(seq, self._append(seq, tokens, logprobs[first:first + len(tokens)], wait))
 
     def position_rows(self, seq: Sequence, proposals: list[int]) -> list[SamplingRow]:
         """The sampler's view of seq at each of its 1 + k rows: row j follows proposals[:j], so its output
