@@ -17,10 +17,10 @@
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
 #   sync1-B / synctput-B  latency1-B / throughput-B with --no-async-scheduling (host and GPU take turns)
 #   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
-#   rope1-B    latency1-B compiled with --fuse-rope-attention (the A/B against latency1-B)
+#   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
 #   kernels    rope_store_kv, the triton backend, the rope pass and the sampler tests, one pytest per file
 #   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
-#   attn-tests the paged decode / prefill attention kernel tests;  rope-teacher  teacher with pytest --fuse-rope-attention
+#   attn-tests the paged decode / prefill attention kernel tests;  rope-teacher  teacher with pytest --no-fuse-rope-attention
 #   ab-throughput-B / ab-latency1-B  throughput-B / latency1-B from the tree in .ab/ (a checkout of an earlier
 #              commit, carried beside this one: a same-run A/B; it shares the preset and the artifact cache)
 #   soak-start soak-S soak-stop  (issue 17) `graphllm serve` of the 8B preset as a daemon (setsid: it outlives
@@ -117,7 +117,7 @@ for stage in "$@"; do
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_rms_norm.py tests/kernels/test_silu_and_mul.py \
         tests/passes/test_skinny_linear.py tests/passes/test_linear_prologue.py 2>&1 | tail -8 ;;
-    rope1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --fuse-rope-attention \
+    rope1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --no-fuse-rope-attention \
         --output-len 256 --attention-backend "${stage#rope1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     kernels) for f in tests/kernels/test_rope_store_kv.py tests/kernels/test_triton_backend.py tests/passes/test_fuse_rope_attention.py \
         tests/runtime/test_sampler.py; do timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest "$f" 2>&1 \
@@ -125,7 +125,7 @@ for stage in "$@"; do
     attn-tests) timeout 300 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py 2>&1 | tail -8 ;;
     rope-teacher) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
-        -p no:hypothesispytest tests/gpu -k teacher --fuse-rope-attention ;;
+        -p no:hypothesispytest tests/gpu -k teacher --no-fuse-rope-attention ;;
     ab-throughput-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench throughput --preset llama-3-8b \
         --num-requests 1024 $LIMITS --work $WORK --attention-backend "${stage#ab-throughput-}" --json "$OUT/r/$stage.json") ;;
     ab-latency1-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency --preset llama-3-8b \

@@ -55,7 +55,7 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     cache_dir: str | None = None  # where compile=True keeps its artifacts; None: DEFAULT_CACHE_DIR
     # compile=True: the CompileConfig switches of the same names (see there)
-    fuse_rope_attention: bool = False
+    fuse_rope_attention: bool = True
     skinny_linear: bool = True
     linear_prologue: bool = True
     quantization: str | None = None
@@ -149,11 +149,11 @@ class CompileConfig:
     # GPU graphs: norms and SwiGLU folded into the linear they feed, one launch at batch 1 (needs
     # skinny_linear; False: they run as their own kernels; was GRAPHLLM_FUSED_PROLOGUE=0)
     linear_prologue: bool = True
-    # GPU graphs: q/k rotary inside the attention op's KV write (was GRAPHLLM_FUSED_ROPE=1). Off by
-    # default: on the H200 it made decode 1.2% faster but cost 1-2 points of bf16 teacher-forced
-    # agreement (fma contraction skipped a rounding); the fix (no contraction: no fma left in its sm_90
-    # PTX, tests/kernels/sm90_compile.py) has not run on a GPU yet. See benchmarks/RESULTS.md.
-    fuse_rope_attention: bool = False
+    # GPU graphs: q/k rotary inside the attention op's KV write, one Triton launch instead of two
+    # rotary kernels and store_kv (was GRAPHLLM_FUSED_ROPE=1). On by default since the fifteenth
+    # session: on the H200 its launch without fp contraction gives the unfused path's bf16
+    # teacher-forced agreement exactly, and decode was 1.2-1.8% faster (benchmarks/RESULTS.md)
+    fuse_rope_attention: bool = True
     lowering: str = "auto"  # "aoti" | "inductor"; auto: AOTInductor on CPU, Inductor standalone on CUDA
     # One of QUANTIZATIONS: the quantize_<scheme> pass rewrites every linear but lm_head (None: the
     # checkpoint's own quantization_config if it has one, else none). CHECKPOINT_QUANTIZATIONS names

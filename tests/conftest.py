@@ -17,14 +17,15 @@ ARCHS = list(CONFIGS)
 
 
 def pytest_addoption(parser):
-    parser.addoption("--fuse-rope-attention", action="store_true",
-                     help="compile the GPU tests' artifacts with the opt-in fuse_rope_attention pass")
+    parser.addoption("--no-fuse-rope-attention", action="store_true",
+                     help="compile the GPU teacher tests' artifacts without the fuse_rope_attention pass")
 
 
 @pytest.fixture(scope="session")
 def fuse_rope_attention(request) -> bool:
-    """--fuse-rope-attention: the GPU teacher tests compile with the rotary + KV-write fusion."""
-    return request.config.getoption("--fuse-rope-attention")
+    """The GPU teacher tests compile with the rotary + KV-write fusion (the default), unless
+    --no-fuse-rope-attention (the A/B of gpu_run.sh's rope-teacher stage)."""
+    return not request.config.getoption("--no-fuse-rope-attention")
 
 
 @pytest.fixture(scope="session")

@@ -32,8 +32,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def add_pass_flags(parser: argparse.ArgumentParser) -> None:
     """The compile passes' switches (CompileConfig's fields; they change the generated code)."""
-    parser.add_argument("--fuse-rope-attention", action="store_true",
-                        help="GPU graphs: rotate q/k inside the attention op's KV-cache write (opt-in)")
+    parser.add_argument("--fuse-rope-attention", action=argparse.BooleanOptionalAction, default=True,
+                        help="GPU graphs: rotate q/k inside the attention op's KV-cache write, one launch (on by "
+                             "default; --no-fuse-rope-attention: Inductor's rotary kernels and store_kv)")
     parser.add_argument("--no-skinny-linear", dest="skinny_linear", action="store_false",
                         help="GPU graphs: every linear on cuBLAS (no skinny_matmul kernel, no prologues)")
     parser.add_argument("--no-linear-prologue", dest="linear_prologue", action="store_false",

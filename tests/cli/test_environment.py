@@ -28,10 +28,12 @@ def test_pass_switches_are_flags_of_the_compile_config():
     add_engine_args(parser)
     parser.add_argument("--buckets", type=int, nargs="+")
     default = parser.parse_args([])
-    assert (default.fuse_rope_attention, default.skinny_linear, default.linear_prologue) == (False, True, True)
-    args = parser.parse_args(["--fuse-rope-attention", "--no-skinny-linear", "--no-linear-prologue", "-tp", "2"])
+    assert (default.fuse_rope_attention, default.skinny_linear, default.linear_prologue) == (True, True, True)
+    for config in (compile_config(default), engine_config(default).compile_config()):
+        assert (config.fuse_rope_attention, config.skinny_linear, config.linear_prologue) == (True, True, True)
+    args = parser.parse_args(["--no-fuse-rope-attention", "--no-skinny-linear", "--no-linear-prologue", "-tp", "2"])
     for config in (compile_config(args), engine_config(args).compile_config()):
-        assert (config.fuse_rope_attention, config.skinny_linear, config.linear_prologue) == (True, False, False)
+        assert (config.fuse_rope_attention, config.skinny_linear, config.linear_prologue) == (False, False, False)
         assert config.tensor_parallel_size == 2  # the ranks' weights are baked in
 
 
