@@ -64,6 +64,7 @@
 #              famnp-P  the same compiled with --no-linear-prologue (the A/B of the prologue fusions: Gemma's
 #              norms and GeGLU); fam12-P  the same with 12 of its layers (deepseek-v2-lite: preset and artifact of all 27 would not fit
 #              the disk together)
+#   spec-prof  (issue 21) bench spec --profile at batch 1, k = 4: kernel tables of plain and verify steps
 #   spec-long  (issue 21) bench spec at 1,900 prompt tokens, batch 1 and 8, k = 4: the verify attention kernel's
 #              split over the keys at a long context
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
@@ -229,6 +230,9 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --no-linear-prologue $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     fam12-*) bench latency --preset "${stage#fam12-}" --preset-layers 12 --batch-sizes 1,8 --input-len 128 \
         --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    spec-prof) bench spec --preset llama-3-8b --batch-sizes 1 --num-speculative-tokens 4 --acceptance-rates 1.0 \
+        --input-len 128 --output-len 128 $LIMITS --work $WORK --profile "$OUT/r/spec-prof" --profile-steps 6 \
+        --json "$OUT/r/$stage.json" ;;
     spec-long) bench spec --preset llama-3-8b --batch-sizes 1,8 --num-speculative-tokens 4 --acceptance-rates 1.0,0.6 \
         --input-len 1900 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     fam-*) bench latency --preset "${stage#fam-}" --batch-sizes 1,8 --input-len 128 --output-len 256 $LIMITS --work $WORK \

@@ -9,6 +9,7 @@ synchronously. Its verify steps replay the verify CUDA graphs of the fewest toke
 (setup.verify_sizes: k = 1, 2, 4, 8 replay graphs of 2, 3, 5, 9), steps without proposals the decode graphs.
 Reported per run: decode tok/s and its ratio to the plain run, the mean decode-phase step (a verify step in a
 speculative run) and its ratio to a plain decode step, the measured acceptance rate and mean accepted length.
+--profile DIR then profiles plain and verify steps of the smallest batch (profile_steps).
 
 The preset is its echo variant (presets.random_weights; --no-echo-preset: the usual one): a model that
 repeats its last token by a wide margin. With the other benches' weights the deep random network's bf16
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from graphllm.bench import profiling
 from graphllm.bench.latency import latency_prompts
 from graphllm.bench.serve_bench import parse_levels
 from graphllm.bench.workload import (StepTimer, add_common_args, build_engine, engine_facts, fmt, format_rows,
@@ -198,6 +200,8 @@ def main(args: argparse.Namespace) -> int:
     if args.speculative_config is not None:
         raise ValueError("bench spec builds its own speculative_config (--method): drop --speculative-config")
     if args.method == "ngram":
+        if args.profile:
+            raise ValueError("bench spec --profile profiles the oracle's verify steps: drop --method ngram")
         model_dir = Path(args.model).expanduser() if args.model else DEMO_MODEL_DIR
         rows, facts = measure_ngram(args, model_dir)
         report = {"benchmark": "spec", "args": {k: v for k, v in vars(args).items() if k != "func"},
@@ -212,4 +216,25 @@ def main(args: argparse.Namespace) -> int:
     report = {"benchmark": "spec", "args": {k: v for k, v in vars(args).items() if k != "func"},
               "engine": engine_facts(engine)}
     report["results"] = measure(engine, args)
+    if args.profile:
+        report["profile"] = profile_steps(engine, args, Path(args.profile))
     return write_report(report, args, format_table(report), lambda report, path: None)
+
+
+def profile_steps(engine, args: argparse.Namespace, out_dir: Path) -> dict:
+    """--profile DIR: the smallest batch's plain decode steps (DIR/plain) and its verify steps at the largest k
+    with every proposal right (DIR/verify-kK), --profile-steps of each under torch.profiler (bench/profiling.py:
+    trace and kernel table; a verify step is that table's "decode" phase)."""
+    oracle, b, k = engine.spec_decoder.proposer, min(args.batch_sizes), max(args.num_speculative_tokens)
+    prompts = latency_prompts(args.seed, b, args.input_len, engine.state.model_config.vocab_size)
+    steps = args.profile_steps
+    oracle.references.clear()
+    plain = profiling.profile_engine(engine, prompts, steps, out_dir / "plain")
+    print(profiling.format_profile(plain))
+    for prompt, out in zip(prompts, engine.generate(prompts, params_for(steps * (k + 1) + 2))):
+        oracle.expect(prompt, out.outputs[0].token_ids)
+    oracle.num_tokens, oracle.acceptance_rate = k, 1.0
+    verify = profiling.profile_engine(engine, prompts, steps * (k + 1), out_dir / f"verify-k{k}")
+    print(profiling.format_profile(verify))
+    oracle.references.clear()
+    return {"batch_size": b, "k": k, "plain": plain, "verify": verify}

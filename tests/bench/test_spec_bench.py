@@ -47,3 +47,23 @@ def test_bench_spec_ngram_on_the_demo_model_accepts_the_restated_question(tmp_pa
         plain = rows[0] if r["batch_size"] == 1 else rows[1]
         assert r["acceptance_rate"] > 0.1 and r["mean_accepted_length"] > 1.1
         assert r["decode_steps"] < plain["decode_steps"]
+
+
+def test_bench_spec_profiles_plain_and_verify_steps(tiny_model_dir, tmp_path, capsys):
+    path, _ = tiny_model_dir("llama")
+    out, prof = tmp_path / "spec.json", tmp_path / "prof"
+    code = main(["bench", "spec", "--model", str(path), "--eager", "--device", "cpu", "--work", str(tmp_path / "w"),
+                 "--batch-sizes", "1", "--num-speculative-tokens", "2", "--acceptance-rates", "1.0",
+                 "--input-len", "6", "--output-len", "8", "--profile", str(prof), "--profile-steps", "3",
+                 "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())["profile"]
+    assert (report["batch_size"], report["k"]) == (1, 2)
+    plain, verify = report["plain"]["phases"]["decode"], report["verify"]["phases"]["decode"]
+    assert plain["steps"] == 3 and plain["rows"]  # a decode step per token
+    assert 1 <= verify["steps"] <= 3 and verify["rows"]  # k + 1 tokens a verify step: fewer steps for the tokens
+    assert (prof / "plain" / "kernels.md").is_file() and (prof / "verify-k2" / "trace.json").is_file()
+    capsys.readouterr()
+    assert main(["bench", "spec", "--method", "ngram", "--eager", "--device", "cpu", "--work", str(tmp_path / "w"),
+                 "--profile", str(prof)]) != 0
+    assert "bench spec --profile profiles the oracle's verify steps" in capsys.readouterr().err
