@@ -252,5 +252,5 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
   esac 2>&1 | tee "$OUT/r/$stage.log" | grep -v "^\s*$" | tail -40
   echo "== stage $stage: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s"
 done
-rm -f "$OUT/r"/*/trace.json.gz; gzip -q "$OUT"/r/*/trace.json 2>/dev/null
+find "$OUT/r" -name trace.json.gz -delete; find "$OUT/r" -name trace.json -exec gzip -q {} \;
 tar -C "$OUT" -czf "$OUT/results.tgz" r && rm -rf "$OUT/r"
