@@ -55,6 +55,7 @@ def test_verify_steps_take_the_verify_kernel_and_the_reference_tokens(arch, tiny
     calls = []
     kernel = triton_backend.paged_verify_attention
     monkeypatch.setattr(triton_backend, "paged_verify_attention", lambda *a, **k: calls.append(a[8]) or kernel(*a, **k))
+    monkeypatch.setattr(triton_backend.TritonBackend, "verify_kernel", True)  # off by default (see there)
     options = dict(dtype="float32", device=DEVICE.type, cuda_graphs=False)
     prompts = [[1, 5, 9, 17, 5, 9, 17, 5], [1, 7, 7, 7, 7]]
     expected = Engine.from_pretrained(path, attention_backend="torch", **options).generate(prompts, GREEDY)
