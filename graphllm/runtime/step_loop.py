@@ -10,6 +10,7 @@ Speculative decoding (config.speculative_config) runs synchronously: proposals a
 step from the tokens read back after the one before, and verified after it (spec_decode/decoder.py).
 """
 
+import logging
 import threading
 import time
 from typing import NamedTuple
@@ -27,6 +28,8 @@ from graphllm.runtime.sequence import Sequence
 from graphllm.runtime.setup import RuntimeState
 from graphllm.runtime.spec_decode.decoder import SpeculativeDecoder
 from graphllm.runtime.stopping import reached_length
+
+logger = logging.getLogger(__name__)
 
 
 class InFlight(NamedTuple):
@@ -48,6 +51,9 @@ class StepLoop:
         # and to speculative decoding (its proposals need the tokens read back)
         self.async_scheduling: bool = (config.async_scheduling and config.num_decode_steps == 1
                                        and not runner.backend.plans_on_host and spec is None)
+        if config.async_scheduling and spec is not None:
+            logger.info("speculative decoding runs its steps synchronously (async scheduling off): each step's "
+                        "proposals need the tokens read back after the step before")
         self._in_flight: InFlight | None = None  # the step whose tokens are still on the device
         # held by a step and by whoever adds or aborts requests: steps may run in a worker thread
         self.lock = threading.Lock()
