@@ -13,8 +13,6 @@ split-K reduce kernel of its own:
     add_rms_norm  rms_norm(h) * norm_weight, h = x + residual                h (the new residual)
     silu_mul      silu(x[:, :K]) * x[:, K:]                                  -
     gelu_mul      gelu(x[:, :K], approximate="tanh") * x[:, K:] (Gemma)      -
-    norm_add_rms_norm  rms_norm(h) * norm_weight,                            h (the new residual)
-                  h = x + rms_norm(y) * post_weight (Gemma's post-norm, the residual add and the next pre-norm)
 
 With UNIT_OFFSET the norms scale by 1 + norm_weight in float32 and round once (Gemma's RMSNorm).
 
@@ -27,8 +25,7 @@ With BLOCK_M == 1 (one row) the product is a multiply-add over a [BLOCK_N, BLOCK
 one sum at the end, no tensor cores. Accumulation is float32; the output has x's dtype.
 
 - The norm prologues first read the whole rows of x (and residual) once for the mean square:
-  at most 16 rows of K, from L2, beside an N x K weight stream (norm_add_rms_norm twice: y's mean square,
-  then h's). Program column 0 writes h.
+  at most 16 rows of K, from L2, beside an N x K weight stream. Program column 0 writes h.
 - SPLIT_K > 1: each program stores its float32 partial in a workspace, then counts itself in
   on a per-column-tile counter (atomic, acq_rel); the program that arrives last sums the
   partials in split order (deterministic), writes the output and resets the counter to 0.
@@ -52,7 +49,7 @@ from graphllm.kernels.silu_and_mul import gelu_tanh
 MAX_ROWS = 16  # the kernel's BLOCK_M: rows beyond this go to cuBLAS (compute-bound territory)
 SMALL_WEIGHT = 1 << 25  # elements: qkv and o_proj of an 8B model, not its MLP
 VOCAB_WIDE = 1 << 16  # output features: a vocabulary
-PROLOGUES = {"none": 0, "rms_norm": 1, "add_rms_norm": 2, "silu_mul": 3, "gelu_mul": 4, "norm_add_rms_norm": 5}
+PROLOGUES = {"none": 0, "rms_norm": 1, "add_rms_norm": 2, "silu_mul": 3, "gelu_mul": 4}
 MAX_COLUMN_TILES = 1 << 16  # split-K counters per device
 
 
@@ -67,13 +64,6 @@ def rms_norm_matmul_reference(x, norm_weight, eps, weight, bias=None, residual=N
     return skinny_matmul_reference(normed, weight, bias), h
 
 
-def norm_add_rms_norm_matmul_reference(x, y, post_weight, post_eps, norm_weight, eps, weight, bias=None,
-                                        unit_offset=False):
-    """(skinny_matmul_reference(rms_norm(h)), h) with h = x + rms_norm(y) * post_weight, rounded like the eager ops."""
-    post, _ = rms_norm_reference(y, post_weight, post_eps, None, unit_offset)
-    return rms_norm_matmul_reference(x, norm_weight, eps, weight, bias, residual=post, unit_offset=unit_offset)
-
-
 def gelu_mul_matmul_reference(x, weight, bias=None):
     return skinny_matmul_reference(reference_gelu_tanh_and_mul(x), weight, bias)
 
@@ -83,27 +73,8 @@ def silu_mul_matmul_reference(x, weight, bias=None):
 
 
 @triton.jit
-def _scaled(v, rstd, norm_w, UNIT_OFFSET: tl.constexpr):
-    """rms_norm(v) * norm_w for v in its dtype, rstd [BLOCK_M, 1] and norm_w [1, BLOCK_K] in float32, rounded
-    where reference_rms_norm rounds: once with UNIT_OFFSET (1 + norm_w), else before and after the weight."""
-    if UNIT_OFFSET:  # Gemma: 1 + weight, in float32, one rounding
-        return (v.to(tl.float32) * rstd * (1.0 + norm_w)).to(v.dtype)
-    else:
-        normed = (v.to(tl.float32) * rstd).to(v.dtype)
-        return (normed.to(tl.float32) * norm_w).to(v.dtype)
-
-
-@triton.jit
-def _post_norm_add(x, y_ptr, post_w_ptr, rstd_y, offs_m, k, mk_mask, K, stride_rm, UNIT_OFFSET: tl.constexpr):
-    """h = x + rms_norm(y) * post_weight for columns k (norm_add_rms_norm), in x's dtype."""
-    y = tl.load(y_ptr + offs_m[:, None] * stride_rm + k[None, :], mask=mk_mask, other=0.0)
-    post_w = tl.load(post_w_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
-    return (x.to(tl.float32) + _scaled(y, rstd_y, post_w, UNIT_OFFSET).to(tl.float32)).to(x.dtype)
-
-
-@triton.jit
-def _operand(x_ptr, res_ptr, norm_w_ptr, post_w_ptr, new_res_ptr, rstd, rstd_y, offs_m, k, mk_mask, K, stride_xm,
-             stride_rm, residual_rows, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+def _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, K, stride_xm, stride_rm,
+             residual_rows, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
     """The matmul operand for columns k of the rows offs_m: [BLOCK_M, BLOCK_K] in x's dtype."""
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mk_mask, other=0.0)
     a = x
@@ -120,12 +91,13 @@ def _operand(x_ptr, res_ptr, norm_w_ptr, post_w_ptr, new_res_ptr, rstd, rstd_y, 
         res = tl.load(res_ptr + offs_m[:, None] * stride_rm + k[None, :], mask=mk_mask, other=0.0)
         a = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)
         tl.store(new_res_ptr + offs_m[:, None] * K + k[None, :], a, mask=mk_mask & (offs_m < residual_rows)[:, None])
-    if PROLOGUE == 5:  # norm_add_rms_norm: h = x + rms_norm(y) * post_weight, y at res_ptr
-        a = _post_norm_add(x, res_ptr, post_w_ptr, rstd_y, offs_m, k, mk_mask, K, stride_rm, UNIT_OFFSET)
-        tl.store(new_res_ptr + offs_m[:, None] * K + k[None, :], a, mask=mk_mask & (offs_m < residual_rows)[:, None])
-    if PROLOGUE == 1 or PROLOGUE == 2 or PROLOGUE == 5:
+    if PROLOGUE == 1 or PROLOGUE == 2:
         norm_w = tl.load(norm_w_ptr + k, mask=k < K, other=0.0).to(tl.float32)[None, :]
-        a = _scaled(a, rstd, norm_w, UNIT_OFFSET)
+        if UNIT_OFFSET:  # Gemma: 1 + weight, in float32, one rounding
+            a = (a.to(tl.float32) * rstd * (1.0 + norm_w)).to(x.dtype)
+        else:
+            normed = (a.to(tl.float32) * rstd).to(x.dtype)
+            a = (normed.to(tl.float32) * norm_w).to(x.dtype)
     return a
 
 
@@ -144,22 +116,6 @@ def _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm,
         xf = x.to(tl.float32)
         sumsq += xf * xf
     return tl.math.rsqrt(tl.sum(sumsq, 1) / K + eps)[:, None]
-
-
-@triton.jit
-def _row_rstd_post(x_ptr, y_ptr, post_w_ptr, offs_m, m_mask, K, post_eps, eps, stride_xm, stride_rm,
-                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, UNIT_OFFSET: tl.constexpr):
-    """norm_add_rms_norm's two 1 / sqrt(mean square + eps) per row: of y, then of h = x + rms_norm(y) *
-    post_weight (each [BLOCK_M, 1] float32): two passes over the rows."""
-    rstd_y = _row_rstd(y_ptr, y_ptr, offs_m, m_mask, K, post_eps, stride_rm, stride_rm, BLOCK_M, BLOCK_K, 1)
-    sumsq = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        mask = m_mask[:, None] & (k < K)[None, :]
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mask, other=0.0)
-        hf = _post_norm_add(x, y_ptr, post_w_ptr, rstd_y, offs_m, k, mask, K, stride_rm, UNIT_OFFSET).to(tl.float32)
-        sumsq += hf * hf
-    return rstd_y, tl.math.rsqrt(tl.sum(sumsq, 1) / K + eps)[:, None]
 
 
 @triton.jit
@@ -192,9 +148,9 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
                  mask=m_mask[:, None] & n_mask[None, :])
 
 
-@triton.jit(do_not_specialize=["M", "eps", "post_eps"])  # 2..16 rows share one compile
-def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, post_w_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr,
-                          count_ptr, M, N, K, K_SPLIT, eps, post_eps, stride_xm, stride_rm, stride_wn, stride_om,
+@triton.jit(do_not_specialize=["M", "eps"])  # 2..16 rows share one compile
+def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
+                          M, N, K, K_SPLIT, eps, stride_xm, stride_rm, stride_wn, stride_om,
                           PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
                           BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
@@ -210,12 +166,8 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, post_w_ptr, new_res_ptr, w
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
-    rstd_y = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:
         rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, BLOCK_K, PROLOGUE)
-    if PROLOGUE == 5:
-        rstd_y, rstd = _row_rstd_post(x_ptr, res_ptr, post_w_ptr, offs_m, m_mask, K, post_eps, eps, stride_xm,
-                                      stride_rm, BLOCK_M, BLOCK_K, UNIT_OFFSET)
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -230,8 +182,8 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, post_w_ptr, new_res_ptr, w
             k_mask = k < k_hi
             mk_mask = m_mask[:, None] & k_mask[None, :]
             w_mask = n_mask[:, None] & k_mask[None, :]
-        a = _operand(x_ptr, res_ptr, norm_w_ptr, post_w_ptr, new_res_ptr, rstd, rstd_y, offs_m, k, mk_mask, K,
-                     stride_xm, stride_rm, residual_rows, PROLOGUE, UNIT_OFFSET)
+        a = _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, K, stride_xm, stride_rm,
+                     residual_rows, PROLOGUE, UNIT_OFFSET)
         if EVEN_N and EVEN_K:
             w = tl.load(w_ptrs)
         else:
@@ -311,8 +263,7 @@ def beats_cublas(m: int, n: int, k: int) -> bool:
 
 def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             config: dict | None, residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-            eps: float = 0.0, unit_offset: bool = False, post_weight: torch.Tensor | None = None,
-            post_eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+            eps: float = 0.0, unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     m = x.shape[0]
     n, k = weight.shape
     assert m <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1
@@ -337,9 +288,8 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         counters = split_k_counters(x.device)
     _skinny_matmul_kernel[(tiles, split_k)](
         x, x if residual is None else residual, x if norm_weight is None else norm_weight,
-        x if post_weight is None else post_weight,
         out if new_residual is None else new_residual, weight, weight if bias is None else bias, out, partial,
-        counters, m, n, k, k_split, eps, post_eps, x.stride(0), 0 if residual is None else residual.stride(0),
+        counters, m, n, k, k_split, eps, x.stride(0), 0 if residual is None else residual.stride(0),
         weight.stride(0), out.stride(0),
         PROLOGUE=PROLOGUES[prologue], UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
@@ -365,19 +315,6 @@ def rms_norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weig
     assert norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
     return _launch("rms_norm" if residual is None else "add_rms_norm", x, weight, bias, config,
                    residual=residual, norm_weight=norm_weight, eps=eps, unit_offset=unit_offset)
-
-
-def norm_add_rms_norm_matmul(x: torch.Tensor, y: torch.Tensor, post_weight: torch.Tensor, post_eps: float,
-                             norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                             bias: torch.Tensor | None = None, config: dict | None = None,
-                             unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(h) * norm_weight) @ weight^T + bias with h = x + rms_norm(y) * post_weight (Gemma's post-norm of a
-    sublayer's output y, the residual add, the next pre-norm): x, y: [M, K]; post_weight, norm_weight: [K] in x's
-    dtype -> ([M, N], h as a new [M, K]). unit_offset: both norms scale by 1 + weight in float32."""
-    assert norm_weight.shape == post_weight.shape == (x.shape[1],)
-    assert norm_weight.dtype == post_weight.dtype == x.dtype
-    return _launch("norm_add_rms_norm", x, weight, bias, config, residual=y, norm_weight=norm_weight, eps=eps,
-                   unit_offset=unit_offset, post_weight=post_weight, post_eps=post_eps)
 
 
 def silu_mul_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

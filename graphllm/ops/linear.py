@@ -21,11 +21,7 @@ no norm or activation kernel of its own (graphllm/kernels/skinny_matmul.py's pro
     graphllm.add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias)
                                           = (linear(rms_norm(x + residual)), x + residual)
 
-    graphllm.rms_norm_add_rms_norm_linear(x, y, post_weight, post_eps, norm_weight, eps, weight, bias)
-                                          = (linear(rms_norm(h)), h), h = x + rms_norm(y, post_weight)
-                                            (Gemma: a sublayer's post-norm, the residual add, the next pre-norm)
-
-(the norm ops take a last unit_offset argument, Gemma's 1 + weight, as graphllm.rms_norm does)
+(the two norm ops take a last unit_offset argument, Gemma's 1 + weight, as graphllm.rms_norm does)
     graphllm.silu_and_mul_linear(x, weight, bias)                        = linear(silu_and_mul(x))
     graphllm.gelu_tanh_and_mul_linear(x, weight, bias)                   = linear(gelu_tanh_and_mul(x))
 
@@ -125,29 +121,6 @@ def add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: to
 
 @add_rms_norm_linear.register_fake
 def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False):
-    return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape)
-
-
-@torch.library.custom_op("graphllm::rms_norm_add_rms_norm_linear", mutates_args=())
-def rms_norm_add_rms_norm_linear(x: torch.Tensor, y: torch.Tensor, post_weight: torch.Tensor, post_eps: float,
-                                 norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                                 bias: torch.Tensor | None = None,
-                                 unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + rms_norm(y, post_weight, post_eps); (linear(rms_norm(h, norm_weight, eps), weight, bias), h) as new
-    tensors, both norms with unit_offset (Gemma's post-norm of a sublayer's output, the residual add and the
-    next pre-norm: one skinny_matmul launch at one row)."""
-    if takes_fused_kernel(x, weight, y, post_weight, norm_weight, bias) and y.shape == x.shape:
-        from graphllm.kernels.skinny_matmul import norm_add_rms_norm_matmul
-        out, h = norm_add_rms_norm_matmul(_rows(x), _rows(y), post_weight, post_eps, norm_weight, eps, weight, bias,
-                                          unit_offset=unit_offset)
-        return out.view(*x.shape[:-1], weight.shape[0]), h.view(x.shape)
-    post, _ = _rms_norm(y, post_weight, post_eps, None, unit_offset)
-    normed, h = _rms_norm(x, norm_weight, eps, post, unit_offset)
-    return linear(normed, weight, bias), h.contiguous()
-
-
-@rms_norm_add_rms_norm_linear.register_fake
-def _(x, y, post_weight, post_eps, norm_weight, eps, weight, bias=None, unit_offset=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape)
 
 

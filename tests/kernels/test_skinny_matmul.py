@@ -79,29 +79,6 @@ def test_rms_norm_prologue_with_unit_offset(m, dtype, residual):
     assert not torch.allclose(got.float(), plain.float(), atol=1e-2)  # the offset changes the result
 
 
-@pytest.mark.parametrize("split_k", (1, 3))
-@pytest.mark.parametrize("m, dtype", [(1, torch.float32), (4, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])
-@pytest.mark.parametrize("unit_offset", (False, True))
-def test_norm_add_rms_norm_prologue(m, dtype, split_k, unit_offset):
-    """Gemma's post-norm of a sublayer's output, the residual add and the next pre-norm in one prologue:
-    h = x + rms_norm(y) * post_weight written once, rms_norm(h) * norm_weight into the product (h as close as the
-    norms' sums of squares, summed in another order, let it be)."""
-    from graphllm.kernels.skinny_matmul import norm_add_rms_norm_matmul, norm_add_rms_norm_matmul_reference
-    x, y = randn((m, 200), dtype, 0), randn((m, 200), dtype, 1) * 3
-    post_w, norm_w = randn((200,), dtype, 2) / 4, randn((200,), dtype, 3) / 4
-    if not unit_offset:
-        post_w, norm_w = post_w + 1, norm_w + 1
-    w, b = randn((80, 200), dtype, 4) / 200 ** 0.5, randn((80,), dtype, 5)
-    got, h = norm_add_rms_norm_matmul(x, y, post_w, 1e-5, norm_w, 1e-6, w, b, config=tiles(split_k),
-                                      unit_offset=unit_offset)
-    want, want_h = norm_add_rms_norm_matmul_reference(x, y, post_w, 1e-5, norm_w, 1e-6, w, b, unit_offset=unit_offset)
-    assert_close(got, want)
-    assert_close(h, want_h)
-    plain, plain_h = rms_norm_matmul_reference(x, norm_w, 1e-6, w, b, residual=y, unit_offset=unit_offset)
-    assert not torch.allclose(h.float(), plain_h.float(), atol=1e-2)  # y is normalised before the add
-    assert _counters(DEVICE).count_nonzero() == 0
-
-
 @pytest.mark.parametrize("split_k", (1, 2))
 @pytest.mark.parametrize("m, dtype", [(1, torch.float32), (5, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])
 def test_silu_mul_prologue(m, dtype, split_k):

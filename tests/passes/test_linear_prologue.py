@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_rms_norm, reference_silu_and_mul
-from graphllm.ops.linear import (add_rms_norm_linear, gelu_tanh_and_mul_linear, rms_norm_add_rms_norm_linear,
-                                 rms_norm_linear, silu_and_mul_linear)
+from graphllm.ops.linear import add_rms_norm_linear, gelu_tanh_and_mul_linear, rms_norm_linear, silu_and_mul_linear
 from graphllm.passes.fusion.fuse_add_rmsnorm import FuseAddRMSNorm
 from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
 from graphllm.passes.fusion.fuse_qkv import FuseQKV
@@ -43,7 +42,7 @@ def test_same_function_when_forced_on_cpu(arch):
     # every layer's post-attention norm and the input norms after the first; the first layer's input
     # norm has no residual yet; the final norm reaches lm_head through the row gather and stays
     assert counts == {"add_rms_norm": 2 * layers - 1, "rms_norm": 1, "silu_and_mul": layers,
-                      "gelu_tanh_and_mul": 0, "post_norm": 0}
+                      "gelu_tanh_and_mul": 0}
     found = targets(after)
     assert found.count(ops.linear.default) == 1 + layers  # lm_head and each o_proj keep the plain op
     assert ops.silu_and_mul.default not in found and found.count(ops.add_rms_norm.default) == 1
@@ -51,23 +50,18 @@ def test_same_function_when_forced_on_cpu(arch):
 
 
 @pytest.mark.parametrize("arch", ("gemma2", "gemma3"))
-def test_gemma_norms_fold_with_their_unit_offset(arch):
+def test_gemma_pre_norms_fold_with_their_unit_offset(arch):
     """Gemma's norms (1 + weight, fuse_add_rmsnorm's unit_offset) fold like RMSNorm's, the flag after the bias;
-    then each post-norm (of attention's and the MLP's outputs) folds into the add + pre-norm + linear after it, but
-    the last one, which feeds the final norm. Its GeGLU folds into down_proj."""
+    its post-norms read attention's and the MLP's outputs, not a linear's input, and stay. Its GeGLU folds into
+    down_proj."""
     before, config = prepared(arch)
     after = copy_graph(before)
     counts = LinearPrologue()(after)
     DeadCodeElimination()(after)
     layers = config.num_hidden_layers
     assert counts == {"add_rms_norm": 2 * layers - 1, "rms_norm": 1, "silu_and_mul": 0,
-                      "gelu_tanh_and_mul": layers, "post_norm": 2 * layers - 1}
-    found = targets(after)
-    assert found.count(ops.rms_norm_linear.default) == 1 and ops.add_rms_norm_linear.default not in found
-    # the last post-norm, into the final add + norm (and Gemma 3's q and k norms)
-    assert found.count(ops.rms_norm.default) == 1 + (2 * layers if arch == "gemma3" else 0)
-    fused = [n for n in after.graph.nodes if n.target in (ops.rms_norm_linear.default,
-                                                           ops.rms_norm_add_rms_norm_linear.default)]
+                      "gelu_tanh_and_mul": layers}
+    fused = [n for n in after.graph.nodes if n.target in (ops.rms_norm_linear.default, ops.add_rms_norm_linear.default)]
     assert len(fused) == 2 * layers and all(n.args[-1] is True and n.args[-2] is None for n in fused)
     assert_same_function(before, after, config, seeds=(1, 2))
 
@@ -104,12 +98,6 @@ def test_ops_equal_their_parts_off_the_kernel_path():
     gemma = (reference_rms_norm(x + r, nw, 1e-5, unit_offset=True))
     out, h = add_rms_norm_linear(x, r, nw, 1e-5, w, None, True)
     assert torch.equal(out, linear(gemma, w)) and not torch.equal(out, linear(reference_rms_norm(x + r, nw, 1e-5), w))
-    y, pw = torch.randn(20, 3, 32, generator=gen), torch.randn(32, generator=gen)
-    for unit_offset in (False, True):
-        post = reference_rms_norm(y, pw, 1e-6, unit_offset)
-        out, h = rms_norm_add_rms_norm_linear(x, y, pw, 1e-6, nw, 1e-5, w, b, unit_offset)
-        assert torch.equal(h, x + post)
-        assert torch.equal(out, linear(reference_rms_norm(x + post, nw, 1e-5, unit_offset), w, b))
     gate_up = torch.randn(20, 64, generator=gen)
     assert torch.equal(silu_and_mul_linear(gate_up, w), linear(reference_silu_and_mul(gate_up), w))
     assert torch.equal(gelu_tanh_and_mul_linear(gate_up, w), linear(reference_gelu_tanh_and_mul(gate_up), w))

@@ -21,13 +21,7 @@ Before and after, for the three shapes a decoder layer has:
     down = graphllm.linear.default(act, w_down)
 ->  down = graphllm.silu_and_mul_linear.default(gate_up, w_down)
 
-(GeGLU's graphllm.gelu_tanh_and_mul the same, into graphllm.gelu_tanh_and_mul_linear.) Then an
-add_rms_norm_linear whose added operand is a graphllm.rms_norm read only there (Gemma's post-norms:
-h = h + post_norm(sublayer output), then the next pre-norm) takes that norm in too:
-
-    p = graphllm.rms_norm.default(o_proj, w_post, eps, True)
-    f = graphllm.add_rms_norm_linear.default(h, p, w_pre, eps, w_gate_up, None, True)
-->  f = graphllm.rms_norm_add_rms_norm_linear.default(h, o_proj, w_post, eps, w_pre, eps, w_gate_up, None, True)
+(GeGLU's graphllm.gelu_tanh_and_mul the same, into graphllm.gelu_tanh_and_mul_linear.)
 
 A norm's unit_offset (Gemma's 1 + weight, fuse_add_rmsnorm) goes along, after the linear's bias.
 Only a norm or activation whose output nothing else reads is folded (the final norm reaches
@@ -102,40 +96,16 @@ def _fold_single(graph: fx.Graph, lin: fx.Node, source, fused_op, arity: int) ->
     return True
 
 
-def _fold_post_norm(graph: fx.Graph, fused: fx.Node) -> bool:
-    """fused = add_rms_norm_linear(x, rms_norm(y, w1, eps1[, u]), w2, eps2, w[, b[, u]]) (either add operand), the
-    norm read only there and with the same unit_offset -> rms_norm_add_rms_norm_linear(x, y, w1, eps1, w2, eps2, w,
-    b, u): the same (out, h) pair."""
-    a, b, norm_w, eps, weight, *rest = fused.args
-    bias, unit_offset = (rest + [None, False])[:2]
-    for x, post in ((a, b), (b, a)):
-        if _call(post, ops.rms_norm.default) and len(post.users) == 1:
-            y, post_w, post_eps, *flag = post.args
-            if bool(flag and flag[0]) == bool(unit_offset):
-                break
-    else:
-        return False
-    with graph.inserting_before(fused):
-        new = new_node(graph, ops.rms_norm_add_rms_norm_linear.default,
-                       (x, y, post_w, post_eps, norm_w, eps, weight, bias, bool(unit_offset)), fused)
-    fused.replace_all_uses_with(new)
-    graph.erase_node(fused)
-    graph.erase_node(post)
-    return True
-
-
 class LinearPrologue(GraphPass):
-    """Fold norms and SwiGLU into the graphllm.linear they feed, then post-norms into the fused add + norm;
-    counts each kind folded."""
+    """Fold norms and SwiGLU into the graphllm.linear they feed; counts each kind folded."""
 
     name = "linear_prologue"
-    version = 4  # 2: norms with unit_offset (Gemma's) fold too; 3: GeGLU; 4: Gemma's post-norms
+    version = 3  # 2: norms with unit_offset (Gemma's) fold too; 3: GeGLU
 
     devices = ("cuda",)
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
-        counts = {"add_rms_norm": 0, "rms_norm": 0, "silu_and_mul": 0, "gelu_tanh_and_mul": 0,
-                  "post_norm": 0}
+        counts = {"add_rms_norm": 0, "rms_norm": 0, "silu_and_mul": 0, "gelu_tanh_and_mul": 0}
         g = graph.graph
         for lin in [n for n in g.nodes if n.op == "call_function" and n.target == ops.linear.default]:
             if _fold_add_rms_norm(g, lin):
@@ -146,6 +116,4 @@ class LinearPrologue(GraphPass):
                 counts["silu_and_mul"] += 1
             elif _fold_single(g, lin, ops.gelu_tanh_and_mul.default, ops.gelu_tanh_and_mul_linear.default, 1):
                 counts["gelu_tanh_and_mul"] += 1
-        for fused in [n for n in g.nodes if _call(n, ops.add_rms_norm_linear.default)]:
-            counts["post_norm"] += _fold_post_norm(g, fused)
         return counts
