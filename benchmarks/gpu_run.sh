@@ -65,6 +65,9 @@
 #              norms and GeGLU); fam12-P  the same with 12 of its layers (deepseek-v2-lite: preset and artifact of all 27 would not fit
 #              the disk together)
 #   spec-prof  (issue 21) bench spec --profile at batch 1, k = 4: kernel tables of plain and verify steps
+#   spec-vk    (issue 21) spec-prof's bench with the verify attention kernel switched on (TritonBackend.verify_kernel),
+#              under a 240 s timeout: run it under benchmarks/memwatch.sh, on a fresh disk (three calls that ran the
+#              kernel from verify graphs lost their machine in the fifteenth session)
 #   spec-long  (issue 21) bench spec at 1,900 prompt tokens, batch 1 and 8, k = 4: the verify attention kernel's
 #              split over the keys at a long context
 # Logs and results go to $OUT (tarred at the end: the tool brings back at most 8 files).
@@ -232,6 +235,11 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     spec-prof) bench spec --preset llama-3-8b --batch-sizes 1 --num-speculative-tokens 4 --acceptance-rates 1.0 \
         --input-len 128 --output-len 128 $LIMITS --work $WORK --profile "$OUT/r/spec-prof" --profile-steps 6 \
+        --json "$OUT/r/$stage.json" ;;
+    spec-vk) timeout 240 python3 -c "import sys; from graphllm.backends.triton_backend import TritonBackend
+TritonBackend.verify_kernel = True  # switched off by default since the fifteenth session: this stage tries it
+from graphllm.cli.main import main; sys.exit(main(sys.argv[1:]))" bench spec --preset llama-3-8b --batch-sizes 1,8 \
+        --num-speculative-tokens 4 --acceptance-rates 1.0 --input-len 128 --output-len 64 $LIMITS --work $WORK \
         --json "$OUT/r/$stage.json" ;;
     spec-long) bench spec --preset llama-3-8b --batch-sizes 1,8 --num-speculative-tokens 4 --acceptance-rates 1.0,0.6 \
         --input-len 1900 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
