@@ -167,7 +167,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     soak-*) python3 benchmarks/soak.py --base-url http://127.0.0.1:8123/v1 --clients 256 --duration "${stage#soak-}" \
           --max-tokens 128 --chat-rate 0 --token-prompts 1 --server-pid "$(cat /tmp/soak-server.pid)" --json "$OUT/r/$stage.json" ;;
     qsweep) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep.json" ;;
-    qsweep-int4) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-int4.json" 150 int4 1 \
+    qsweep-int4) timeout 420 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-int4.json" 240 int4 1 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-int4.json" int4 \
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
     startup) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \

@@ -134,13 +134,24 @@ def int8_candidates(m: int) -> list[dict]:
 
 
 def int4_candidates(m: int) -> list[dict]:
-    """Up to 16 rows: the 16-row dot tiles that unpack nibble pairs (PAIRS 1: one dot per K step over the
+    """One row: the GEMV kernel (GEMV: five shifts for eight nibbles, two column halves per x value) over tile
+    widths, warps, pipelining and K splits, then the float32 multiply-add tile summed per word row (ROW_SUM).
+    2..16 rows: the 16-row dot tiles that unpack nibble pairs (PAIRS 1: one dot per K step over the
     joined planes; PAIRS 2: a dot per plane), on either MMA side, over tiles of 4 KB..16 KB of words per step
-    and K splits 1..8; at one row then the float32 multiply-add tile summed per word row (ROW_SUM), the
-    previous best (the budget may run out before the last candidates). The default (CONFIGS: the previous
+    and K splits 1..8. The default (CONFIGS: the previous
     sweep's best) always runs. Past 16 rows only the default (the op routes those rows to dequantize + cuBLAS)."""
     if m > 16:
         return []
+    if m == 1:  # the GEMV kernel first (the budget may run out), then the previous one-row tiles
+        out = []
+        for bn, bk, w in [(256, 128, 4), (512, 128, 4), (256, 64, 4), (512, 64, 4), (512, 128, 8), (128, 128, 2),
+                          (1024, 64, 8)]:
+            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "GEMV": True},
+                           num_stages=(1, 3), SPLIT_K=(4, 8, 16))
+        for bn, bk, w, s, splits in [(256, 64, 4, 6, (4, 8)), (128, 64, 4, 6, (4, 8)), (128, 128, 4, 4, (4, 8))]:
+            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s,
+                            "ROW_SUM": True}, SPLIT_K=splits)
+        return out
     out = []
     for bn, bk, w, s, splits in [(128, 128, 4, 4, (2, 4, 8)), (64, 128, 4, 4, (4, 8)), (256, 64, 8, 4, (2, 4, 8)),
                                  (128, 64, 4, 6, (4, 8)), (256, 128, 8, 3, (1, 2, 4))]:
@@ -149,10 +160,6 @@ def int4_candidates(m: int) -> list[dict]:
     for bn, w, s, splits in [(128, 4, 4, (2, 4, 8)), (64, 4, 4, (4, 8)), (256, 8, 3, (1, 2, 4))]:
         out += configs({"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": w, "num_stages": s, "PAIRS": 2},
                        SWAP_AB=(False, True), SPLIT_K=splits)
-    if m == 1:
-        for bn, bk, w, s, splits in [(256, 64, 4, 6, (4, 8)), (128, 64, 4, 6, (4, 8)), (128, 128, 4, 4, (4, 8))]:
-            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s,
-                            "ROW_SUM": True}, SPLIT_K=splits)
     return out
 
 

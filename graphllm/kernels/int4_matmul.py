@@ -80,6 +80,7 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (8, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': True, 'SPLIT_K': 4},
     (16, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 256, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3, 'PAIRS': 2, 'SWAP_AB': False, 'SPLIT_K': 1},
 }
+ONE_BITS = 0x3F800000  # float32 1.0: _int4_gemv_kernel's magic number, passed at run time (_gemv_word_terms)
 DOT_MIN_BLOCK_K = 32  # one dot per K step; 32 keeps the [BLOCK_K/8, 8, BLOCK_N] nibble tile 4 words deep
 
 
@@ -256,6 +257,93 @@ def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
                 stride_om, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)
 
 
+@triton.jit
+def _gemv_word_terms(w, xs, t0, one):
+    """t0 + sum_j x'_j f_j over a word's 8 nibbles (w: int32 words, xs: the 8 x' columns), five shifts for eight
+    nibbles: each shifted word puts one nibble at bits 19..22 (f = 1 + q / 16) and one at 15..18 (f = 1 +
+    q / 256, x' = 16 x), or-ed under 1.0's exponent (one: 0x3F800000, a runtime argument so that ptxas keeps
+    it in a register for every LOP3 instead of re-materialising a constant)."""
+    hi = 0x00780000
+    lo = 0x00078000
+    a = w << 19  # nibble 0 at 19
+    b = w << 11  # 2 at 19, 1 at 15
+    c = w << 3  # 4 at 19, 3 at 15
+    d = w >> 5  # 6 at 19, 5 at 15
+    e = w >> 9  # 7 at 19
+    t = ((a & hi) | one).to(tl.float32, bitcast=True) * xs[0] + t0
+    t += ((b & lo) | one).to(tl.float32, bitcast=True) * xs[1]
+    t += ((b & hi) | one).to(tl.float32, bitcast=True) * xs[2]
+    t += ((c & lo) | one).to(tl.float32, bitcast=True) * xs[3]
+    t += ((c & hi) | one).to(tl.float32, bitcast=True) * xs[4]
+    t += ((d & lo) | one).to(tl.float32, bitcast=True) * xs[5]
+    t += ((d & hi) | one).to(tl.float32, bitcast=True) * xs[6]
+    t += ((e & hi) | one).to(tl.float32, bitcast=True) * xs[7]
+    return t
+
+
+@triton.jit
+def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr, N, K, K_SPLIT, G, one,
+                      HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                      EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr):
+    """One row (GEMV): y = x @ W^T with about three instructions per weight. A K step lies in one group (G %
+    BLOCK_K == 0) and K in whole steps. Nibble j of a word is moved to bits 19..22 (one shift) and or-ed
+    under 1.0's exponent (one LOP3: mask and or): read as float32 that is f = 1 + q / 16, exactly; then one
+    FFMA, t += f * x. Per K step and word row, sum_j x_j (q_j - z) s = 16 s (t - (1 + z / 16) sum_j x_j):
+    the offset 1 is of q / 16's size, so taking it away loses a few bits of float32, not 23 as 2^23 + q
+    would (module docstring: the magic numbers)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    HALF: tl.constexpr = BLOCK_N // 2
+    offs_a = pid_n * BLOCK_N + tl.arange(0, HALF)  # two column halves share every x value a thread loads
+    offs_b = offs_a + HALF
+    offs_r = tl.arange(0, BLOCK_K // 8)
+    a_mask = offs_a < N
+    b_mask = offs_b < N
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    a_ptrs = qw_ptr + (k_lo // 8 + offs_r)[:, None] * N + offs_a[None, :]  # [BLOCK_K/8, HALF]
+    x_ptrs = x_ptr + k_lo + 8 * offs_r  # [BLOCK_K/8]: x[8r], the first K of each word row
+    acc_a = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
+    acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+        if EVEN_N:
+            wa = tl.load(a_ptrs)
+            wb = tl.load(a_ptrs + HALF)
+        else:
+            wa = tl.load(a_ptrs, mask=a_mask[None, :], other=0)
+            wb = tl.load(a_ptrs + HALF, mask=b_mask[None, :], other=0)
+        ga = (k0 // G) * N + offs_a  # the step's group (G % BLOCK_K == 0)
+        za = tl.load(zeros_ptr + ga, mask=a_mask, other=0.0).to(tl.float32)
+        sa = tl.load(scales_ptr + ga, mask=a_mask, other=0.0).to(tl.float32)
+        zb = tl.load(zeros_ptr + ga + HALF, mask=b_mask, other=0.0).to(tl.float32)
+        sb = tl.load(scales_ptr + ga + HALF, mask=b_mask, other=0.0).to(tl.float32)
+        x0 = tl.load(x_ptrs).to(tl.float32)
+        x1 = tl.load(x_ptrs + 1).to(tl.float32)
+        x2 = tl.load(x_ptrs + 2).to(tl.float32)
+        x3 = tl.load(x_ptrs + 3).to(tl.float32)
+        x4 = tl.load(x_ptrs + 4).to(tl.float32)
+        x5 = tl.load(x_ptrs + 5).to(tl.float32)
+        x6 = tl.load(x_ptrs + 6).to(tl.float32)
+        x7 = tl.load(x_ptrs + 7).to(tl.float32)
+        x_hi = (x0 + x2) + (x4 + x6) + x7  # the nibbles at bits 19..22
+        x_lo = (x1 + x3) + x5  # ... at bits 15..18: their x' = 16 x
+        x_sum = x_hi + x_lo  # [BLOCK_K/8]: sum_j x_j of each word row
+        x_off = x_hi + 16.0 * x_lo  # sum_j x'_j: what the offsets (the 1 of every f) add to t
+        xs = (x0[:, None], 16.0 * x1[:, None], x2[:, None], 16.0 * x3[:, None], x4[:, None], 16.0 * x5[:, None],
+              x6[:, None], x7[:, None])
+        ta = _gemv_word_terms(wa, xs, -x_off[:, None], one)  # sum_j x_j q_j / 16
+        tb = _gemv_word_terms(wb, xs, -x_off[:, None], one)
+        acc_a += ta * (16.0 * sa)[None, :] - x_sum[:, None] * (sa * za)[None, :]  # sum_j x_j (q_j - z) s
+        acc_b += tb * (16.0 * sb)[None, :] - x_sum[:, None] * (sb * zb)[None, :]
+        a_ptrs += (BLOCK_K // 8) * N
+        x_ptrs += BLOCK_K
+    out = tl.reshape(tl.permute(tl.join(tl.sum(acc_a, 0), tl.sum(acc_b, 0)), (1, 0)), (1, BLOCK_N))
+    offs_m = tl.arange(0, 1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, offs_m < 1, offs_n < N,
+                N, 0, HAS_BIAS, 1, BLOCK_N, SPLIT_K)
+
+
 def decode_split(n: int, k: int, block_n: int, block_k: int, device: torch.device) -> int:
     """K splits for a one-row-tile grid: about four programs per SM (the H200 sweep: 4 splits of qkv's 96
     column tiles beat 2 and 3 by 1.2-1.6x), at most 8, at least four K steps per split."""
@@ -283,6 +371,12 @@ def pairs(m: int, k: int, group_size: int, dtype: torch.dtype, config: dict) -> 
     return int(config.get("PAIRS", 0)) if usable and (config.get("PAIRS", 0) != 2 or block_k >= 128) else 0
 
 
+def gemv(m: int, k: int, group_size: int, config: dict) -> bool:
+    """Whether a launch takes _int4_gemv_kernel (config GEMV): one row, K steps that lie in one group."""
+    block_m, block_k = tile_shape(m, k, config, DOT_MIN_BLOCK_K)
+    return bool(config.get("GEMV")) and block_m == 1 and group_size % block_k == 0 and block_k % 8 == 0
+
+
 def weight_rounds(m: int, k: int, group_size: int, config: dict) -> bool:
     """Whether int4_matmul rounds the dequantized weight to x's dtype (module docstring): dot tiles whose
     K step spans groups."""
@@ -308,6 +402,14 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         return out
     config = config or default_config(m, n, k, x.device)
     plan = plan_launch(m, n, k, config, x.device, DOT_MIN_BLOCK_K)
+    if gemv(m, k, group_size, config):
+        _int4_gemv_kernel[plan.grid](
+            x, qweight, scales, zeros, scales if bias is None else bias, out,
+            out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
+            n, k, plan.k_split, group_size, ONE_BITS, HAS_BIAS=bias is not None, BLOCK_N=config["BLOCK_N"],
+            BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, EVEN_N=n % config["BLOCK_N"] == 0,
+            NUM_STAGES=config["num_stages"], num_warps=config["num_warps"], num_stages=config["num_stages"])
+        return out
     _int4_matmul_kernel[plan.grid](
         x, qweight, scales, zeros, scales if bias is None else bias, out,
         out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,

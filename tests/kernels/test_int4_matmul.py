@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm.kernels.int4_matmul import (  # noqa: E402
-    default_config, int4_linear_reference, int4_matmul, weight_rounds)
+    default_config, gemv, int4_linear_reference, int4_matmul, weight_rounds)
 from graphllm.kernels.quant_layout import dequantize_int4, quantize_int4_weight  # noqa: E402
 from graphllm.kernels.skinny_matmul import split_k_counters  # noqa: E402
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, gpu_only, randn  # noqa: E402
@@ -63,6 +63,9 @@ def tiles(**overrides) -> dict:
     (1, 64, tiles(BLOCK_M=1, BLOCK_K=32, SPLIT_K=2), False),  # steps inside groups (per-step scale)
     (1, 32, tiles(BLOCK_M=1, BLOCK_K=64, SPLIT_K=3, ROW_SUM=True), False),  # per-word sums, steps across groups
     (1, 64, tiles(BLOCK_M=1, BLOCK_K=32, ROW_SUM=True), False),  # ... steps inside groups
+    (1, 64, tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=2), False),  # the GEMV kernel: two column halves
+    (1, 128, tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, GEMV=True, SPLIT_K=3), False),  # ... a step per group
+    (1, 32, tiles(BLOCK_M=1, BLOCK_K=64, GEMV=True), False),  # steps across groups: the multiply-add tile
     (1, 64, tiles(BLOCK_M=16, SPLIT_K=2), True),  # one row in a 16-row dot tile, steps across groups
     (4, 128, tiles(BLOCK_M=16, SPLIT_K=2), False),  # steps inside groups: scale after the dot, exact
     (4, 32, tiles(BLOCK_M=16, BLOCK_K=16), False),  # dot tiles take K steps of at least 32: one group each
@@ -82,6 +85,29 @@ def test_tile_paths_and_ragged_edges(m, group_size, config, rounds):
     assert check(m, 80, 384, group_size, LOW_DTYPE, bias=True, config=config) == rounds
     check(m, 48, 128, group_size, torch.float32, bias=False, config=config, seed=3)
     assert split_k_counters(DEVICE).count_nonzero() == 0
+
+
+def test_gemv_takes_steps_inside_groups_only():
+    assert gemv(1, 384, 64, tiles(BLOCK_M=1, BLOCK_K=64, GEMV=True))
+    assert not gemv(1, 384, 32, tiles(BLOCK_M=1, BLOCK_K=64, GEMV=True))  # a step spans two groups
+    assert not gemv(2, 384, 64, tiles(BLOCK_M=16, BLOCK_K=64, GEMV=True))  # rows past one: dot tiles
+    assert not gemv(1, 384, 64, tiles(BLOCK_M=1, BLOCK_K=64))
+
+
+def test_gemv_every_nibble_value_and_extreme_scales():
+    """Every nibble value at every position of a word (the shifts and masks of _gemv_word_terms, the sign bit
+    of nibble 7 included), zeros 0 and 15, scales from 2^-20 to 2^10: against the float32 reference."""
+    n, k, group_size = 64, 256, 64
+    q = torch.arange(n * k).reshape(n, k) % 16
+    q = (q + torch.arange(n)[:, None]) % 16  # each column sees every value at every nibble position
+    qweight = torch.zeros((k // 8, n), dtype=torch.int32)
+    for j in range(8):
+        qweight |= (q[:, j::8].t().to(torch.int32) & 0xF) << (4 * j)
+    zeros = torch.tensor([0.0, 15.0, 8.0, 3.0]).repeat(n, 1).t().contiguous()  # [K/G, N]
+    scales = (2.0 ** torch.linspace(-20, 10, n * k // group_size)).reshape(k // group_size, n)
+    for dtype in (torch.float32, LOW_DTYPE):
+        packed = (qweight.to(DEVICE), scales.to(dtype).to(DEVICE), zeros.to(dtype).to(DEVICE))
+        check_with(randn((1, k), dtype, seed=9), packed, None, tiles(BLOCK_M=1, BLOCK_N=32, BLOCK_K=64, GEMV=True))
 
 
 def test_strided_rows_and_zero_rows():
@@ -108,4 +134,8 @@ def test_llama_8b_shapes(n, k):
     w = dequantize_int4(*packed)
     for m in (1, 2, 8, 16, 64, 256):
         check_with(randn((m, k), torch.bfloat16, m), packed, None, w=w)
+    for bn, stages, split in [(256, 1, 8), (512, 3, 4), (128, 1, 16)]:  # the GEMV kernel, pipelined and not
+        gemv_config = {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "num_stages": stages,
+                       "SPLIT_K": split, "GEMV": True}
+        check_with(randn((1, k), torch.bfloat16, 7), packed, None, gemv_config, w=w)
     assert split_k_counters(DEVICE).count_nonzero() == 0
