@@ -144,12 +144,12 @@ def int4_candidates(m: int) -> list[dict]:
         return []
     if m == 1:  # the GEMV kernel first (the budget may run out), then the previous one-row tiles
         out = []
-        # the first sweep's winners (2026-11-28) sat on its edges: 128 x 128 tiles of 2 warps with 16 splits for
-        # the narrow shapes, 512 x 64 of 4 warps, 3 stages, for gate_up (16 splits) and lm_head (4)
-        for bn, bk, w in [(128, 128, 2), (64, 128, 1), (128, 64, 2), (128, 128, 4), (256, 64, 4), (512, 64, 4),
-                          (1024, 64, 8)]:
-            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "GEMV": True},
-                           num_stages=(1, 3), SPLIT_K=(4, 16, 32))
+        # the second sweep's winners (2026-11-28): 128 x 128 tiles of 4 warps, unpipelined, 4..16 splits, and
+        # lm_head's 512 x 64 with 3 stages (kept in CONFIGS: the default always runs); PREFETCH loads the next step
+        # into registers before this step's arithmetic
+        for bn, bk, w in [(128, 128, 4), (128, 128, 2), (256, 64, 4), (256, 128, 4), (512, 64, 4), (128, 64, 2)]:
+            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "GEMV": True, "num_stages": 1},
+                           PREFETCH=(True, False), SPLIT_K=(4, 8, 16))
         for bn, bk, w, s, splits in [(256, 64, 4, 6, (4, 8)), (128, 64, 4, 6, (4, 8)), (128, 128, 4, 4, (4, 8))]:
             out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s,
                             "ROW_SUM": True}, SPLIT_K=splits)

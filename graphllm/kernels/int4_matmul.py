@@ -282,15 +282,67 @@ def _gemv_word_terms(w, xs, t0, one):
 
 
 @triton.jit
+def _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k0, G, N, offs_a, offs_r, a_mask, b_mask,
+                     HALF: tl.constexpr):
+    """The operands of the K step at k0: both halves' words, their group's scales and zeros (G % BLOCK_K == 0),
+    the 8 x columns of its word rows."""
+    a_ptrs = qw_ptr + (k0 // 8 + offs_r)[:, None] * N + offs_a[None, :]  # [BLOCK_K/8, HALF]
+    wa = tl.load(a_ptrs, mask=a_mask[None, :], other=0)
+    wb = tl.load(a_ptrs + HALF, mask=b_mask[None, :], other=0)
+    ga = (k0 // G) * N + offs_a
+    za = tl.load(zeros_ptr + ga, mask=a_mask, other=0.0)
+    sa = tl.load(scales_ptr + ga, mask=a_mask, other=0.0)
+    zb = tl.load(zeros_ptr + ga + HALF, mask=b_mask, other=0.0)
+    sb = tl.load(scales_ptr + ga + HALF, mask=b_mask, other=0.0)
+    x_ptrs = x_ptr + k0 + 8 * offs_r  # x[8r + k0], the first K of each word row
+    xs = (tl.load(x_ptrs), tl.load(x_ptrs + 1), tl.load(x_ptrs + 2), tl.load(x_ptrs + 3), tl.load(x_ptrs + 4),
+          tl.load(x_ptrs + 5), tl.load(x_ptrs + 6), tl.load(x_ptrs + 7))
+    return wa, wb, za, sa, zb, sb, xs
+
+
+@triton.jit
+def _gemv_step(step, acc_a, acc_b, one):
+    """acc_h += sum_j x_j (q_j - z) s over one K step's word rows, both halves (_int4_gemv_kernel)."""
+    wa, wb, za, sa, zb, sb, xs = step
+    x0 = xs[0].to(tl.float32)
+    x1 = xs[1].to(tl.float32)
+    x2 = xs[2].to(tl.float32)
+    x3 = xs[3].to(tl.float32)
+    x4 = xs[4].to(tl.float32)
+    x5 = xs[5].to(tl.float32)
+    x6 = xs[6].to(tl.float32)
+    x7 = xs[7].to(tl.float32)
+    x_hi = (x0 + x2) + (x4 + x6) + x7  # the nibbles at bits 19..22
+    x_lo = (x1 + x3) + x5  # ... at bits 15..18: their x' = 16 x
+    x_sum = x_hi + x_lo  # [BLOCK_K/8]: sum_j x_j of each word row
+    x_off = x_hi + 16.0 * x_lo  # sum_j x'_j: what the offsets (the 1 of every f) add to t
+    terms = (x0[:, None], 16.0 * x1[:, None], x2[:, None], 16.0 * x3[:, None], x4[:, None], 16.0 * x5[:, None],
+             x6[:, None], x7[:, None])
+    ta = _gemv_word_terms(wa, terms, -x_off[:, None], one)  # sum_j x_j q_j / 16
+    tb = _gemv_word_terms(wb, terms, -x_off[:, None], one)
+    za = za.to(tl.float32)
+    sa = sa.to(tl.float32)
+    zb = zb.to(tl.float32)
+    sb = sb.to(tl.float32)
+    acc_a += ta * (16.0 * sa)[None, :] - x_sum[:, None] * (sa * za)[None, :]  # sum_j x_j (q_j - z) s
+    acc_b += tb * (16.0 * sb)[None, :] - x_sum[:, None] * (sb * zb)[None, :]
+    return acc_a, acc_b
+
+
+@triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr, N, K, K_SPLIT, G, one,
                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                      EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr):
-    """One row (GEMV): y = x @ W^T with about three instructions per weight. A K step lies in one group (G %
-    BLOCK_K == 0) and K in whole steps. Nibble j of a word is moved to bits 19..22 (one shift) and or-ed
-    under 1.0's exponent (one LOP3: mask and or): read as float32 that is f = 1 + q / 16, exactly; then one
-    FFMA, t += f * x. Per K step and word row, sum_j x_j (q_j - z) s = 16 s (t - (1 + z / 16) sum_j x_j):
-    the offset 1 is of q / 16's size, so taking it away loses a few bits of float32, not 23 as 2^23 + q
-    would (module docstring: the magic numbers)."""
+                      EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr):
+    """One row (GEMV), K steps inside one group (G % BLOCK_K == 0): y = x @ W^T at about four instructions per
+    weight in the sm_90 SASS (the multiply-add tile above: about ten), so that it can stream the weight rather
+    than wait on the issue slots. Per word, _gemv_word_terms: five shifts put each of its 8 nibbles at bits
+    19..22 or 15..18 of some shifted copy, and one LOP3 each (mask, or 1.0's exponent) reads it as float32
+    f = 1 + q / 16 or 1 + q / 256 exactly, then one FFMA, t += f * x' (x' = 16 x for the second kind). Per
+    word row, t starts at -sum_j x'_j, so t = sum_j x_j q_j / 16, and sum_j x_j (q_j - z) s = 16 s t -
+    s z sum_j x_j: the offsets taken away are of q's own size (at most 16x), a few bits of float32, not
+    the 23 that 2^23 + q would cost. Each program's columns come as two halves that share every x value a
+    thread loads and converts. PREFETCH loads the next step's operands into registers before this step's
+    arithmetic (the last step of a split loads K's last step again, unused, instead of masking)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     HALF: tl.constexpr = BLOCK_N // 2
@@ -301,42 +353,23 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
     b_mask = offs_b < N
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    a_ptrs = qw_ptr + (k_lo // 8 + offs_r)[:, None] * N + offs_a[None, :]  # [BLOCK_K/8, HALF]
-    x_ptrs = x_ptr + k_lo + 8 * offs_r  # [BLOCK_K/8]: x[8r], the first K of each word row
     acc_a = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
-    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-        if EVEN_N:
-            wa = tl.load(a_ptrs)
-            wb = tl.load(a_ptrs + HALF)
-        else:
-            wa = tl.load(a_ptrs, mask=a_mask[None, :], other=0)
-            wb = tl.load(a_ptrs + HALF, mask=b_mask[None, :], other=0)
-        ga = (k0 // G) * N + offs_a  # the step's group (G % BLOCK_K == 0)
-        za = tl.load(zeros_ptr + ga, mask=a_mask, other=0.0).to(tl.float32)
-        sa = tl.load(scales_ptr + ga, mask=a_mask, other=0.0).to(tl.float32)
-        zb = tl.load(zeros_ptr + ga + HALF, mask=b_mask, other=0.0).to(tl.float32)
-        sb = tl.load(scales_ptr + ga + HALF, mask=b_mask, other=0.0).to(tl.float32)
-        x0 = tl.load(x_ptrs).to(tl.float32)
-        x1 = tl.load(x_ptrs + 1).to(tl.float32)
-        x2 = tl.load(x_ptrs + 2).to(tl.float32)
-        x3 = tl.load(x_ptrs + 3).to(tl.float32)
-        x4 = tl.load(x_ptrs + 4).to(tl.float32)
-        x5 = tl.load(x_ptrs + 5).to(tl.float32)
-        x6 = tl.load(x_ptrs + 6).to(tl.float32)
-        x7 = tl.load(x_ptrs + 7).to(tl.float32)
-        x_hi = (x0 + x2) + (x4 + x6) + x7  # the nibbles at bits 19..22
-        x_lo = (x1 + x3) + x5  # ... at bits 15..18: their x' = 16 x
-        x_sum = x_hi + x_lo  # [BLOCK_K/8]: sum_j x_j of each word row
-        x_off = x_hi + 16.0 * x_lo  # sum_j x'_j: what the offsets (the 1 of every f) add to t
-        xs = (x0[:, None], 16.0 * x1[:, None], x2[:, None], 16.0 * x3[:, None], x4[:, None], 16.0 * x5[:, None],
-              x6[:, None], x7[:, None])
-        ta = _gemv_word_terms(wa, xs, -x_off[:, None], one)  # sum_j x_j q_j / 16
-        tb = _gemv_word_terms(wb, xs, -x_off[:, None], one)
-        acc_a += ta * (16.0 * sa)[None, :] - x_sum[:, None] * (sa * za)[None, :]  # sum_j x_j (q_j - z) s
-        acc_b += tb * (16.0 * sb)[None, :] - x_sum[:, None] * (sb * zb)[None, :]
-        a_ptrs += (BLOCK_K // 8) * N
-        x_ptrs += BLOCK_K
+    if PREFETCH:  # the next step's words, scales, zeros and x are loaded before this step's arithmetic
+        step = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k_lo, G, N, offs_a, offs_r, a_mask, b_mask,
+                                HALF)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            # after a split's last step: a step that exists (K's last), loaded and not used, instead of masks
+            k_next = tl.minimum(k0 + BLOCK_K, K - BLOCK_K)
+            following = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k_next, G, N, offs_a, offs_r,
+                                         a_mask, b_mask, HALF)
+            acc_a, acc_b = _gemv_step(step, acc_a, acc_b, one)
+            step = following
+    else:
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+            step = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k0, G, N, offs_a, offs_r, a_mask,
+                                    b_mask, HALF)
+            acc_a, acc_b = _gemv_step(step, acc_a, acc_b, one)
     out = tl.reshape(tl.permute(tl.join(tl.sum(acc_a, 0), tl.sum(acc_b, 0)), (1, 0)), (1, BLOCK_N))
     offs_m = tl.arange(0, 1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -408,7 +441,8 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
             out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
             n, k, plan.k_split, group_size, ONE_BITS, HAS_BIAS=bias is not None, BLOCK_N=config["BLOCK_N"],
             BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, EVEN_N=n % config["BLOCK_N"] == 0,
-            NUM_STAGES=config["num_stages"], num_warps=config["num_warps"], num_stages=config["num_stages"])
+            NUM_STAGES=config["num_stages"], PREFETCH=config.get("PREFETCH", False), num_warps=config["num_warps"],
+            num_stages=config["num_stages"])
         return out
     _int4_matmul_kernel[plan.grid](
         x, qweight, scales, zeros, scales if bias is None else bias, out,
