@@ -53,28 +53,28 @@ from graphllm.kernels.quant_layout import INT4_PACK, check_int4_shape, int4_line
 from graphllm.kernels.skinny_matmul import finish_tile
 
 # (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25 (4 and 16 rows:
-# the nibble-pair sweep of the twelfth session, qsweep-pairs; one row: the GEMV sweep of 2026-11-28, qsweep-int4)
+# the nibble-pair sweep of the twelfth session, qsweep-pairs; one row: the third GEMV sweep of 2026-11-28, qsweep-int4)
 # (Llama-3-8B shapes, G = 128), up to 16 rows (past that graphllm.int4_linear dequantizes for cuBLAS)
 CONFIGS: dict[tuple[int, int, int], dict] = {
-    (1, 4096, 4096): {'BLOCK_M': 1, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 2, 'GEMV': True, 'num_stages': 1, 'SPLIT_K': 16},
+    (1, 4096, 4096): {'BLOCK_M': 1, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'GEMV': True, 'num_stages': 1, 'PREFETCH': False, 'SPLIT_K': 16},
     (2, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'SWAP_AB': True, 'SPLIT_K': 4},  # rounds W to bf16
     (4, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 256, 'num_warps': 4, 'num_stages': 3, 'SWAP_AB': True, 'SPLIT_K': 4},  # rounds W to bf16
     (8, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'SWAP_AB': False, 'SPLIT_K': 8},
     (16, 4096, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'PAIRS': 1, 'SWAP_AB': True, 'SPLIT_K': 4},
-    (1, 4096, 14336): {'BLOCK_M': 1, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 2, 'GEMV': True, 'num_stages': 1, 'SPLIT_K': 16},
+    (1, 4096, 14336): {'BLOCK_M': 1, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 2, 'GEMV': True, 'num_stages': 1, 'PREFETCH': True, 'SPLIT_K': 16},
     (2, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'SWAP_AB': False, 'SPLIT_K': 8},
     (4, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'SWAP_AB': False, 'SPLIT_K': 8},
     (8, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'SWAP_AB': False, 'SPLIT_K': 8},
     (16, 4096, 14336): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'SWAP_AB': False, 'SPLIT_K': 8},
-    (1, 6144, 4096): {'BLOCK_M': 1, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 2, 'GEMV': True, 'num_stages': 1, 'SPLIT_K': 16},
+    (1, 6144, 4096): {'BLOCK_M': 1, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'GEMV': True, 'num_stages': 1, 'PREFETCH': False, 'SPLIT_K': 16},
     (4, 6144, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'PAIRS': 2, 'SWAP_AB': False, 'SPLIT_K': 8},
     (16, 6144, 4096): {'BLOCK_M': 16, 'BLOCK_N': 64, 'BLOCK_K': 128, 'num_warps': 4, 'num_stages': 4, 'PAIRS': 1, 'SWAP_AB': True, 'SPLIT_K': 4},
-    (1, 28672, 4096): {'BLOCK_M': 1, 'BLOCK_N': 512, 'BLOCK_K': 64, 'num_warps': 4, 'GEMV': True, 'num_stages': 3, 'SPLIT_K': 16},
+    (1, 28672, 4096): {'BLOCK_M': 1, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'GEMV': True, 'num_stages': 1, 'PREFETCH': True, 'SPLIT_K': 4},
     (2, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': False, 'SPLIT_K': 4},
     (4, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 256, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3, 'PAIRS': 2, 'SWAP_AB': False, 'SPLIT_K': 2},
     (8, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': False, 'SPLIT_K': 4},
     (16, 28672, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': False, 'SPLIT_K': 4},
-    (1, 128256, 4096): {'BLOCK_M': 1, 'BLOCK_N': 512, 'BLOCK_K': 64, 'num_warps': 4, 'GEMV': True, 'num_stages': 3, 'SPLIT_K': 4},
+    (1, 128256, 4096): {'BLOCK_M': 1, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'GEMV': True, 'num_stages': 1, 'PREFETCH': False, 'SPLIT_K': 4},
     (2, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': True, 'SPLIT_K': 4},
     (4, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 256, 'BLOCK_K': 128, 'num_warps': 8, 'num_stages': 3, 'PAIRS': 2, 'SWAP_AB': False, 'SPLIT_K': 1},
     (8, 128256, 4096): {'BLOCK_M': 16, 'BLOCK_N': 128, 'BLOCK_K': 64, 'num_warps': 4, 'num_stages': 5, 'SWAP_AB': True, 'SPLIT_K': 4},
