@@ -30,7 +30,8 @@
 #              qsweep-fp8q  the prequantized fp8 path alone, M 1..16; qsweep-int4  int4 alone at M 1, then its
 #              best configs written into int4_matmul.CONFIGS on the device's copy (apply_sweep_configs.py), so
 #              that later stages of the same call (qlat-int4) run them; qsweep-pairs  the same at 1, 4 and 16 rows
-#              with the nibble-pair dot tiles first; qtests-int4  the int4 kernel tests
+#              with the nibble-pair dot tiles first; qtests-int4  the int4 kernel tests; ncu-quant  hardware
+#              counters (stall reasons, DRAM and issue use) of the int4 and fp8 kernels at the 8B shapes
 #   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests;
 #              qtests-fp8  the fp8 ones alone
 #   qlat-S     bench latency at batch 1 and 16 with --quantization S (none: bf16), the same limits and artifact cache;
@@ -203,6 +204,11 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     qsweep-pairs) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-pairs.json" 240 int4 1,4,16 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-pairs.json" int4 \
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
+    ncu-quant) N=$(python3 benchmarks/ncu_quant.py count); timeout 300 ncu \
+        --clock-control none --csv -k "regex:_int4|_fp8_matmul" --launch-skip "$N" --launch-count "$N" \
+        --metrics "$(python3 benchmarks/ncu_quant.py metrics)" python3 benchmarks/ncu_quant.py launch \
+        > "$OUT/r/ncu-quant.csv" 2> "$OUT/r/ncu-quant.err"; tail -5 "$OUT/r/ncu-quant.err"
+        python3 benchmarks/ncu_quant.py table "$OUT/r/ncu-quant.csv" | tee "$OUT/r/ncu-quant.txt" ;;
     qtests-int4) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py ;;
     qsweep-fp8q) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-fp8q.json" 240 fp8q 1,2,4,8,16 ;;
