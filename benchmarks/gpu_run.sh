@@ -30,7 +30,8 @@
 #              qsweep-fp8q  the prequantized fp8 path alone, M 1..16; qsweep-int4  int4 alone at M 1, then its
 #              best configs written into int4_matmul.CONFIGS on the device's copy (apply_sweep_configs.py), so
 #              that later stages of the same call (qlat-int4) run them; qsweep-pairs  the same at 1, 4 and 16 rows
-#              with the nibble-pair dot tiles first; qtests-int4  the int4 kernel tests; ncu-quant  hardware
+#              with the nibble-pair dot tiles first; qsweep-int4-16  the same at 16 rows (batch 16's bucket);
+#              qtests-int4  the int4 kernel tests; ncu-quant  hardware
 #              counters (stall reasons, DRAM and issue use) of the int4 and fp8 kernels at the 8B shapes
 #   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests;
 #              qtests-fp8  the fp8 ones alone
@@ -201,6 +202,9 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     moe-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_fused_moe.py tests/kernels/test_moe_*.py tests/ops/test_moe.py tests/gpu/test_cuda_graphs.py \
         tests/passes/test_quantize_fp8_experts.py tests/models/test_moe.py -k "moe or mixtral or fp8" ;;
+    qsweep-int4-16) timeout 420 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$stage.json" 270 int4 16 \
+        && python3 benchmarks/apply_sweep_configs.py "$OUT/r/$stage.json" int4 \
+        && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
     qsweep-pairs) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-pairs.json" 240 int4 1,4,16 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-pairs.json" int4 \
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
