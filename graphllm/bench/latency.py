@@ -70,7 +70,8 @@ def decode_weight_bytes(model_dir: Path, dtype: torch.dtype | None) -> dict:
     The input embedding is a gather of B rows, not a read of the matrix; tied embeddings (no
     lm_head.weight in the folder) are read whole by the LM head, so they count. A mixture-of-experts
     model's token reads only the experts it routes to: expert tensors (".experts." in the name, stacked
-    or one per expert) count at num_experts_per_tok / num_experts, the bytes of one sequence's step.
+    or one per expert) count at num_experts_per_tok / num_experts (n_routed_experts: DeepSeek), the bytes of one
+    sequence's step; DeepSeek's shared experts (".shared_experts.") are read whole.
     """
     entries = safetensors_entries(model_dir)
     numel = {name: math.prod(e["shape"]) for name, e in entries.items()}
@@ -79,7 +80,7 @@ def decode_weight_bytes(model_dir: Path, dtype: torch.dtype | None) -> dict:
     embed = [name for name in entries if name.endswith("embed_tokens.weight")]
     read = [name for name in entries if tied or name not in embed]
     hf = json.loads((model_dir / "config.json").read_text())
-    experts = hf.get("num_experts") or hf.get("num_local_experts")
+    experts = hf.get("num_experts") or hf.get("num_local_experts") or hf.get("n_routed_experts")  # DeepSeek's name
     routed = hf["num_experts_per_tok"] / experts if experts else 1.0
     share = {name: routed if ".experts." in name else 1.0 for name in read}
     return {"parameters": sum(numel.values()), "decode_read_parameters": round(sum(numel[n] * share[n] for n in read)),

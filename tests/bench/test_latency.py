@@ -91,13 +91,16 @@ def test_batch_larger_than_max_num_seqs_is_an_error(tiny_model_dir, tmp_path, ca
     assert code == 2 and "--max-num-seqs" in capsys.readouterr().err
 
 
-def test_a_moe_token_reads_only_the_experts_it_routes_to(tiny_model_dir):
+@pytest.mark.parametrize("arch, experts_field", [("mixtral", "num_local_experts"), ("qwen3_moe", "num_experts"),
+                                                  ("deepseek_v2", "n_routed_experts")])
+def test_a_moe_token_reads_only_the_experts_it_routes_to(tiny_model_dir, arch, experts_field):
     import torch
-    path, hf = tiny_model_dir("mixtral")
+    path, hf = tiny_model_dir(arch)
     params = {name: p.numel() for name, p in hf.named_parameters()}
-    experts = sum(n for name, n in params.items() if ".experts." in name)
+    experts = sum(n for name, n in params.items() if ".experts." in name)  # DeepSeek's shared_experts: read whole
+    assert experts and (arch != "deepseek_v2" or any(".shared_experts." in name for name in params))
     dense = sum(params.values()) - experts - params["model.embed_tokens.weight"]
-    routed = hf.config.num_experts_per_tok / hf.config.num_local_experts
+    routed = hf.config.num_experts_per_tok / getattr(hf.config, experts_field)
     counted = decode_weight_bytes(path, torch.bfloat16)
     assert counted["routed_expert_share"] == routed < 1
     assert counted["decode_read_bytes"] == round(2 * (dense + experts * routed))
