@@ -66,6 +66,7 @@
 #              famnp-P  the same compiled with --no-linear-prologue (the A/B of the prologue fusions: Gemma's
 #              norms and GeGLU); fam12-P  the same with 12 of its layers (deepseek-v2-lite: preset and artifact of all 27 would not fit
 #              the disk together)
+#   famprof-P  (issue 20) bench latency --profile at batch 1 of preset P: its step's kernel table
 #   spec-prof  (issue 21) bench spec --profile at batch 1, k = 4: kernel tables of plain and verify steps
 #   spec-vk    (issue 21) spec-prof's bench with the verify attention kernel switched on (TritonBackend.verify_kernel),
 #              under a 240 s timeout: run it under benchmarks/memwatch.sh, on a fresh disk (three calls that ran the
@@ -253,6 +254,8 @@ from graphllm.cli.main import main; sys.exit(main(sys.argv[1:]))" bench spec --p
         --json "$OUT/r/$stage.json" ;;
     spec-long) bench spec --preset llama-3-8b --batch-sizes 1,8 --num-speculative-tokens 4 --acceptance-rates 1.0,0.6 \
         --input-len 1900 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    famprof-*) bench latency --preset "${stage#famprof-}" --batch-sizes 1 --input-len 128 --output-len 64 $LIMITS \
+        --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     fam-*) bench latency --preset "${stage#fam-}" --batch-sizes 1,8 --input-len 128 --output-len 256 $LIMITS --work $WORK \
         --json "$OUT/r/$stage.json" ;;
     so-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
