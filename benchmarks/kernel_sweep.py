@@ -1,6 +1,6 @@
 """GPU microbenchmarks of graphllm's decode kernels at the Llama-3-8B shapes (H200 runs).
 
-    python benchmarks/kernel_sweep.py OUT.json [matmul] [matmul8] [attention] [mixed] [prologue] [chain]
+    python benchmarks/kernel_sweep.py OUT.json [matmul] [matmul8] [attention] [attention-gemma] [mixed] [prologue-gemma] [prologue] [chain]
 
 matmul: skinny_matmul against cuBLAS (F.linear) for each projection at M = 1, 8, 16, over a grid
 of tile configs (the best and default_config's are reported), plus cuBLAS at M = 128, 256.
@@ -9,11 +9,13 @@ against the two-stage argmax_rows.
 matmul8: skinny_matmul against cuBLAS for qkv, o_proj, down, gate_up at M = 8, over a grid with
 K splits (SPLIT_K 1, 2, 4, 8): default_config's, the best, and the best per SPLIT_K.
 attention: paged_decode_attention at batch x context sizes, default splits and forced ones, and
-the default splits over a float8_e4m3fn copy of the cache (half the bytes).
+the default splits over a float8_e4m3fn copy of the cache (half the bytes). attention-gemma: Gemma 2's heads
+(256 wide, group 2, soft cap 50) at batch 1 and 8, splits x 4 / 8 warps.
 mixed: one-token rows through paged_prefill_attention (as in a mixed step) against the decode kernel.
 prologue: each decode linear with the op before it (add_rms_norm, silu_mul or none) as the engine ran it
 before linear_prologue (row kernel, then graphllm.linear's routing) against one skinny_matmul launch
-with that prologue, default config and the best of a grid with K splits, at M = 1, 8, 16.
+with that prologue, default config and the best of a grid with K splits, at M = 1, 8, 16; prologue-gemma: the
+same at one row for Gemma 2 9B's shapes (GeGLU before down).
 chain: CHAIN_LAYERS decoder layers' linears back to back (norm, qkv, o_proj, norm, gate_up, SwiGLU,
 down, each on its own weights), unfused and through the fused ops: what the kernel boundaries
 cost inside a graph. (The run of 2026-11-21 also tried programmatic dependent launch, with and
@@ -36,7 +38,7 @@ import triton
 from graphllm.kernels.paged_decode_attention import default_num_splits, paged_decode_attention
 from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
 from graphllm.kernels.rms_norm import rms_norm
-from graphllm.kernels.silu_and_mul import silu_and_mul
+from graphllm.kernels.silu_and_mul import gelu_tanh_and_mul, silu_and_mul
 from graphllm.kernels.skinny_matmul import default_config, rms_norm_matmul, silu_mul_matmul, skinny_matmul
 from graphllm.ops.linear import add_rms_norm_linear, linear, silu_and_mul_linear
 
@@ -132,6 +134,9 @@ def prologue_calls(prologue: str, x, residual, norm_w, config=None):
                 lambda w: rms_norm_matmul(x, norm_w, 1e-5, w, residual=residual, config=config)[0])
     if prologue == "silu_mul":
         return lambda w: linear(silu_and_mul(x), w), lambda w: silu_mul_matmul(x, w, config=config)
+    if prologue == "gelu_mul":
+        return (lambda w: linear(gelu_tanh_and_mul(x), w),
+                lambda w: silu_mul_matmul(x, w, config=config, gelu=True))
     return lambda w: linear(x, w), lambda w: skinny_matmul(x, w, config=config)
 
 
@@ -176,14 +181,19 @@ def sweep_matmul8() -> list[dict]:
     return rows
 
 
-def sweep_prologue() -> list[dict]:
+GEMMA2_SHAPES = {"qkv": (8192, 3584), "o_proj": (3584, 4096), "gate_up": (28672, 3584), "down": (3584, 14336),
+                 "lm_head": (256000, 3584)}  # Gemma 2 9B: part prologue-gemma, one row
+GEMMA2_PROLOGUE_OF = dict(PROLOGUE_OF, down="gelu_mul")
+
+
+def sweep_prologue(shapes=SHAPES, prologue_of=PROLOGUE_OF, rows_m=(1, 8, 16)) -> list[dict]:
     rows = []
-    for name, (n, k) in SHAPES.items():
-        prologue = PROLOGUE_OF[name]
+    for name, (n, k) in shapes.items():
+        prologue = prologue_of[name]
         weights = streamed_weights(n, k)
         nbytes = n * k * 2
-        for m in (1, 8, 16):
-            x = torch.randn(m, 2 * k if prologue == "silu_mul" else k, device="cuda", dtype=DTYPE)
+        for m in rows_m:
+            x = torch.randn(m, 2 * k if prologue in ("silu_mul", "gelu_mul") else k, device="cuda", dtype=DTYPE)
             residual, norm_w = torch.randn(m, k, device="cuda", dtype=DTYPE), 1 + torch.randn(k, device="cuda", dtype=DTYPE) / 4
             unfused, fused = prologue_calls(prologue, x, residual, norm_w)
             ref = unfused(weights[0]).float()
@@ -246,9 +256,10 @@ def sweep_chain() -> list[dict]:
 
 
 HQ, HKV, HEAD_DIM, BLOCK_SIZE, TABLE_WIDTH = 32, 8, 128, 16, 2048 // 16  # the 8B shape, max_model_len 2048
+GEMMA2_HEADS = dict(HQ=16, HKV=8, HEAD_DIM=256, SOFTCAP=50.0)  # Gemma 2 9B: attention part attention-gemma
 
 
-def paged_decode_inputs(batch: int, ctx: int) -> tuple:
+def paged_decode_inputs(batch: int, ctx: int, HQ=HQ, HKV=HKV, HEAD_DIM=HEAD_DIM) -> tuple:  # noqa: N803
     """(KV caches, enough layers of them to stream from HBM, block tables [B, TABLE_WIDTH] over
     shuffled pages, seq_lens, q [B, HQ, D], KV bytes one call must read) for `batch` sequences of `ctx` tokens."""
     pages = triton.cdiv(ctx, BLOCK_SIZE)
@@ -284,6 +295,27 @@ def sweep_attention() -> list[dict]:
         row["fp8_default_us"] = s * 1e6
         row["fp8_tb_s"] = kv_bytes / 2 / s / 1e12
         del fp8_caches
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del caches
+        torch.cuda.empty_cache()
+    return rows
+
+
+def sweep_attention_heads(HQ, HKV, HEAD_DIM, SOFTCAP) -> list[dict]:  # noqa: N803
+    """Decode attention at batch 1 and 8 for another head shape (Gemma 2's: 256-wide heads, group 2, soft cap):
+    the default splits against forced ones, 4 and 8 warps."""
+    rows, scale = [], HEAD_DIM ** -0.5
+    block_n = 64 if HEAD_DIM <= 128 else 32  # paged_decode_attention's
+    for batch, ctx in [(1, 128), (1, 256), (1, 512), (1, 1024), (8, 256), (8, 512)]:
+        caches, tables, lens, q, kv_bytes = paged_decode_inputs(batch, ctx, HQ, HKV, HEAD_DIM)
+        default = default_num_splits(batch, HKV, tables.shape[1] * BLOCK_SIZE, block_n, q.device)
+        row = {"heads": [HQ, HKV, HEAD_DIM], "softcap": SOFTCAP, "batch": batch, "context": ctx,
+               "kv_mb": kv_bytes / 1e6, "default_splits": default}
+        for splits, warps in itertools.product(sorted({default, 1, 2, 4, 8, 16}), (4, 8)):
+            s = graph_seconds([lambda c=c, n=splits, w=warps: paged_decode_attention(
+                q, c[0], c[1], tables, lens, scale, 0, n, num_warps=w, logit_softcap=SOFTCAP) for c in caches])
+            row[f"splits{splits}_w{warps}_us"] = s * 1e6
         rows.append(row)
         print(json.dumps(row), flush=True)
         del caches
@@ -338,12 +370,16 @@ def main() -> None:
         report["matmul8"] = sweep_matmul8()
     if "attention" in parts:
         report["attention"] = sweep_attention()
+    if "attention-gemma" in parts:
+        report["attention_gemma"] = sweep_attention_heads(**GEMMA2_HEADS)
     if "argmax" in parts:
         report["argmax"] = sweep_argmax()
     if "mixed" in parts:
         report["mixed"] = sweep_mixed()
     if "prologue" in parts:
         report["prologue"] = sweep_prologue()
+    if "prologue-gemma" in parts:
+        report["prologue_gemma"] = sweep_prologue(GEMMA2_SHAPES, GEMMA2_PROLOGUE_OF, (1,))
     if "chain" in parts:
         report["chain"] = sweep_chain()
     with open(out, "w") as f:
