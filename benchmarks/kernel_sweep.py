@@ -1,6 +1,6 @@
 """GPU microbenchmarks of graphllm's decode kernels at the Llama-3-8B shapes (H200 runs).
 
-    python benchmarks/kernel_sweep.py OUT.json [matmul] [matmul8] [attention] [attention-gemma] [mixed] [prologue-gemma] [prologue] [chain]
+    python benchmarks/kernel_sweep.py OUT.json [matmul] [matmul8] [attention] [attention-gemma] [mixed] [prologue-FAMILY] [prologue] [chain]
 
 matmul: skinny_matmul against cuBLAS (F.linear) for each projection at M = 1, 8, 16, over a grid
 of tile configs (the best and default_config's are reported), plus cuBLAS at M = 128, 256.
@@ -15,7 +15,7 @@ mixed: one-token rows through paged_prefill_attention (as in a mixed step) again
 prologue: each decode linear with the op before it (add_rms_norm, silu_mul or none) as the engine ran it
 before linear_prologue (row kernel, then graphllm.linear's routing) against one skinny_matmul launch
 with that prologue, default config and the best of a grid with K splits, at M = 1, 8, 16; prologue-gemma: the
-same at one row for Gemma 2 9B's shapes (GeGLU before down).
+same at one row for a family preset's shapes (FAMILY_SHAPES: gemma, phi3, olmo2).
 chain: CHAIN_LAYERS decoder layers' linears back to back (norm, qkv, o_proj, norm, gate_up, SwiGLU,
 down, each on its own weights), unfused and through the fused ops: what the kernel boundaries
 cost inside a graph. (The run of 2026-11-21 also tried programmatic dependent launch, with and
@@ -181,12 +181,20 @@ def sweep_matmul8() -> list[dict]:
     return rows
 
 
-GEMMA2_SHAPES = {"qkv": (8192, 3584), "o_proj": (3584, 4096), "gate_up": (28672, 3584), "down": (3584, 14336),
-                 "lm_head": (256000, 3584)}  # Gemma 2 9B: part prologue-gemma, one row
-GEMMA2_PROLOGUE_OF = dict(PROLOGUE_OF, down="gelu_mul")
+# part prologue-FAMILY: the fused decode linears at one row of a family preset's shapes, with the prologue each
+# takes in the engine (OLMo 2 normalises after attention and the MLP: its qkv and gate_up have none)
+FAMILY_SHAPES = {
+    "gemma": ({"qkv": (8192, 3584), "o_proj": (3584, 4096), "gate_up": (28672, 3584), "down": (3584, 14336),
+               "lm_head": (256000, 3584)}, dict(PROLOGUE_OF, down="gelu_mul")),  # Gemma 2 9B
+    "phi3": ({"qkv": (9216, 3072), "o_proj": (3072, 3072), "gate_up": (16384, 3072), "down": (3072, 8192),
+              "lm_head": (32064, 3072)}, PROLOGUE_OF),  # Phi-3-mini
+    "olmo2": ({"qkv": (12288, 4096), "o_proj": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008),
+               "lm_head": (100352, 4096)}, dict(PROLOGUE_OF, qkv="none", gate_up="none")),  # OLMo 2 7B
+}
 
 
-def sweep_prologue(shapes=SHAPES, prologue_of=PROLOGUE_OF, rows_m=(1, 8, 16)) -> list[dict]:
+def sweep_prologue(shapes=SHAPES, prologue_of=PROLOGUE_OF, rows_m=(1, 8, 16),
+                   configs=prologue_configs) -> list[dict]:
     rows = []
     for name, (n, k) in shapes.items():
         prologue = prologue_of[name]
@@ -200,7 +208,7 @@ def sweep_prologue(shapes=SHAPES, prologue_of=PROLOGUE_OF, rows_m=(1, 8, 16)) ->
             before = graph_seconds([lambda w=w: unfused(w) for w in weights])
             default = default_config(m, n, k, x.device)
             timings = time_configs(lambda c: prologue_calls(prologue, x, residual, norm_w, c)[1],
-                                   [default, *(prologue_configs() if m < 16 else ())], weights, ref, (name, m))
+                                   [default, *(configs() if m < 16 else ())], weights, ref, (name, m))
             best_s, best = min(timings, key=lambda t: t[0])
             row = {"shape": name, "prologue": prologue, "m": m, "n": n, "k": k, "before_us": before * 1e6,
                    "default_us": timings[0][0] * 1e6, "default_config": default, "best_us": best_s * 1e6,
@@ -378,8 +386,10 @@ def main() -> None:
         report["mixed"] = sweep_mixed()
     if "prologue" in parts:
         report["prologue"] = sweep_prologue()
-    if "prologue-gemma" in parts:
-        report["prologue_gemma"] = sweep_prologue(GEMMA2_SHAPES, GEMMA2_PROLOGUE_OF, (1,))
+    for family, (shapes, prologue_of) in FAMILY_SHAPES.items():
+        if f"prologue-{family}" in parts:  # one row, 4 warps (8 never won at one row)
+            report[f"prologue_{family}"] = sweep_prologue(shapes, prologue_of, (1,), lambda: (
+                c for c in prologue_configs() if c["num_warps"] == 4))
     if "chain" in parts:
         report["chain"] = sweep_chain()
     with open(out, "w") as f:

@@ -71,7 +71,7 @@ def _sm_count(device: torch.device) -> int:
 
 
 def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: int,
-                       device: torch.device) -> int:
+                       device: torch.device, latency_splits: int = LATENCY_SPLITS) -> int:
     """Splits of the keys per (sequence, KV head), from shapes only (no host sync, CUDA-graph safe).
 
     Enough splits for about FULL_WAVES programs per SM, at most MAX_SPLITS; LATENCY_SPLITS when
@@ -80,16 +80,31 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: 
     (132 SMs), 8 KV heads, max_tokens 2048 (kernel_sweep attention, split kernel + merge kernel,
     us per call): batch 1 ctx 256 4 splits 5.98 against 8 splits 6.77 and 2 splits 7.8; batch 8
     ctx 512 8 splits 11.9 against 5 splits 13.2, 4 splits 12.9 and 16 splits 14.6; batch 32
-    ctx 1024 2 splits best; batch >= 128 1 split (4.0-4.26 TB/s).
+    ctx 1024 2 splits best; batch >= 128 1 split (4.0-4.26 TB/s). latency_splits: in place of LATENCY_SPLITS
+    (paged_decode_attention gives 256-wide heads, whose tiles hold half the keys, 8: Gemma 2's heads at batch 1,
+    kernel_sweep attention-gemma 2026-11-29, ctx 256 8 splits 6.9 us against 4 splits 8.7, ctx 512 9.1 against
+    12.9, ctx 128 a tie at 6.6).
     """
     programs = batch * num_kv_heads
     sms = _sm_count(device)
     if programs * MAX_SPLITS < sms:
-        splits = LATENCY_SPLITS
+        splits = latency_splits
     else:
         splits = min(MAX_SPLITS, FULL_WAVES * sms // programs)
     cap = triton.cdiv(max_tokens, block_n * MIN_TILES_PER_SPLIT)
     return max(1, min(splits, cap))
+
+
+def decode_block_n(head_dim: int) -> int:
+    """Keys per tile of _decode_split_kernel: 64, or 32 for heads wider than 128 (registers)."""
+    return 64 if head_dim <= 128 else 32
+
+
+def decode_num_splits(batch: int, num_kv_heads: int, max_tokens: int, head_dim: int, device: torch.device) -> int:
+    """paged_decode_attention's default splits: default_num_splits with LATENCY_SPLITS scaled to the tile, so
+    that a split holds as many keys at batch 1 whatever the head width (8 for Gemma 2's 256-wide heads)."""
+    block_n = decode_block_n(head_dim)
+    return default_num_splits(batch, num_kv_heads, max_tokens, block_n, device, LATENCY_SPLITS * 64 // block_n)
 
 
 def split_buffers(q: torch.Tensor, out: torch.Tensor, rows: int, num_heads: int, num_splits: int,
@@ -293,10 +308,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     assert out.shape == q.shape and out.stride(-1) == 1
     if batch == 0 or q.shape[0] == 0:
         return out
-    block_n = 64 if head_dim <= 128 else 32
+    block_n = decode_block_n(head_dim)
     if num_splits is None:
-        num_splits = default_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size,
-                                        block_n, q.device)
+        num_splits = decode_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, head_dim, q.device)
     group = num_heads // num_kv_heads
     direct = num_splits == 1
     part_out, part_lse = split_buffers(q, out, batch, num_heads, num_splits, head_dim)

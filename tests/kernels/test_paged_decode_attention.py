@@ -10,7 +10,7 @@ pytest.importorskip("triton")
 
 import graphllm.kernels.paged_decode_attention as decode_module  # noqa: E402
 from graphllm.kernels.paged_decode_attention import (  # noqa: E402
-    default_num_splits, paged_decode_attention, paged_decode_attention_reference)
+    decode_num_splits, default_num_splits, paged_decode_attention, paged_decode_attention_reference)
 from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
 from tests.kernels.conftest import (  # noqa: E402
     LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
@@ -132,6 +132,16 @@ def test_default_num_splits_fits_the_h200_measurements(monkeypatch):
     device = torch.device("cpu")
     splits = {batch: default_num_splits(batch, 8, 2048, 64, device) for batch in (1, 8, 32, 128, 256)}
     assert splits == {1: 4, 8: 8, 32: 2, 128: 1, 256: 1}
+
+
+def test_wide_heads_split_by_keys_at_batch_one(monkeypatch):
+    """256-wide heads take 32-key tiles: twice the splits at batch 1 (Gemma 2, kernel_sweep attention-gemma),
+    the 8B shape's 4 at 128; batch 8 and up as before."""
+    monkeypatch.setattr(decode_module, "_sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    assert decode_num_splits(1, 8, 2048, 256, cpu) == 8 and decode_num_splits(1, 8, 2048, 128, cpu) == 4
+    assert decode_num_splits(8, 8, 2048, 256, cpu) == default_num_splits(8, 8, 2048, 32, cpu) == 8
+    assert decode_num_splits(1, 8, 64, 256, cpu) == 1  # a short cache still keeps 4 tiles a split
 
 
 def test_default_num_splits_keeps_tiles_per_split():

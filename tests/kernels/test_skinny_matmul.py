@@ -7,8 +7,8 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm.kernels.skinny_matmul import (  # noqa: E402
-    MAX_ROWS, _counters, beats_cublas, default_config, rms_norm_matmul, rms_norm_matmul_reference, silu_mul_matmul,
-    silu_mul_matmul_reference, skinny_matmul, skinny_matmul_reference)
+    CONFIGS, MAX_ROWS, _counters, beats_cublas, default_config, rms_norm_matmul, rms_norm_matmul_reference,
+    silu_mul_matmul, silu_mul_matmul_reference, skinny_matmul, skinny_matmul_reference)
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, assert_close, gpu_only, randn  # noqa: E402
 
 
@@ -91,6 +91,21 @@ def test_silu_mul_prologue(m, dtype, split_k):
 @pytest.mark.parametrize("m", (1, 8))
 def test_default_config_paths(m):
     check(m, 96, 160, LOW_DTYPE, bias=True)
+
+
+def test_measured_shapes_take_their_configs():
+    """CONFIGS' one-row entries (Gemma 2 9B's qkv and o_proj) win over the rule, other row counts keep it, and
+    their tiles (32 x 512 with a norm prologue, 16 x 512) compute the reference on a small weight."""
+    for (m, n, k), config in CONFIGS.items():
+        assert default_config(m, n, k, DEVICE) == config and default_config(8, n, k, DEVICE) != config
+    x, residual = randn((1, 1024), LOW_DTYPE, 3), randn((1, 1024), LOW_DTYPE, 4)
+    norm_w = 1 + randn((1024,), LOW_DTYPE, 5) / 4
+    w = randn((64, 1024), LOW_DTYPE, 6) / 32
+    got, h = rms_norm_matmul(x, norm_w, 1e-6, w, residual=residual, config=CONFIGS[(1, 8192, 3584)])
+    want, want_h = rms_norm_matmul_reference(x, norm_w, 1e-6, w, residual=residual)
+    assert_close(got, want)
+    assert torch.equal(h, want_h)
+    assert_close(skinny_matmul(x, w, config=CONFIGS[(1, 3584, 4096)]), skinny_matmul_reference(x, w))
 
 
 def test_strided_rows():
