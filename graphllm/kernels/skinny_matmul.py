@@ -51,13 +51,24 @@ SMALL_WEIGHT = 1 << 25  # elements: qkv and o_proj of an 8B model, not its MLP
 VOCAB_WIDE = 1 << 16  # output features: a vocabulary
 PROLOGUES = {"none": 0, "rms_norm": 1, "add_rms_norm": 2, "silu_mul": 3, "gelu_mul": 4}
 MAX_COLUMN_TILES = 1 << 16  # split-K counters per device
-# (m, N, K) -> config where a shape's one-row launch measured better than default_config's rule
-# (benchmarks/kernel_sweep.py prologue-gemma, H200, 2026-11-29, fused launches in CUDA-graph replay, us):
+# (m, N, K) -> config where a shape's one-row launch measured better than default_config's rule, each also faster
+# than cuBLAS there, so beats_cublas routes them here (benchmarks/kernel_sweep.py prologue-FAMILY, H200, 2026-11-29,
+# CUDA-graph replay, us: this config against the rule's config / cuBLAS, or the unfused ops for a prologue shape)
 CONFIGS: dict[tuple[int, int, int], dict] = {
-    (1, 8192, 3584): {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},  # Gemma 2 9B
-    # qkv (add_rms_norm prologue): 18.3 against 19.6
-    (1, 3584, 4096): {"BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},  # its o_proj:
-    # 10.5 against 14.6
+    # Gemma 2 9B: qkv (add_rms_norm prologue) 18.3 against 19.6 / 19.1; o_proj 10.5 against 14.6
+    (1, 8192, 3584): {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
+    (1, 3584, 4096): {"BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
+    # Phi-3-mini: o_proj 8.0 against 11.0; gate_up (add_rms_norm) 29.0 against 33.1 / 28.8; down (silu_mul) 16.1
+    # against 16.6; lm_head 47.4 against 51.2 / cuBLAS 50.0
+    (1, 3072, 3072): {"BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
+    (1, 16384, 3072): {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
+    (1, 3072, 8192): {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
+    (1, 32064, 3072): {"BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
+    # OLMo 2 7B (qkv and gate_up without prologues): qkv 26.2 (the rule's config) against cuBLAS 28.1; o_proj
+    # (Llama-3-8B's too) 11.6 against 15.2; down (silu_mul) 26.1 against 30.7 / 28.1
+    (1, 12288, 4096): {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
+    (1, 4096, 4096): {"BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
+    (1, 4096, 11008): {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4},
 }
 
 
@@ -262,10 +273,11 @@ def beats_cublas(m: int, n: int, k: int) -> bool:
     matmul8 at 8 rows, same run, us): square small weights (o_proj 11.8 vs 12.5) and MLP
     up-projections, N >= 4K (gate_up 60.5 vs 62.7). cuBLAS kept qkv at 2-16 rows (15.4 vs 15.6: a
     tie), down (32.3 vs 32.0), gate_up at one row (the fused prologue path takes it there) and
-    everything at 9-16 rows but the vocabulary (not measured)."""
+    everything at 9-16 rows but the vocabulary (not measured). Shapes in CONFIGS were measured faster
+    than cuBLAS with their config (OLMo 2's qkv and Phi-3's lm_head at one row among them)."""
     if not 1 <= m <= MAX_ROWS:
         return False
-    if n >= VOCAB_WIDE:
+    if n >= VOCAB_WIDE or (m, n, k) in CONFIGS:  # CONFIGS: measured faster than cuBLAS too
         return True
     if m == 1:
         return n * k <= SMALL_WEIGHT
