@@ -143,18 +143,21 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
     """Stores out + bias ([BLOCK_M, BLOCK_N] float32, this program's product) in out_ptr's dtype; with
     SPLIT_K > 1 out is one K split's partial, and the program of column tile pid_n that arrives last sums
     all splits' partials in split order (the deterministic scheme of the module docstring). Shared with the
-    quantized siblings (fp8_matmul, int8_matmul, int4_matmul), whose tiles hold offs_m < BLOCK_M when split."""
+    quantized siblings (fp8_matmul, int8_matmul, int4_matmul), whose tiles hold offs_m < BLOCK_M when split;
+    m_mask says which of those rows are real (the partials of the others are neither stored nor read)."""
     if SPLIT_K > 1:
-        # Partial [SPLIT_K, BLOCK_M, N] float32; the last program of this column tile to arrive sums them.
+        # Partial [SPLIT_K, BLOCK_M, N] float32; the last program of this column tile to arrive sums them. Only
+        # the M real rows travel (a 16-row tile at one row would write and read 16x the partial bytes).
+        mn_mask = m_mask[:, None] & n_mask[None, :]
         p_ptrs = partial_ptr + (pid_k * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :]
-        tl.store(p_ptrs, out, mask=n_mask[None, :])
+        tl.store(p_ptrs, out, mask=mn_mask)
         tl.debug_barrier()  # every thread's partial is stored before the count is released
         arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
         if arrived == SPLIT_K - 1:
             out = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
             for s in tl.static_range(SPLIT_K):
                 out += tl.load(partial_ptr + (s * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :],
-                               mask=n_mask[None, :], other=0.0, cache_modifier=".cg")
+                               mask=mn_mask, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
                 out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
