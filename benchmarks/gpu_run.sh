@@ -89,8 +89,15 @@ PCLIMITS="--max-num-seqs 256 --max-model-len 2320 --max-num-batched-tokens 8192"
 bench() { python3 -m graphllm.cli bench "$@"; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/r/nvidia-smi.txt"
 date -u +%FT%TZ | tee "$OUT/r/run.txt"  # the device copy's .git is not the working tree: record the commit where you launch
+free_gb() { df -BG --output=avail /tmp | tail -1 | tr -dc 0-9; }
 for stage in "$@"; do
   start=$(date +%s)
+  # a stage that writes a preset and its artifact needs ~35 GB at the 8B-9B shapes: on a machine that already
+  # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk)
+  case $stage in fam*|latency*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup|moe-*|spec-*)
+    [ "$(free_gb)" -lt 40 ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
+      rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; } ;;
+  esac
   case $stage in
     sweep) timeout 400 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
     sweep-*) timeout 300 python3 benchmarks/kernel_sweep.py "$OUT/r/$stage.json" ${stage#sweep-} ;;
