@@ -1,6 +1,7 @@
 """GPU microbenchmarks of graphllm's decode kernels at the Llama-3-8B shapes (H200 runs).
 
-    python benchmarks/kernel_sweep.py OUT.json [matmul] [matmul8] [attention] [attention-gemma] [mixed] [prologue-FAMILY] [prologue] [chain]
+    python benchmarks/kernel_sweep.py OUT.json [matmul] [matmul8] [attention] [attention-gemma] [mixed]
+        [prologue] [prologue-FAMILY] [chain]
 
 matmul: skinny_matmul against cuBLAS (F.linear) for each projection at M = 1, 8, 16, over a grid
 of tile configs (the best and default_config's are reported), plus cuBLAS at M = 128, 256.
@@ -13,8 +14,9 @@ the default splits over a float8_e4m3fn copy of the cache (half the bytes). atte
 (256 wide, group 2, soft cap 50) at batch 1 and 8, splits x 4 / 8 warps.
 mixed: one-token rows through paged_prefill_attention (as in a mixed step) against the decode kernel.
 prologue: each decode linear with the op before it (add_rms_norm, silu_mul or none) as the engine ran it
-before linear_prologue (row kernel, then graphllm.linear's routing) against one skinny_matmul launch
-with that prologue, default config and the best of a grid with K splits, at M = 1, 8, 16; prologue-gemma: the
+before linear_prologue (row kernel, then graphllm.linear's routing), and cuBLAS alone on the operand (the
+routing follows skinny_matmul.CONFIGS since 2026-11-29), against one skinny_matmul launch
+with that prologue, default config and the best of a grid with K splits, at M = 1, 8, 16; prologue-FAMILY: the
 same at one row for a family preset's shapes (FAMILY_SHAPES: gemma, phi3, olmo2).
 chain: CHAIN_LAYERS decoder layers' linears back to back (norm, qkv, o_proj, norm, gate_up, SwiGLU,
 down, each on its own weights), unfused and through the fused ops: what the kernel boundaries
@@ -140,6 +142,15 @@ def prologue_calls(prologue: str, x, residual, norm_w, config=None):
     return lambda w: linear(x, w), lambda w: skinny_matmul(x, w, config=config)
 
 
+def unfused_operand(prologue: str, x, residual, norm_w):
+    """The matmul operand the prologue makes (computed once, outside the timing): for cuBLAS's own time."""
+    if prologue == "add_rms_norm":
+        return rms_norm(x, norm_w, 1e-5, residual)[0]
+    if prologue in ("silu_mul", "gelu_mul"):
+        return gelu_tanh_and_mul(x) if prologue == "gelu_mul" else silu_and_mul(x)
+    return x
+
+
 def prologue_configs():
     for bn, bk, warps, split in itertools.product((16, 32, 64), (256, 512), (4, 8), (1, 2, 4, 8)):
         yield {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": split, "num_warps": warps, "num_stages": 4}
@@ -206,11 +217,14 @@ def sweep_prologue(shapes=SHAPES, prologue_of=PROLOGUE_OF, rows_m=(1, 8, 16),
             unfused, fused = prologue_calls(prologue, x, residual, norm_w)
             ref = unfused(weights[0]).float()
             before = graph_seconds([lambda w=w: unfused(w) for w in weights])
+            operand = unfused_operand(prologue, x, residual, norm_w)  # cuBLAS itself: `before` follows the routing
+            cublas = graph_seconds([lambda w=w: F.linear(operand, w) for w in weights])
             default = default_config(m, n, k, x.device)
             timings = time_configs(lambda c: prologue_calls(prologue, x, residual, norm_w, c)[1],
                                    [default, *(configs() if m < 16 else ())], weights, ref, (name, m))
             best_s, best = min(timings, key=lambda t: t[0])
             row = {"shape": name, "prologue": prologue, "m": m, "n": n, "k": k, "before_us": before * 1e6,
+                   "cublas_us": cublas * 1e6,
                    "default_us": timings[0][0] * 1e6, "default_config": default, "best_us": best_s * 1e6,
                    "best_config": best, "best_tb_s": nbytes / best_s / 1e12, "default_tb_s": nbytes / timings[0][0] / 1e12}
             rows.append(row)
