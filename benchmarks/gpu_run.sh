@@ -36,7 +36,8 @@
 #   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests;
 #              qtests-fp8  the fp8 ones alone
 #   qlat-S     bench latency at batch 1 and 16 with --quantization S (none: bf16), the same limits and artifact cache;
-#              qlat-S-lmhead: with --quantize-lm-head;  qprof-S  profile-B's kernel table for scheme S (triton)
+#              qlat-S-lmhead: with --quantize-lm-head; qlat-fp8-prologue: fp8 with --fp8-linear-prologue (the A/B
+#              against qlat-fp8 in the same call);  qprof-S  profile-B's kernel table for scheme S (triton)
 #   qtput-S    bench throughput, 1,024 requests, with --quantization S (none: bf16); qtput-fp8kv: fp8 weights
 #              and an fp8 KV cache
 #   qagree     benchmarks/quant_agreement.py: teacher-forced top-1 agreement of every quantized artifact of the
@@ -230,12 +231,14 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         tests/passes/test_quantize_int8.py tests/passes/test_quantized_fusion.py tests/passes/test_quantize_fp8_activations.py tests/kernels/test_silu_and_mul_fp8.py tests/gpu/test_quantized.py 2>&1 \
         | grep -v -E "^\.*$|DEBUG|^\s*$" | grep -E "FAILED|ERROR|Error|agreement|passed|failed|SKIPPED|^E " | tail -60 ;;
     qtests-fp8) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
-        tests/kernels/test_fp8_matmul.py tests/kernels/test_silu_and_mul_fp8.py tests/passes/test_quantize_fp8_activations.py \
-        tests/gpu/test_quantized.py 2>&1 | grep -E "FAILED|ERROR|Error|agreement|rows|passed|failed|^E " | tail -40 ;;
+        tests/kernels/test_fp8_matmul.py tests/kernels/test_fp8_prologue.py tests/kernels/test_silu_and_mul_fp8.py \
+        tests/passes/test_quantize_fp8_activations.py tests/gpu/test_quantized.py 2>&1 | grep -E "FAILED|ERROR|Error|agreement|rows|passed|failed|^E " | tail -40 ;;
     qlat-none) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
         --json "$OUT/r/$stage.json" ;;
     qprof-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 $LIMITS --work $WORK \
         --quantization "${stage#qprof-}" --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+    qlat-fp8-prologue) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS \
+        --work $WORK --quantization fp8 --fp8-linear-prologue --json "$OUT/r/$stage.json" ;;
     qlat-*-lmhead) S=${stage#qlat-}; bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 \
         $LIMITS --work $WORK --quantization "${S%-lmhead}" --quantize-lm-head --json "$OUT/r/$stage.json" ;;
     qlat-*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \

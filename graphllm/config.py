@@ -58,6 +58,7 @@ class EngineConfig:
     fuse_rope_attention: bool = True
     skinny_linear: bool = True
     linear_prologue: bool = True
+    fp8_linear_prologue: bool = False
     quantization: str | None = None
     quantization_group_size: int = 128
     quantize_lm_head: bool = False
@@ -104,7 +105,8 @@ class EngineConfig:
         limits = {name: getattr(self, name) for name in DEFAULT_LIMITS if getattr(self, name) is not None}
         return CompileConfig(dtype=self.dtype, max_model_len=self.max_model_len,
                              fuse_rope_attention=self.fuse_rope_attention, skinny_linear=self.skinny_linear,
-                             linear_prologue=self.linear_prologue, quantization=self.quantization,
+                             linear_prologue=self.linear_prologue, fp8_linear_prologue=self.fp8_linear_prologue,
+                             quantization=self.quantization,
                              quantization_group_size=self.quantization_group_size,
                              quantize_lm_head=self.quantize_lm_head,
                              tensor_parallel_size=self.tensor_parallel_size, **limits)
@@ -149,6 +151,11 @@ class CompileConfig:
     # GPU graphs: norms and SwiGLU folded into the linear they feed, one launch at batch 1 (needs
     # skinny_linear; False: they run as their own kernels; was GRAPHLLM_FUSED_PROLOGUE=0)
     linear_prologue: bool = True
+    # GPU graphs, fp8 W8A8: the norms and SwiGLU fold into the fp8 linears they feed too, so that at one row
+    # the fp8 kernel computes them, the row's scale and the float8 operand itself (no norm + quantize kernel,
+    # no silu_and_mul_fp8); other rows run the norm's own kernel, then fp8_linear, instead of Inductor's fused
+    # norm + quantize. Off by default until a GPU A/B says it is faster (needs linear_prologue)
+    fp8_linear_prologue: bool = False
     # GPU graphs: q/k rotary inside the attention op's KV write, one Triton launch instead of two
     # rotary kernels and store_kv (was GRAPHLLM_FUSED_ROPE=1). On by default since the fifteenth
     # session: on the H200 its launch without fp contraction gives the unfused path's bf16

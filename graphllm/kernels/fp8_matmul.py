@@ -39,7 +39,7 @@ import triton.language as tl
 
 from graphllm.kernels.int8_matmul import MAX_ROWS, decode_split_k, m_bucket, plan_launch, tile_ids
 from graphllm.kernels.quant_layout import fp8_linear_reference, fp8_quantized_linear_reference  # noqa: F401 - oracles
-from graphllm.kernels.skinny_matmul import finish_tile
+from graphllm.kernels.skinny_matmul import PROLOGUES, _operand, _row_rstd, finish_tile
 
 # (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25
 # (Llama-3-8B shapes; up to 16 rows from the fp8q sweep, x already float8, the path quantize_fp8_activations
@@ -132,12 +132,28 @@ def _quantize_rows_kernel(x_ptr, input_scale_ptr, xq_ptr, x_scale_ptr, K, stride
         tl.store(xq_ptr + row * K + k, _quantize(x, scale, inv), mask=k < K)
 
 
-@triton.jit(do_not_specialize=["M"])  # every row count shares one compile per tile shape
+@triton.jit
+def _operand_scales(x_ptr, res_ptr, norm_w_ptr, rstd, offs_m, m_mask, K, stride_xm, stride_rm,
+                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+    """_row_scales of the prologue's output (skinny_matmul._operand, which rounds as the eager ops do), computed
+    from x (and residual) without storing anything: [BLOCK_M, 1] float32."""
+    amax = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        a = _operand(x_ptr, res_ptr, norm_w_ptr, x_ptr, rstd, offs_m, k, m_mask[:, None] & (k < K)[None, :], K,
+                     stride_xm, stride_rm, 0, PROLOGUE, UNIT_OFFSET)  # residual_rows 0: no row is written
+        amax = tl.maximum(amax, tl.abs(a.to(tl.float32)))
+    return tl.maximum(tl.math.div_rn(tl.max(amax, 1), 448.0), 1e-12)[:, None]
+
+
+@triton.jit(do_not_specialize=["M", "eps"])  # every row count shares one compile per tile shape
 def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
-                       M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om,
+                       res_ptr, norm_w_ptr, new_res_ptr,
+                       M, N, K, K_SPLIT, stride_xm, stride_wn, stride_om, stride_rm, eps,
                        X_MODE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
-                       EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, FP8_DOT: tl.constexpr):
+                       EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, FP8_DOT: tl.constexpr,
+                       PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
     pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -147,7 +163,14 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
     n_mask = offs_n < N
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    if X_MODE == 0:
+    rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+    if PROLOGUE == 1 or PROLOGUE == 2:  # the norms: 1 / rms of each row of h = x (+ residual)
+        rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, BLOCK_K, PROLOGUE)
+    residual_rows = M - M * tl.minimum(pid_n, 1)  # column tile 0 writes the new residual (add_rms_norm)
+    if X_MODE == 0 and PROLOGUE != 0:
+        x_scale = _operand_scales(x_ptr, res_ptr, norm_w_ptr, rstd, offs_m, m_mask, K, stride_xm, stride_rm,
+                                  BLOCK_M, BLOCK_K, PROLOGUE, UNIT_OFFSET)
+    elif X_MODE == 0:
         x_scale = _row_scales(x_ptr, offs_m, m_mask, K, stride_xm, BLOCK_M, BLOCK_K)  # [BLOCK_M, 1]
     elif X_MODE == 1:
         x_scale = tl.load(x_scale_ptr + tl.zeros([BLOCK_M, 1], dtype=tl.int32)).to(tl.float32)
@@ -164,15 +187,20 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
-            x = tl.load(x_ptrs, mask=m_mask[:, None], other=0.0)
+            mk_mask = m_mask[:, None]
             if EVEN_N:
                 w = tl.load(w_ptrs)
             else:
                 w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
         else:
             k_mask = (k0 + offs_k) < k_hi
-            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            mk_mask = m_mask[:, None] & k_mask[None, :]
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        if PROLOGUE != 0:  # the prologue's output for these columns (add_rms_norm: h stored by column tile 0)
+            x = _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k0 + offs_k, mk_mask, K, stride_xm,
+                         stride_rm, residual_rows, PROLOGUE, UNIT_OFFSET)
+        else:
+            x = tl.load(x_ptrs, mask=mk_mask, other=0.0)
         if X_MODE != 2:
             x = _quantize(x, x_scale, x_inv)
         # a fresh float32 sum per K step: the Hopper fp8 MMA accumulates in reduced precision within one
@@ -282,10 +310,13 @@ def _check_weight(weight: torch.Tensor, weight_scale: torch.Tensor, k: int) -> N
 
 
 def _launch(x: torch.Tensor, x_scale: torch.Tensor, mode: int, weight: torch.Tensor, weight_scale: torch.Tensor,
-            bias: torch.Tensor | None, out_dtype: torch.dtype, config: dict) -> torch.Tensor:
-    """One _fp8_matmul_kernel launch (with its K-split plan) over x in the given X_MODE."""
-    m, k = x.shape
-    n = weight.shape[0]
+            bias: torch.Tensor | None, out_dtype: torch.dtype, config: dict, prologue: str = "none",
+            residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+            new_residual: torch.Tensor | None = None, eps: float = 0.0, unit_offset: bool = False) -> torch.Tensor:
+    """One _fp8_matmul_kernel launch (with its K-split plan) over x in the given X_MODE, x being the prologue's
+    input where one is named (fp8_prologue_matmul)."""
+    m = x.shape[0]
+    n, k = weight.shape
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     if m == 0:
         return out
@@ -293,13 +324,43 @@ def _launch(x: torch.Tensor, x_scale: torch.Tensor, mode: int, weight: torch.Ten
     _fp8_matmul_kernel[plan.grid](
         x, x_scale, weight, weight_scale, weight_scale if bias is None else bias,
         out, out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
+        x if residual is None else residual, x if norm_weight is None else norm_weight,
+        out if new_residual is None else new_residual,
         m, n, k, plan.k_split, x.stride(0), weight.stride(0), out.stride(0),
+        0 if residual is None else residual.stride(0), eps,
         X_MODE=mode, HAS_BIAS=bias is not None, BLOCK_M=plan.block_m, BLOCK_N=config["BLOCK_N"],
         BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, GROUP_M=config.get("GROUP_M", 8),
         SWAP_AB=config.get("SWAP_AB", False), EVEN_N=n % config["BLOCK_N"] == 0,
-        EVEN_K=plan.k_split * plan.split_k == k, FP8_DOT=_fp8_dot(x.device),
-        num_warps=config["num_warps"], num_stages=config["num_stages"])
+        EVEN_K=plan.k_split * plan.split_k == k, FP8_DOT=_fp8_dot(x.device), PROLOGUE=PROLOGUES[prologue],
+        UNIT_OFFSET=unit_offset, num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out
+
+
+def fp8_prologue_matmul(prologue: str, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                        input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                        residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+                        eps: float = 0.0, unit_offset: bool = False,
+                        config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """fp8_matmul of a prologue's output, in one launch, for up to MAX_ROWS rows: the kernel computes the prologue
+    (skinny_matmul's: rms_norm, add_rms_norm, silu_mul, gelu_mul, rounded as the eager ops round), its row scale
+    (dynamic: a first pass over the rows for max |operand|; or input_scale) and the float8 operand as it goes,
+    so W8A8 computes what fp8_linear_reference(prologue(x)) does. x: [M, K] ([M, 2K] for the activations),
+    residual: [M, K] for add_rms_norm. Returns (y [M, N] in x's dtype, h = x + residual as a new [M, K] for
+    add_rms_norm, else None)."""
+    m = x.shape[0]
+    n, k = weight.shape
+    _check_weight(weight, weight_scale, k)
+    assert m <= MAX_ROWS and x.stride(-1) == 1 and prologue in PROLOGUES and prologue != "none"
+    assert x.shape[1] == (2 * k if prologue in ("silu_mul", "gelu_mul") else k), (prologue, x.shape, weight.shape)
+    new_residual = None
+    if prologue == "add_rms_norm":
+        assert residual is not None and residual.shape == x.shape and residual.stride(-1) == 1
+        new_residual = x.new_empty((m, k))
+    config = config or CONFIGS.get((m_bucket(m), n, k)) or default_config(m, n, k, x.device)
+    mode = X_STATIC if input_scale is not None else X_DYNAMIC
+    out = _launch(x, weight_scale if input_scale is None else input_scale, mode, weight, weight_scale, bias, x.dtype,
+                  config, prologue, residual, norm_weight, new_residual, eps, unit_offset)
+    return out, new_residual
 
 
 def _fp8_dot(device: torch.device) -> bool:

@@ -129,13 +129,17 @@ def _act_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     if takes_fused_kernel(x, weight, bias):
         from graphllm.kernels.skinny_matmul import silu_mul_matmul
         return silu_mul_matmul(_rows(x), weight, bias, gelu=gelu).view(*x.shape[:-1], weight.shape[0])
+    return linear(_act_and_mul(x, gelu), weight, bias)
+
+
+def _act_and_mul(x: torch.Tensor, gelu: bool) -> torch.Tensor:
+    """act(x[..., :K]) * x[..., K:] (silu, or tanh-approximated GELU): graphllm's row kernel on CUDA, else the
+    reference."""
     if x.is_cuda:
         from graphllm.kernels.silu_and_mul import silu_and_mul as act_and_mul_kernel
-        act = act_and_mul_kernel(_rows(x), gelu=gelu).view(*x.shape[:-1], x.shape[-1] // 2)
-    else:
-        from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_silu_and_mul
-        act = (reference_gelu_tanh_and_mul if gelu else reference_silu_and_mul)(x)
-    return linear(act, weight, bias)
+        return act_and_mul_kernel(_rows(x), gelu=gelu).view(*x.shape[:-1], x.shape[-1] // 2)
+    from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_silu_and_mul
+    return (reference_gelu_tanh_and_mul if gelu else reference_silu_and_mul)(x)
 
 
 @torch.library.custom_op("graphllm::silu_and_mul_linear", mutates_args=())

@@ -8,6 +8,10 @@
     graphllm.int8_linear(x, weight, weight_scale, bias)               weight-only int8, per channel
     graphllm.int4_linear(x, qweight, scales, zeros, bias)             weight-only int4, per group
 
+and fp8_linear of a norm's or activation's output, one launch at one row (the linear_prologue pass with
+CompileConfig.fp8_linear_prologue; other rows run the two ops): graphllm.fp8_rms_norm_linear,
+fp8_add_rms_norm_linear (also returns h = x + residual), fp8_silu_and_mul_linear, fp8_gelu_tanh_and_mul_linear.
+
 On CUDA in float16/bfloat16, by row count M (measured: benchmarks/quant_kernel_sweep.py, H200):
 - fp8: graphllm/kernels/fp8_matmul.py at every M (its own small-M tiles, or row-wise torch._scaled_mm);
 - int8, int4: M <= SMALL_M on graphllm's Triton kernels (int8_matmul.py, int4_matmul.py), which stream
@@ -109,6 +113,92 @@ def fp8_linear_quantized(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.
 @fp8_linear_quantized.register_fake
 def _(xq, x_scale, weight, weight_scale, bias, out_dtype):
     return xq.new_empty((*xq.shape[:-1], weight.shape[0]), dtype=out_dtype)
+
+
+def _fp8_prologue_kernel(x: torch.Tensor, weight: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """One fused launch (fp8_matmul.fp8_prologue_matmul): one row in half precision on CUDA, as the bf16 prologues
+    (graphllm.ops.linear.takes_fused_kernel); other rows run the prologue's own kernel, then fp8_linear."""
+    same = all(t is None or t.device == x.device for t in others)
+    rows = x.numel() // x.shape[-1]
+    return _on_kernel(x) and same and weight.is_contiguous() and rows == 1 and x.shape[-1] % 8 == 0
+
+
+def _fp8_prologue_parts(prologue: str, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                        input_scale: torch.Tensor | None, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                        norm_weight: torch.Tensor | None, eps: float, unit_offset: bool):
+    """(fp8_linear(prologue(x)), h or None) in two steps: what the fused ops compute off the one-row kernel path."""
+    from graphllm.ops.linear import _act_and_mul, _rms_norm
+    if prologue in ("silu_mul", "gelu_mul"):
+        return fp8_linear(_act_and_mul(x, prologue == "gelu_mul"), weight, weight_scale, input_scale, bias), None
+    normed, h = _rms_norm(x, norm_weight, eps, residual, unit_offset)
+    return fp8_linear(normed, weight, weight_scale, input_scale, bias), None if h is None else h.contiguous()
+
+
+def _fp8_prologue_linear(prologue: str, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                         input_scale: torch.Tensor | None, bias: torch.Tensor | None,
+                         residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+                         eps: float = 0.0, unit_offset: bool = False):
+    if _fp8_prologue_kernel(x, weight, residual, norm_weight, bias) and (residual is None or residual.shape == x.shape):
+        from graphllm.kernels.fp8_matmul import fp8_prologue_matmul
+        out, h = fp8_prologue_matmul(prologue, _rows(x), weight, weight_scale, input_scale, bias,
+                                     None if residual is None else _rows(residual), norm_weight, eps, unit_offset)
+        return out.view(*x.shape[:-1], weight.shape[0]), None if h is None else h.view(x.shape)
+    return _fp8_prologue_parts(prologue, x, weight, weight_scale, input_scale, bias, residual, norm_weight, eps,
+                               unit_offset)
+
+
+@torch.library.custom_op("graphllm::fp8_rms_norm_linear", mutates_args=())
+def fp8_rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                        weight_scale: torch.Tensor, input_scale: torch.Tensor | None = None,
+                        bias: torch.Tensor | None = None, unit_offset: bool = False) -> torch.Tensor:
+    """fp8_linear(rms_norm(x, norm_weight, eps, unit_offset), weight, weight_scale, input_scale, bias)."""
+    return _fp8_prologue_linear("rms_norm", x, weight, weight_scale, input_scale, bias, None, norm_weight, eps,
+                                unit_offset)[0]
+
+
+@fp8_rms_norm_linear.register_fake
+def _(x, norm_weight, eps, weight, weight_scale, input_scale=None, bias=None, unit_offset=False):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("graphllm::fp8_add_rms_norm_linear", mutates_args=())
+def fp8_add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                            weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None = None,
+                            bias: torch.Tensor | None = None,
+                            unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual; (fp8_linear(rms_norm(h, norm_weight, eps, unit_offset), weight, ...), h) as new tensors."""
+    return _fp8_prologue_linear("add_rms_norm", x, weight, weight_scale, input_scale, bias, residual, norm_weight,
+                                eps, unit_offset)
+
+
+@fp8_add_rms_norm_linear.register_fake
+def _(x, residual, norm_weight, eps, weight, weight_scale, input_scale=None, bias=None, unit_offset=False):
+    return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape)
+
+
+@torch.library.custom_op("graphllm::fp8_silu_and_mul_linear", mutates_args=())
+def fp8_silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                            input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """fp8_linear(silu_and_mul(x), weight, weight_scale, input_scale, bias) for x: [..., 2K]."""
+    return _fp8_prologue_linear("silu_mul", x, weight, weight_scale, input_scale, bias)[0]
+
+
+@fp8_silu_and_mul_linear.register_fake
+def _(x, weight, weight_scale, input_scale=None, bias=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@torch.library.custom_op("graphllm::fp8_gelu_tanh_and_mul_linear", mutates_args=())
+def fp8_gelu_tanh_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                                 input_scale: torch.Tensor | None = None,
+                                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """fp8_linear(gelu_tanh_and_mul(x), weight, weight_scale, input_scale, bias) for x: [..., 2K] (Gemma)."""
+    return _fp8_prologue_linear("gelu_mul", x, weight, weight_scale, input_scale, bias)[0]
+
+
+@fp8_gelu_tanh_and_mul_linear.register_fake
+def _(x, weight, weight_scale, input_scale=None, bias=None):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @torch.library.custom_op("graphllm::int8_linear", mutates_args=())

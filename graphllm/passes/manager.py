@@ -76,7 +76,8 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
               (config.fuse_silu_mul and config.fuse_gate_up, FuseSiluMul),
               (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.fuse_rope_attention, FuseRopeAttention),
               (config.skinny_linear, SkinnyLinear),
-              (config.skinny_linear and config.linear_prologue, LinearPrologue)]
+              (config.skinny_linear and config.linear_prologue,
+               lambda: LinearPrologue(fp8=config.fp8_linear_prologue))]
     linears = quantization_pass(config, prequantized)
     quantize = [linears] if linears else []
     scheme = prequantized.scheme if prequantized is not None else config.quantization

@@ -44,6 +44,21 @@ def test_quantized_teacher_forced_agreement(scheme, bf16_model, histories_and_re
     assert value >= MIN_AGREEMENT[scheme]
 
 
+def test_fp8_linear_prologue_agrees_like_fp8(bf16_model, histories_and_reference):  # noqa: F811
+    """--fp8-linear-prologue (norms and SwiGLU inside the fp8 kernel at one row, the same W8A8 rounding): the
+    fp8 engine's agreement bound holds, and the graph holds the fused fp8 ops."""
+    histories, reference = histories_and_reference
+    config = EngineConfig(model=str(bf16_model), dtype="bfloat16", quantization="fp8", fp8_linear_prologue=True,
+                          **LIMITS)
+    art = compile_cached(config, bf16_model)
+    passes = {p["name"]: p for p in json.loads((art / "manifest.json").read_text())["passes"]}
+    assert passes["linear_prologue"]["counts"]["add_rms_norm"] > 0 and passes["linear_prologue"]["skipped"] is None
+    engine = Engine.load(art, async_scheduling=False)
+    value = agreement(reference, teacher_forced_top1(engine, histories))
+    print(f"fp8 with the linear prologue: teacher-forced top-1 agreement with the eager bf16 engine {value:.4f}")
+    assert engine.runner.graphs.replays > 0 and value >= MIN_AGREEMENT["fp8"]
+
+
 @pytest.mark.parametrize("rows", [1, 16, 300])
 def test_inductor_fp8_quantize_is_the_reference(rows):
     """quantize_fp8_activations hands fp8_quantize to Inductor (its reference as the decomposition), fused

@@ -20,7 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from graphllm.kernels import fused_moe, mla_decode, mla_prefill, moe_align, moe_experts, moe_routing
+from graphllm.kernels import fp8_matmul, fused_moe, mla_decode, mla_prefill, moe_align, moe_experts, moe_routing
 from graphllm.kernels import paged_decode_attention as decode
 from graphllm.kernels import paged_prefill_attention as prefill
 from graphllm.kernels import paged_verify_attention as verify
@@ -113,6 +113,20 @@ def moe_variants():
                                                              BLOCK_N=fused_moe.SUM_COLUMNS), {}
 
 
+def fp8_variants():
+    """The fp8 matmul as fp8_prologue_matmul launches it at one row (16-row tile, weight on the MMA's M side, K
+    split): the add_rms_norm and silu_mul prologues with dynamic row scales; and the pre-quantized path."""
+    types = {"x_ptr": "*bf16", "x_scale_ptr": "*fp32", "w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32",
+             "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "res_ptr": "*bf16",
+             "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "eps": "fp32"}
+    tile = dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, GROUP_M=8, SWAP_AB=True, EVEN_N=True,
+                EVEN_K=True, FP8_DOT=True, UNIT_OFFSET=False)
+    for prologue in (fp8_matmul.PROLOGUES["add_rms_norm"], fp8_matmul.PROLOGUES["silu_mul"]):
+        yield fp8_matmul._fp8_matmul_kernel, types, dict(tile, X_MODE=0, PROLOGUE=prologue), {"num_stages": 4}
+    yield fp8_matmul._fp8_matmul_kernel, dict(types, x_ptr="*fp8e4nv"), dict(tile, X_MODE=2, PROLOGUE=0), \
+        {"num_stages": 4}
+
+
 def compile_sm90(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, options: dict) -> dict:
     """The compiled kernel's assembly (cubin, ptx, ...); arguments not typed are int32 scalars."""
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in kernel.arg_names}
@@ -133,9 +147,10 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run outside Triton's interpreter"
     failed = 0
-    for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants()):
+    for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants(), *fp8_variants()):
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
-                                                               "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE")}
+                                                               "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
+                                                               "X_MODE", "PROLOGUE")}
         try:
             print(f"{kernel.__name__} {flags}: {check(kernel, types, constexprs, options)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every variant, then fail

@@ -1,4 +1,4 @@
-"""The attention and fused-MoE kernels compile for the H200 (sm_90), and rope_store_kv's PTX rounds each product
+"""The attention, fused-MoE and fp8 matmul kernels compile for the H200 (sm_90), and rope_store_kv's PTX rounds each product
 as eager PyTorch does (no fma), checked on any machine with Triton's NVIDIA backend: the
 interpreter, which runs the other kernel tests on CPU, accepts code the compiler would reject
 (tests/kernels/sm90_compile.py)."""
@@ -28,5 +28,6 @@ def test_attention_kernels_compile_for_sm90_and_rope_keeps_eager_rounding():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     # 8 + 2 soft-capped split-kernel, 2 reduce, 4 + 2 soft-capped prefill, 2 rope variants, 4 + 2 verify
-    # + MLA: 4 split decode, 2 reduce, 2 prefill; + MoE: 2 routing, align, 4 x 2 expert GEMMs, k-sum
-    assert run.stdout.count("cubin") == 20 + 6 + 8 + 12, run.stdout
+    # + MLA: 4 split decode, 2 reduce, 2 prefill; + MoE: 2 routing, align, 4 x 2 expert GEMMs, k-sum; + fp8: 2
+    # prologues, the pre-quantized path
+    assert run.stdout.count("cubin") == 20 + 6 + 8 + 12 + 3, run.stdout

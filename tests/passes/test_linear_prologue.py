@@ -101,3 +101,58 @@ def test_ops_equal_their_parts_off_the_kernel_path():
     gate_up = torch.randn(20, 64, generator=gen)
     assert torch.equal(silu_and_mul_linear(gate_up, w), linear(reference_silu_and_mul(gate_up), w))
     assert torch.equal(gelu_tanh_and_mul_linear(gate_up, w), linear(reference_gelu_tanh_and_mul(gate_up), w))
+
+
+@pytest.mark.parametrize("arch", ("llama", "gemma2"))  # gemma2: unit_offset norms and GeGLU
+def test_fp8_linears_take_the_prologues_when_asked(arch):
+    """fp8=True: norms and activations fold into the fp8 linears too, before quantize_fp8_activations splits the
+    rest (o_proj); the step computes exactly what the split graph does (CPU: every op runs its parts)."""
+    from graphllm.passes.quantization.quantize_fp8 import QuantizeFP8
+    from graphllm.passes.quantization.quantize_fp8_activations import QuantizeFP8Activations
+    graph, config = tiny_step_graph(arch)
+    QuantizeFP8()(graph)
+    for p in (EliminateNoops(), FuseQKV(), FuseGateUp(), FuseSiluMul(), FuseAddRMSNorm(), SkinnyLinear()):
+        p(graph)
+    before, after = copy_graph(graph), copy_graph(graph)
+    assert LinearPrologue()(before)["add_rms_norm"] == 0  # fp8 linears are left alone unless asked
+    counts = LinearPrologue(fp8=True)(after)
+    for g in (before, after):
+        QuantizeFP8Activations()(g)
+        DeadCodeElimination()(g)
+    layers = config.num_hidden_layers
+    act = "gelu_tanh_and_mul" if arch == "gemma2" else "silu_and_mul"
+    assert counts["add_rms_norm"] == 2 * layers - 1 and counts["rms_norm"] == 1 and counts[act] == layers
+    found = targets(after)
+    assert found.count(ops.fp8_add_rms_norm_linear.default) == 2 * layers - 1
+    assert found.count(ops.fp8_rms_norm_linear.default) == 1
+    assert found.count(getattr(ops, f"fp8_{act}_linear").default) == layers
+    assert found.count(ops.fp8_linear_quantized.default) == layers  # o_proj, its input quantized on its own
+    assert ops.silu_and_mul_fp8.default not in found  # llama's SwiGLU: the split graph's silu_and_mul_fp8
+    assert (ops.silu_and_mul_fp8.default in targets(before)) == (arch == "llama")
+    assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
+
+
+def test_fp8_ops_equal_their_parts_off_the_kernel_path():
+    from graphllm.kernels.quant_layout import fp8_linear_reference, quantize_fp8_weight
+    gen = torch.Generator().manual_seed(1)
+    x, r = torch.randn(5, 32, generator=gen), torch.randn(5, 32, generator=gen)
+    nw, b = torch.randn(32, generator=gen), torch.randn(48, generator=gen)
+    w8, ws = quantize_fp8_weight(torch.randn(48, 32, generator=gen) / 6)
+    scale = torch.tensor([0.01])
+    assert torch.equal(ops.fp8_rms_norm_linear(x, nw, 1e-5, w8, ws, None, b),
+                       fp8_linear_reference(reference_rms_norm(x, nw, 1e-5), w8, ws, None, b))
+    out, h = ops.fp8_add_rms_norm_linear(x, r, nw, 1e-5, w8, ws, scale, None, True)
+    assert torch.equal(h, x + r)
+    assert torch.equal(out, fp8_linear_reference(reference_rms_norm(x + r, nw, 1e-5, True), w8, ws, scale))
+    gate_up = torch.randn(5, 64, generator=gen)
+    assert torch.equal(ops.fp8_silu_and_mul_linear(gate_up, w8, ws),
+                       fp8_linear_reference(reference_silu_and_mul(gate_up), w8, ws))
+    assert torch.equal(ops.fp8_gelu_tanh_and_mul_linear(gate_up, w8, ws, scale, b),
+                       fp8_linear_reference(reference_gelu_tanh_and_mul(gate_up), w8, ws, scale, b))
+
+
+def test_the_fp8_switch_is_in_the_pass_list_uuid():
+    from graphllm.config import CompileConfig
+    plain, fp8 = (PassManager(CompileConfig(quantization="fp8", fp8_linear_prologue=on)) for on in (False, True))
+    assert plain.uuid() != fp8.uuid()
+    assert next(p for p in fp8.passes if p.name == "linear_prologue").fp8

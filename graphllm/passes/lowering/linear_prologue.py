@@ -23,6 +23,11 @@ Before and after, for the three shapes a decoder layer has:
 
 (GeGLU's graphllm.gelu_tanh_and_mul the same, into graphllm.gelu_tanh_and_mul_linear.)
 
+With fp8=True (CompileConfig.fp8_linear_prologue) the same three shapes fold into graphllm.fp8_linear too,
+into fp8_add_rms_norm_linear, fp8_rms_norm_linear and fp8_silu_and_mul_linear / fp8_gelu_tanh_and_mul_linear
+(graphllm/ops/quantized_linear.py), whose arguments after their own are the fp8 linear's (weight, weight_scale,
+input_scale, bias); quantize_fp8_activations then splits only the fp8 linears left (o_proj).
+
 A norm's unit_offset (Gemma's 1 + weight, fuse_add_rmsnorm) goes along, after the linear's bias.
 Only a norm or activation whose output nothing else reads is folded (the final norm reaches
 lm_head through a row gather, so it stays). Like skinny_linear, only graphs whose example
@@ -35,9 +40,10 @@ import torch
 from torch import fx
 
 import graphllm.ops.linear  # noqa: F401  (registers the fused ops)
+import graphllm.ops.quantized_linear  # noqa: F401  (and the fp8 ones)
 import graphllm.ops.silu_and_mul  # noqa: F401  (registers the activations the fused ops take in)
 from graphllm.ir.graph import StepGraph, new_node
-from graphllm.passes.base import GraphPass
+from graphllm.passes.base import GraphPass, source_uuid
 
 ops = torch.ops.graphllm
 
@@ -47,21 +53,25 @@ def _call(node, target) -> bool:
 
 
 def _linear_operands(node: fx.Node) -> tuple[fx.Node, tuple]:
-    """(x, (weight,) or (weight, bias)): the arguments a fused op appends after its own."""
+    """(x, the arguments a fused op appends after its own): (weight,) or (weight, bias) for graphllm.linear,
+    (weight, weight_scale, input_scale, bias) for fp8_linear."""
     x, *params = node.args
+    if node.target == ops.fp8_linear.default:
+        return x, tuple(params) + (None,) * (4 - len(params))
     return x, tuple(params[:1] if len(params) < 2 or params[1] is None else params[:2])
 
 
 def _fused_args(source: fx.Node, arity: int, params: tuple) -> tuple:
-    """The fused op's arguments: source's first `arity` (its own), then the linear's weight and bias, then
-    a norm's unit_offset where it has one set (Gemma's): the fused ops take it after the bias."""
+    """The fused op's arguments: source's first `arity` (its own), then the linear's (weight and bias; fp8:
+    weight, weight_scale, input_scale, bias), then a norm's unit_offset where it has one set (Gemma's): the
+    fused ops take it after the bias."""
     own, extra = source.args[:arity], source.args[arity:]
     if extra and extra[0]:
-        return (*own, params[0], params[1] if len(params) > 1 else None, *extra)
+        return (*own, *params, *((None,) if len(params) == 1 else ()), *extra)
     return (*own, *params)
 
 
-def _fold_add_rms_norm(graph: fx.Graph, lin: fx.Node) -> bool:
+def _fold_add_rms_norm(graph: fx.Graph, lin: fx.Node, fused_op=None) -> bool:
     """lin = linear(getitem(add_rms_norm(...), 0), w[, b]) with the norm's outputs read only there and by getitem 1."""
     y, params = _linear_operands(lin)
     if not (_call(y, operator.getitem) and y.args[1] == 0 and len(y.users) == 1):
@@ -71,7 +81,7 @@ def _fold_add_rms_norm(graph: fx.Graph, lin: fx.Node) -> bool:
             _call(u, operator.getitem) and u.args[1] in (0, 1) for u in norm.users):
         return False
     with graph.inserting_before(lin):
-        fused = new_node(graph, ops.add_rms_norm_linear.default, _fused_args(norm, 4, params), lin)
+        fused = new_node(graph, fused_op or ops.add_rms_norm_linear.default, _fused_args(norm, 4, params), lin)
         out = new_node(graph, operator.getitem, (fused, 0), lin)
         new_residual = new_node(graph, operator.getitem, (fused, 1), norm)
     lin.replace_all_uses_with(out)
@@ -96,24 +106,44 @@ def _fold_single(graph: fx.Graph, lin: fx.Node, source, fused_op, arity: int) ->
     return True
 
 
+# linear op -> its fused ops: add_rms_norm, rms_norm, silu_and_mul, gelu_tanh_and_mul in front of it
+FUSED = {
+    ops.linear.default: (ops.add_rms_norm_linear.default, ops.rms_norm_linear.default,
+                         ops.silu_and_mul_linear.default, ops.gelu_tanh_and_mul_linear.default),
+    ops.fp8_linear.default: (ops.fp8_add_rms_norm_linear.default, ops.fp8_rms_norm_linear.default,
+                             ops.fp8_silu_and_mul_linear.default, ops.fp8_gelu_tanh_and_mul_linear.default),
+}
+
+
 class LinearPrologue(GraphPass):
-    """Fold norms and SwiGLU into the graphllm.linear they feed; counts each kind folded."""
+    """Fold norms and SwiGLU into the graphllm.linear they feed; counts each kind folded. fp8=True: also into
+    fp8_linear (CompileConfig.fp8_linear_prologue), before quantize_fp8_activations splits what is left, so
+    that at one row the fp8 kernel computes the norm or activation, its row scale and the float8 operand
+    itself (fp8_matmul.fp8_prologue_matmul) instead of Inductor's norm + quantize kernel and silu_and_mul_fp8."""
 
     name = "linear_prologue"
-    version = 3  # 2: norms with unit_offset (Gemma's) fold too; 3: GeGLU
+    version = 4  # 2: norms with unit_offset (Gemma's) fold too; 3: GeGLU; 4: fp8_linear (fp8=True)
 
     devices = ("cuda",)
+
+    def __init__(self, fp8: bool = False):
+        self.fp8 = fp8
+
+    def uuid(self) -> str:
+        return source_uuid(type(self).__module__, f"{self.name}:{self.version}:fp8={self.fp8}")
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
         counts = {"add_rms_norm": 0, "rms_norm": 0, "silu_and_mul": 0, "gelu_tanh_and_mul": 0}
         g = graph.graph
-        for lin in [n for n in g.nodes if n.op == "call_function" and n.target == ops.linear.default]:
-            if _fold_add_rms_norm(g, lin):
+        targets = (ops.linear.default, ops.fp8_linear.default) if self.fp8 else (ops.linear.default,)
+        for lin in [n for n in g.nodes if n.op == "call_function" and n.target in targets]:
+            add_norm, norm, silu, gelu = FUSED[lin.target]
+            if _fold_add_rms_norm(g, lin, add_norm):
                 counts["add_rms_norm"] += 1
-            elif _fold_single(g, lin, ops.rms_norm.default, ops.rms_norm_linear.default, 3):
+            elif _fold_single(g, lin, ops.rms_norm.default, norm, 3):
                 counts["rms_norm"] += 1
-            elif _fold_single(g, lin, ops.silu_and_mul.default, ops.silu_and_mul_linear.default, 1):
+            elif _fold_single(g, lin, ops.silu_and_mul.default, silu, 1):
                 counts["silu_and_mul"] += 1
-            elif _fold_single(g, lin, ops.gelu_tanh_and_mul.default, ops.gelu_tanh_and_mul_linear.default, 1):
+            elif _fold_single(g, lin, ops.gelu_tanh_and_mul.default, gelu, 1):
                 counts["gelu_tanh_and_mul"] += 1
         return counts
