@@ -22,6 +22,9 @@ x comes from (X_MODE):
        K, from L2), then quantizes each x tile as it goes (config FUSE_QUANT: one launch)
     1  x in float, the static input_scale: quantized as it goes
     2  x already float8 with per-row scales (fp8_quantize_rows: a launch of its own)
+With PROLOGUE (fp8_prologue_matmul, modes 0 and 1) x is the input of skinny_matmul's prologues (rms_norm,
+add_rms_norm, silu_mul, gelu_mul): each program computes their output tile by tile (mode 0: a first pass for
+max |output|), add_rms_norm's column tile 0 stores h = x + residual, and the tiles are quantized as above.
 Products: a tl.dot of two float8e4nv tiles (sm_89+; float16 copies elsewhere, exact), added to the
 float32 accumulator once per K step (the Hopper fp8 MMA keeps about 14 bits while it sums within one);
 one row: float32 multiply-add.
