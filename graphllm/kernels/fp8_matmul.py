@@ -97,18 +97,6 @@ def _quantize(x, x_scale, x_inv):
 
 
 @triton.jit
-def _row_scales(x_ptr, offs_m, m_mask, K, stride_xm, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """max(max|x_row| / FP8_MAX, MIN_SCALE) (quant_layout's 448 and 1e-12) for rows offs_m: [BLOCK_M, 1] float32."""
-    amax = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=m_mask[:, None] & (k < K)[None, :],
-                    other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    return tl.maximum(tl.math.div_rn(tl.max(amax, 1), 448.0), 1e-12)[:, None]
-
-
-@triton.jit
 def _dot(a, b, FP8_DOT: tl.constexpr):
     """a @ b for float8e4nv tiles, float32 out; without fp8 tensor cores in float16 (exact for e4m3)."""
     if FP8_DOT:
@@ -126,7 +114,8 @@ def _quantize_rows_kernel(x_ptr, input_scale_ptr, xq_ptr, x_scale_ptr, K, stride
     if STATIC:
         scale = tl.load(input_scale_ptr + tl.zeros([1, 1], dtype=tl.int32)).to(tl.float32)
     else:
-        scale = _row_scales(x_ptr, rows, rows >= 0, K, stride_xm, 1, BLOCK_K)
+        scale = _row_scales(x_ptr, x_ptr, x_ptr, tl.zeros([1, 1], dtype=tl.float32), rows, rows >= 0, K, stride_xm,
+                            0, 1, BLOCK_K, 0, False)
     inv = tl.math.div_rn(1.0, scale)
     tl.store(x_scale_ptr + rows[:, None], scale)
     for k0 in range(0, K, BLOCK_K):
@@ -136,10 +125,11 @@ def _quantize_rows_kernel(x_ptr, input_scale_ptr, xq_ptr, x_scale_ptr, K, stride
 
 
 @triton.jit
-def _operand_scales(x_ptr, res_ptr, norm_w_ptr, rstd, offs_m, m_mask, K, stride_xm, stride_rm,
-                    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
-    """_row_scales of the prologue's output (skinny_matmul._operand, which rounds as the eager ops do), computed
-    from x (and residual) without storing anything: [BLOCK_M, 1] float32."""
+def _row_scales(x_ptr, res_ptr, norm_w_ptr, rstd, offs_m, m_mask, K, stride_xm, stride_rm,
+                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+    """max(max|a_row| / FP8_MAX, MIN_SCALE) (quant_layout's 448 and 1e-12) for rows offs_m: [BLOCK_M, 1] float32,
+    a = x (PROLOGUE 0) or the prologue's output (skinny_matmul._operand, which rounds as the eager ops do),
+    computed from x (and residual) without storing anything."""
     amax = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -170,11 +160,9 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
     if PROLOGUE == 1 or PROLOGUE == 2:  # the norms: 1 / rms of each row of h = x (+ residual)
         rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, BLOCK_K, PROLOGUE)
     residual_rows = M - M * tl.minimum(pid_n, 1)  # column tile 0 writes the new residual (add_rms_norm)
-    if X_MODE == 0 and PROLOGUE != 0:
-        x_scale = _operand_scales(x_ptr, res_ptr, norm_w_ptr, rstd, offs_m, m_mask, K, stride_xm, stride_rm,
-                                  BLOCK_M, BLOCK_K, PROLOGUE, UNIT_OFFSET)
-    elif X_MODE == 0:
-        x_scale = _row_scales(x_ptr, offs_m, m_mask, K, stride_xm, BLOCK_M, BLOCK_K)  # [BLOCK_M, 1]
+    if X_MODE == 0:
+        x_scale = _row_scales(x_ptr, res_ptr, norm_w_ptr, rstd, offs_m, m_mask, K, stride_xm, stride_rm,
+                              BLOCK_M, BLOCK_K, PROLOGUE, UNIT_OFFSET)  # [BLOCK_M, 1]
     elif X_MODE == 1:
         x_scale = tl.load(x_scale_ptr + tl.zeros([BLOCK_M, 1], dtype=tl.int32)).to(tl.float32)
     else:
