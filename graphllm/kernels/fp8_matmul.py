@@ -25,6 +25,9 @@ x comes from (X_MODE):
 With PROLOGUE (fp8_prologue_matmul, modes 0 and 1) x is the input of skinny_matmul's prologues (rms_norm,
 add_rms_norm, silu_mul, gelu_mul): each program computes their output tile by tile (mode 0: a first pass for
 max |output|), add_rms_norm's column tile 0 stores h = x + residual, and the tiles are quantized as above.
+At one row in a dot tile (ROWS 1) the kernel reads, normalises and quantizes that row alone, and the dot's
+other 15 rows are zeros: computed for all 16 rows, the prologue and its scale pass cost 10.3 ms a step against
+3.2 without the prologue (H200, 2026-11-29, the first GPU run of the prologue).
 Products: a tl.dot of two float8e4nv tiles (sm_89+; float16 copies elsewhere, exact), added to the
 float32 accumulator once per K step (the Hopper fp8 MMA keeps about 14 bits while it sums within one);
 one row: float32 multiply-add.
@@ -106,6 +109,13 @@ def _dot(a, b, FP8_DOT: tl.constexpr):
 
 
 @triton.jit
+def _first_row_tile(x, BLOCK_M: tl.constexpr):
+    """[1, K] float8 -> [BLOCK_M, K]: the row, then zeros (a select on the bits, no arithmetic per row)."""
+    bits = x.to(tl.int8, bitcast=True)
+    return tl.where((tl.arange(0, BLOCK_M) == 0)[:, None], bits, 0).to(tl.int8).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
 def _quantize_rows_kernel(x_ptr, input_scale_ptr, xq_ptr, x_scale_ptr, K, stride_xm,
                           STATIC: tl.constexpr, BLOCK_K: tl.constexpr):
     """One program per row: x_scale[row] (dynamic or the static one) and xq[row, :] float8."""
@@ -146,7 +156,7 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
                        X_MODE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
                        EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, FP8_DOT: tl.constexpr,
-                       PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+                       PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, ROWS: tl.constexpr):
     pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -154,21 +164,25 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
+    # the rows of x read, normalised, scaled and quantized: ROWS (1 for one row, else the tile's), so that a
+    # 16-row tile at one row does not run the prologue and the quantization for 15 masked rows
+    offs_x = pid_m * BLOCK_M + tl.arange(0, ROWS)
+    x_mask = offs_x < M
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
+    rstd = tl.zeros([ROWS, 1], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:  # the norms: 1 / rms of each row of h = x (+ residual)
-        rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, BLOCK_K, PROLOGUE)
+        rstd = _row_rstd(x_ptr, res_ptr, offs_x, x_mask, K, eps, stride_xm, stride_rm, ROWS, BLOCK_K, PROLOGUE)
     residual_rows = M - M * tl.minimum(pid_n, 1)  # column tile 0 writes the new residual (add_rms_norm)
     if X_MODE == 0:
-        x_scale = _row_scales(x_ptr, res_ptr, norm_w_ptr, rstd, offs_m, m_mask, K, stride_xm, stride_rm,
-                              BLOCK_M, BLOCK_K, PROLOGUE, UNIT_OFFSET)  # [BLOCK_M, 1]
+        x_scale = _row_scales(x_ptr, res_ptr, norm_w_ptr, rstd, offs_x, x_mask, K, stride_xm, stride_rm,
+                              ROWS, BLOCK_K, PROLOGUE, UNIT_OFFSET)  # [ROWS, 1]
     elif X_MODE == 1:
-        x_scale = tl.load(x_scale_ptr + tl.zeros([BLOCK_M, 1], dtype=tl.int32)).to(tl.float32)
+        x_scale = tl.load(x_scale_ptr + tl.zeros([ROWS, 1], dtype=tl.int32)).to(tl.float32)
     else:
-        x_scale = tl.load(x_scale_ptr + offs_m, mask=m_mask, other=1.0)[:, None]
+        x_scale = tl.load(x_scale_ptr + offs_x, mask=x_mask, other=1.0)[:, None]
     x_inv = tl.math.div_rn(1.0, x_scale)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + (k_lo + offs_k)[None, :]  # [BLOCK_M, BLOCK_K]
+    x_ptrs = x_ptr + offs_x[:, None] * stride_xm + (k_lo + offs_k)[None, :]  # [ROWS, BLOCK_K]
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -178,22 +192,24 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:
-            mk_mask = m_mask[:, None]
+            mk_mask = x_mask[:, None]
             if EVEN_N:
                 w = tl.load(w_ptrs)
             else:
                 w = tl.load(w_ptrs, mask=n_mask[:, None], other=0.0)
         else:
             k_mask = (k0 + offs_k) < k_hi
-            mk_mask = m_mask[:, None] & k_mask[None, :]
+            mk_mask = x_mask[:, None] & k_mask[None, :]
             w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         if PROLOGUE != 0:  # the prologue's output for these columns (add_rms_norm: h stored by column tile 0)
-            x = _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k0 + offs_k, mk_mask, K, stride_xm,
+            x = _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_x, k0 + offs_k, mk_mask, K, stride_xm,
                          stride_rm, residual_rows, PROLOGUE, UNIT_OFFSET)
         else:
             x = tl.load(x_ptrs, mask=mk_mask, other=0.0)
         if X_MODE != 2:
             x = _quantize(x, x_scale, x_inv)
+        if ROWS < BLOCK_M:  # one row in a dot tile: the other rows are zeros
+            x = _first_row_tile(x, BLOCK_M)
         # a fresh float32 sum per K step: the Hopper fp8 MMA accumulates in reduced precision within one
         if BLOCK_M == 1:
             acc += w.to(tl.float32) * x.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
@@ -323,7 +339,8 @@ def _launch(x: torch.Tensor, x_scale: torch.Tensor, mode: int, weight: torch.Ten
         BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, GROUP_M=config.get("GROUP_M", 8),
         SWAP_AB=config.get("SWAP_AB", False), EVEN_N=n % config["BLOCK_N"] == 0,
         EVEN_K=plan.k_split * plan.split_k == k, FP8_DOT=_fp8_dot(x.device), PROLOGUE=PROLOGUES[prologue],
-        UNIT_OFFSET=unit_offset, num_warps=config["num_warps"], num_stages=config["num_stages"])
+        UNIT_OFFSET=unit_offset, ROWS=1 if m == 1 else plan.block_m, num_warps=config["num_warps"],
+        num_stages=config["num_stages"])
     return out
 
 
