@@ -25,9 +25,12 @@ x comes from (X_MODE):
 With PROLOGUE (fp8_prologue_matmul, modes 0 and 1) x is the input of skinny_matmul's prologues (rms_norm,
 add_rms_norm, silu_mul, gelu_mul): each program computes their output tile by tile (mode 0: a first pass for
 max |output|), add_rms_norm's column tile 0 stores h = x + residual, and the tiles are quantized as above.
-At one row in a dot tile (ROWS 1) the kernel reads, normalises and quantizes that row alone, and the dot's
-other 15 rows are zeros: computed for all 16 rows, the prologue and its scale pass cost 10.3 ms a step against
-3.2 without the prologue (H200, 2026-11-29, the first GPU run of the prologue).
+At one row in a dot tile, where x is computed in the kernel (modes 0 and 1), the kernel normalises and
+quantizes that row alone and broadcasts it to the tile's 16 rows (ROWS 1): computed for all 16 rows, the
+prologue and its scale pass cost 10.3 ms a step against 3.2 without the prologue (H200, 2026-11-29, its first
+GPU run). Mode 2 keeps loading a 16-row tile with the rows past M masked: its one loaded row broadcast to the
+tile measured 3.48 ms of model time a step against 2.50 (the same day; the load no longer feeds the MMA
+directly).
 Products: a tl.dot of two float8e4nv tiles (sm_89+; float16 copies elsewhere, exact), added to the
 float32 accumulator once per K step (the Hopper fp8 MMA keeps about 14 bits while it sums within one);
 one row: float32 multiply-add.
@@ -106,13 +109,6 @@ def _dot(a, b, FP8_DOT: tl.constexpr):
         return tl.dot(a, b)
     else:
         return tl.dot(a.to(tl.float16), b.to(tl.float16))
-
-
-@triton.jit
-def _first_row_tile(x, BLOCK_M: tl.constexpr):
-    """[1, K] float8 -> [BLOCK_M, K]: the row, then zeros (a select on the bits, no arithmetic per row)."""
-    bits = x.to(tl.int8, bitcast=True)
-    return tl.where((tl.arange(0, BLOCK_M) == 0)[:, None], bits, 0).to(tl.int8).to(tl.float8e4nv, bitcast=True)
 
 
 @triton.jit
@@ -208,8 +204,8 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
             x = tl.load(x_ptrs, mask=mk_mask, other=0.0)
         if X_MODE != 2:
             x = _quantize(x, x_scale, x_inv)
-        if ROWS < BLOCK_M:  # one row in a dot tile: the other rows are zeros
-            x = _first_row_tile(x, BLOCK_M)
+        if ROWS < BLOCK_M:  # one row in a dot tile: every row holds it (rows past M are neither stored nor summed)
+            x = tl.broadcast_to(x, (BLOCK_M, BLOCK_K))
         # a fresh float32 sum per K step: the Hopper fp8 MMA accumulates in reduced precision within one
         if BLOCK_M == 1:
             acc += w.to(tl.float32) * x.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
@@ -339,7 +335,7 @@ def _launch(x: torch.Tensor, x_scale: torch.Tensor, mode: int, weight: torch.Ten
         BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, GROUP_M=config.get("GROUP_M", 8),
         SWAP_AB=config.get("SWAP_AB", False), EVEN_N=n % config["BLOCK_N"] == 0,
         EVEN_K=plan.k_split * plan.split_k == k, FP8_DOT=_fp8_dot(x.device), PROLOGUE=PROLOGUES[prologue],
-        UNIT_OFFSET=unit_offset, ROWS=1 if m == 1 else plan.block_m, num_warps=config["num_warps"],
+        UNIT_OFFSET=unit_offset, ROWS=1 if m == 1 and mode != X_QUANTIZED else plan.block_m, num_warps=config["num_warps"],
         num_stages=config["num_stages"])
     return out
 

@@ -64,6 +64,8 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (1, 16384, 3072): {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
     (1, 3072, 8192): {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
     (1, 32064, 3072): {"BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
+    # Llama-3-8B: qkv (add_rms_norm prologue) 16.5 against the rule's 19.7 / unfused 19.1 (2026-11-29, sweep-prologue)
+    (1, 6144, 4096): {"BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
     # OLMo 2 7B (qkv and gate_up without prologues): qkv 26.2 (the rule's config) against cuBLAS 28.1; o_proj
     # (Llama-3-8B's too) 11.6 against 15.2; down (silu_mul) 26.1 against 30.7 / 28.1
     (1, 12288, 4096): {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},

@@ -123,7 +123,7 @@ def fp8_variants():
                 EVEN_K=True, FP8_DOT=True, UNIT_OFFSET=False, ROWS=1)
     for prologue in (fp8_matmul.PROLOGUES["add_rms_norm"], fp8_matmul.PROLOGUES["silu_mul"]):
         yield fp8_matmul._fp8_matmul_kernel, types, dict(tile, X_MODE=0, PROLOGUE=prologue), {"num_stages": 4}
-    yield fp8_matmul._fp8_matmul_kernel, dict(types, x_ptr="*fp8e4nv"), dict(tile, X_MODE=2, PROLOGUE=0), \
+    yield fp8_matmul._fp8_matmul_kernel, dict(types, x_ptr="*fp8e4nv"), dict(tile, X_MODE=2, PROLOGUE=0, ROWS=16), \
         {"num_stages": 4}
 
 
