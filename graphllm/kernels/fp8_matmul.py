@@ -48,7 +48,7 @@ import triton.language as tl
 
 from graphllm.kernels.int8_matmul import MAX_ROWS, decode_split_k, m_bucket, plan_launch, tile_ids
 from graphllm.kernels.quant_layout import fp8_linear_reference, fp8_quantized_linear_reference  # noqa: F401 - oracles
-from graphllm.kernels.skinny_matmul import PROLOGUES, _operand, _row_rstd, finish_tile
+from graphllm.kernels.skinny_matmul import PROLOGUES, _operand, _row_rstd, finish_tile, prepass_block
 
 # (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25
 # (Llama-3-8B shapes; up to 16 rows from the fp8q sweep, x already float8, the path quantize_fp8_activations
@@ -152,7 +152,7 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
                        X_MODE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
                        EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, FP8_DOT: tl.constexpr,
-                       PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, ROWS: tl.constexpr):
+                       PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, ROWS: tl.constexpr, PRE_K: tl.constexpr):
     pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -168,11 +168,11 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     rstd = tl.zeros([ROWS, 1], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:  # the norms: 1 / rms of each row of h = x (+ residual)
-        rstd = _row_rstd(x_ptr, res_ptr, offs_x, x_mask, K, eps, stride_xm, stride_rm, ROWS, BLOCK_K, PROLOGUE)
+        rstd = _row_rstd(x_ptr, res_ptr, offs_x, x_mask, K, eps, stride_xm, stride_rm, ROWS, PRE_K, PROLOGUE)
     residual_rows = M - M * tl.minimum(pid_n, 1)  # column tile 0 writes the new residual (add_rms_norm)
     if X_MODE == 0:
         x_scale = _row_scales(x_ptr, res_ptr, norm_w_ptr, rstd, offs_x, x_mask, K, stride_xm, stride_rm,
-                              ROWS, BLOCK_K, PROLOGUE, UNIT_OFFSET)  # [ROWS, 1]
+                              ROWS, PRE_K, PROLOGUE, UNIT_OFFSET)  # [ROWS, 1]
     elif X_MODE == 1:
         x_scale = tl.load(x_scale_ptr + tl.zeros([ROWS, 1], dtype=tl.int32)).to(tl.float32)
     else:
@@ -324,6 +324,7 @@ def _launch(x: torch.Tensor, x_scale: torch.Tensor, mode: int, weight: torch.Ten
     if m == 0:
         return out
     plan = plan_launch(m, n, k, config, x.device)
+    rows = 1 if m == 1 and mode != X_QUANTIZED else plan.block_m  # the kernel's ROWS
     _fp8_matmul_kernel[plan.grid](
         x, x_scale, weight, weight_scale, weight_scale if bias is None else bias,
         out, out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
@@ -335,7 +336,7 @@ def _launch(x: torch.Tensor, x_scale: torch.Tensor, mode: int, weight: torch.Ten
         BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, GROUP_M=config.get("GROUP_M", 8),
         SWAP_AB=config.get("SWAP_AB", False), EVEN_N=n % config["BLOCK_N"] == 0,
         EVEN_K=plan.k_split * plan.split_k == k, FP8_DOT=_fp8_dot(x.device), PROLOGUE=PROLOGUES[prologue],
-        UNIT_OFFSET=unit_offset, ROWS=1 if m == 1 and mode != X_QUANTIZED else plan.block_m, num_warps=config["num_warps"],
+        UNIT_OFFSET=unit_offset, ROWS=rows, PRE_K=prepass_block(rows, plan.block_k, k), num_warps=config["num_warps"],
         num_stages=config["num_stages"])
     return out
 

@@ -120,7 +120,7 @@ def fp8_variants():
              "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "res_ptr": "*bf16",
              "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "eps": "fp32"}
     tile = dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=2, GROUP_M=8, SWAP_AB=True, EVEN_N=True,
-                EVEN_K=True, FP8_DOT=True, UNIT_OFFSET=False, ROWS=1)
+                EVEN_K=True, FP8_DOT=True, UNIT_OFFSET=False, ROWS=1, PRE_K=4096)
     for prologue in (fp8_matmul.PROLOGUES["add_rms_norm"], fp8_matmul.PROLOGUES["silu_mul"]):
         yield fp8_matmul._fp8_matmul_kernel, types, dict(tile, X_MODE=0, PROLOGUE=prologue), {"num_stages": 4}
     yield fp8_matmul._fp8_matmul_kernel, dict(types, x_ptr="*fp8e4nv"), dict(tile, X_MODE=2, PROLOGUE=0, ROWS=16), \
