@@ -27,7 +27,7 @@
 #              the call, so one server can take load across two calls), benchmarks/soak.py with 256 clients for
 #              S seconds against it, then SIGTERM and its exit code; the KV pool's state is read after each soak
 #   qsweep     benchmarks/quant_kernel_sweep.py (fp8 / int8 / int4 matmul kernels vs cuBLAS, 8B shapes, M 1..256);
-#              qsweep-fp8q  the prequantized fp8 path alone, M 1..16; qsweep-int4  int4 alone at M 1, then its
+#              qsweep-fp8q  the prequantized fp8 path alone, M 1..16 (qsweep-fp8q1: M 1, its winners applied); qsweep-int4  int4 alone at M 1, then its
 #              best configs written into int4_matmul.CONFIGS on the device's copy (apply_sweep_configs.py), so
 #              that later stages of the same call (qlat-int4) run them; qsweep-pairs  the same at 1, 4 and 16 rows
 #              with the nibble-pair dot tiles first; qsweep-int4-16  the same at 16 rows (batch 16's bucket);
@@ -224,6 +224,9 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         python3 benchmarks/ncu_quant.py table "$OUT/r/ncu-quant.csv" | tee "$OUT/r/ncu-quant.txt" ;;
     qtests-int4) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py ;;
+    qsweep-fp8q1) timeout 240 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$stage.json" 150 fp8q 1 \
+        && python3 benchmarks/apply_sweep_configs.py "$OUT/r/$stage.json" fp8q \
+        && cp graphllm/kernels/fp8_matmul.py "$OUT/r/fp8_matmul.applied.py" ;;
     qsweep-fp8q) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-fp8q.json" 240 fp8q 1,2,4,8,16 ;;
     qtests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_fp8_matmul.py \
         tests/kernels/test_int4_matmul.py tests/kernels/test_int8_matmul.py tests/kernels/test_int4_dequant.py \
