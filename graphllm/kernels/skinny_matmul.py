@@ -331,7 +331,7 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         PROLOGUE=PROLOGUES[prologue], UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PRE_K=prepass_block(block_m, block_k, k),
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PRE_K=block_k,
         num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out, new_residual
 
