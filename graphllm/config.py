@@ -41,6 +41,10 @@ class EngineConfig:
     kv_cache_memory_gib: float | None = None  # None: 4 GiB on CPU, 90% of free memory on GPU
     seed: int = 0  # for unseeded sampling
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (GPU only)
+    # sm_90+: the decode graphs launch graphllm's decode-linear kernels as programmatic dependents (PDL), so that
+    # each starts, prefetches its weight and waits while the kernel before finishes (graphllm/kernels/launch.py).
+    # Off by default until a GPU A/B says it is faster
+    enable_pdl: bool = False
     # auto: triton on CUDA (measured faster than flashinfer), else flashinfer; torch (the reference) on CPU
     attention_backend: str = "auto"
     # decode steps run back to back per schedule when every row is plain greedy, each feeding its

@@ -71,6 +71,9 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calculate-kv-scales", action="store_true",
                         help="fp8 KV cache: scales from the K/V amax of a calibration prefill at start-up "
                              "(default: the checkpoint's k_scale/v_scale, else 1.0)")
+    parser.add_argument("--enable-pdl", action="store_true",
+                        help="GPU (sm_90+): decode graphs launch the decode-linear kernels as programmatic "
+                             "dependents, each starting while the one before finishes (off by default)")
     parser.add_argument("--speculative-config", type=json_object, metavar="JSON",
                         help='speculative decoding (vLLM\'s), e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                              '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or \'{"model": "DRAFT_DIR", '
@@ -95,7 +98,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                           attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
                           async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
-                          enable_prefix_caching=args.enable_prefix_caching,
+                          enable_prefix_caching=args.enable_prefix_caching, enable_pdl=args.enable_pdl,
                           calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
                           speculative_config=getattr(args, "speculative_config", None), **pass_switches(args))
     torchrun = getattr(args, "torchrun", None)

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from graphllm.kernels.launch import launches_dependent
 from graphllm.kernels.rms_norm import rms_norm_reference
 from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_silu_and_mul
 from graphllm.kernels.silu_and_mul import gelu_tanh
@@ -141,6 +142,26 @@ def _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm,
 
 
 @triton.jit
+def prefetch_l2(ptrs):
+    """prefetch.global.L2 of every address in ptrs (a hint: no value, no fault), e.g. one per 128-byte line."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def programmatic_start(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K: tl.constexpr):
+    """The start of a program under programmatic dependent launch (graphllm/kernels/launch.py): let the next
+    kernel launch (it runs up to its own wait while this one streams), prefetch this program's first K step
+    of the weight ([N, K] rows offs_n, columns k_lo + [0, BLOCK_K)) into L2, one address per 128-byte line,
+    then wait until the kernels before have completed and their writes are visible."""
+    tl.extra.cuda.gdc_launch_dependents()
+    LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements in 128 bytes
+    if BLOCK_K >= LINE:
+        rows = tl.minimum(offs_n, N - 1).to(tl.int64)  # past N: row N - 1 again, never out of bounds
+        prefetch_l2(w_ptr + rows[:, None] * stride_wn + (k_lo + LINE * tl.arange(0, BLOCK_K // LINE))[None, :])
+    tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
 def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
                 stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
     """Stores out + bias ([BLOCK_M, BLOCK_N] float32, this program's product) in out_ptr's dtype; with
@@ -180,7 +201,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
                           BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                           EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                          PRE_K: tl.constexpr):
+                          PRE_K: tl.constexpr, PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -191,6 +212,8 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
     residual_rows = M - M * tl.minimum(pid_n, 1)  # column tile 0 writes the new residual: M rows, others none
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    if PDL:  # nothing the kernels before write is read or written before this
+        programmatic_start(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K)
     rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:
         rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, PRE_K, PROLOGUE)
@@ -323,6 +346,7 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         assert tiles <= MAX_COLUMN_TILES
         partial = torch.empty((split_k, block_m, n), dtype=torch.float32, device=x.device)
         counters = split_k_counters(x.device)
+    pdl = launches_dependent(x.device)
     _skinny_matmul_kernel[(tiles, split_k)](
         x, x if residual is None else residual, x if norm_weight is None else norm_weight,
         out if new_residual is None else new_residual, weight, weight if bias is None else bias, out, partial,
@@ -331,8 +355,8 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         PROLOGUE=PROLOGUES[prologue], UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PRE_K=block_k,
-        num_warps=config["num_warps"], num_stages=config["num_stages"])
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PRE_K=block_k, PDL=pdl,
+        num_warps=config["num_warps"], num_stages=config["num_stages"], **({"launch_pdl": True} if pdl else {}))
     return out, new_residual
 
 

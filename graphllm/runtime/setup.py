@@ -19,6 +19,7 @@ from graphllm.config import DEFAULT_LIMITS, EngineConfig, default_buckets
 from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir.capture import StepModule
 from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales
+from graphllm.kernels.launch import programmatic_launch
 from graphllm.models.config import ModelConfig
 from graphllm.models.loader import load_model, read_hf_config
 from graphllm.runtime.kv_cache import BlockPool, allocate_kv_caches, kv_bytes_per_block
@@ -330,15 +331,17 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     graphs, verify_graphs = None, []
     if device.type == "cuda" and config.cuda_graphs:
         buckets, max_blocks = buckets or default_buckets(limits.max_num_seqs), -(-max_model_len // limits.block_size)
-        graphs = capture_graphs(step, kv_caches, buckets, max_blocks, num_blocks, limits.block_size, device, backend)
-        spec = config.speculative_config
-        if spec is not None and not backend.plans_on_host:  # FlashInfer's plans cannot be replayed so
-            rows = min(limits.max_num_batched_tokens, max_num_logits or limits.max_num_batched_tokens)
-            for q in verify_sizes(spec.num_speculative_tokens):
-                if fitting := verify_buckets(buckets, q, rows):
-                    verify_graphs.append(capture_graphs(step, kv_caches, fitting, max_blocks, num_blocks,
-                                                        limits.block_size, device, backend, tokens_per_seq=q,
-                                                        pool=graphs.pool))
+        with programmatic_launch(config.enable_pdl):  # the graphs keep the launches' programmatic edges
+            graphs = capture_graphs(step, kv_caches, buckets, max_blocks, num_blocks, limits.block_size, device,
+                                    backend)
+            spec = config.speculative_config
+            if spec is not None and not backend.plans_on_host:  # FlashInfer's plans cannot be replayed so
+                rows = min(limits.max_num_batched_tokens, max_num_logits or limits.max_num_batched_tokens)
+                for q in verify_sizes(spec.num_speculative_tokens):
+                    if fitting := verify_buckets(buckets, q, rows):
+                        verify_graphs.append(capture_graphs(step, kv_caches, fitting, max_blocks, num_blocks,
+                                                            limits.block_size, device, backend, tokens_per_seq=q,
+                                                            pool=graphs.pool))
     timer.lap("graphs")
     runner = ModelRunner(step, kv_caches, limits.block_size, device, graphs, backend, verify_graphs)
     logger.info("start-up phases (s): %s", ", ".join(f"{k} {v:.2f}" for k, v in timer.seconds.items()))

@@ -174,6 +174,23 @@ def test_bf16_teacher_forced_batch1_through_fused_prologues(bf16_model, historie
     assert value >= transformers_agreement - 0.01
 
 
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic dependent launch needs sm_90")
+def test_bf16_batch1_graphs_with_programmatic_launch_give_the_same_rows(bf16_model, histories_and_reference,
+                                                                        fuse_rope_attention):
+    """enable_pdl: the batch-1 graphs launch the decode linears as programmatic dependents (each waits for the
+    kernel before it before reading anything): the same arithmetic, so every teacher-forced top-1 row is the
+    one the plain launches give."""
+    histories, _ = histories_and_reference
+    art = compile_cached(bf16_config(bf16_model, fuse_rope_attention), bf16_model)
+    rows = {}
+    for pdl in (False, True):
+        engine = Engine.load(art, attention_backend="triton", async_scheduling=False, enable_pdl=pdl)
+        rows[pdl] = [row for history in histories[:8] for row in teacher_forced_top1(engine, [history])]
+        del engine
+    assert rows[True] == rows[False]
+
+
 # Measured on the H200, 2026-11-21 (benchmarks/RESULTS.md): torch 0.957, triton 0.970, flashinfer 0.957;
 # with Inductor emulating eager's rounding (emulate_precision_casts): torch 0.976, triton 0.969, flashinfer 0.974;
 # with the row kernels (commit 66fcf39): torch 0.987, triton 0.979, flashinfer 0.987.

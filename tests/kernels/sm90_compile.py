@@ -21,6 +21,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from graphllm.kernels import fp8_matmul, fused_moe, mla_decode, mla_prefill, moe_align, moe_experts, moe_routing
+from graphllm.kernels import skinny_matmul
 from graphllm.kernels import paged_decode_attention as decode
 from graphllm.kernels import paged_prefill_attention as prefill
 from graphllm.kernels import paged_verify_attention as verify
@@ -127,6 +128,18 @@ def fp8_variants():
         {"num_stages": 4}
 
 
+def skinny_variants():
+    """The bf16 decode linear at one row as it launches under programmatic dependent launch (EngineConfig.enable_pdl:
+    PDL and Triton's launch_pdl), with and without a norm prologue, and the 16-row tile."""
+    types = {"x_ptr": "*bf16", "res_ptr": "*bf16", "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "w_ptr": "*bf16",
+             "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
+    tile = dict(UNIT_OFFSET=False, HAS_BIAS=False, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, EVEN_N=True, EVEN_K=True,
+                PRECISION="tf32", PRE_K=512, PDL=True)
+    for prologue, block_m in ((skinny_matmul.PROLOGUES["add_rms_norm"], 1), (0, 1), (0, 16)):
+        yield skinny_matmul._skinny_matmul_kernel, types, dict(tile, PROLOGUE=prologue, BLOCK_M=block_m), \
+            {"num_stages": 4, "launch_pdl": True}
+
+
 def compile_sm90(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, options: dict) -> dict:
     """The compiled kernel's assembly (cubin, ptx, ...); arguments not typed are int32 scalars."""
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in kernel.arg_names}
@@ -141,16 +154,24 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
     fused = len(re.findall(r"^\s*fma\.", asm["ptx"], re.M))
     if kernel is rope._rope_store_kv_kernel and fused:
         raise AssertionError(f"{fused} fma instructions: a product's rounding is skipped")
+    if constexprs.get("PDL"):  # the wait, and the weight prefetch before it (at one row: BLOCK_K covers a line)
+        ptx = asm["ptx"]
+        waits, triggers = ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")
+        prefetches = ptx.count("prefetch.global.L2")
+        if waits != 1 or triggers != 1 or not prefetches:
+            raise AssertionError(f"PDL: {waits} griddepcontrol.wait, {triggers} launch_dependents, {prefetches} "
+                                 "prefetch.global.L2 in the PTX")
     return f"cubin {len(asm['cubin'])} bytes, {fused} fma"
 
 
 def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run outside Triton's interpreter"
     failed = 0
-    for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants(), *fp8_variants()):
+    for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants(), *fp8_variants(),
+                                               *skinny_variants()):
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
-                                                               "X_MODE", "PROLOGUE")}
+                                                               "X_MODE", "PROLOGUE", "PDL")}
         try:
             print(f"{kernel.__name__} {flags}: {check(kernel, types, constexprs, options)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every variant, then fail

@@ -1,0 +1,30 @@
+"""graphllm/kernels/launch.py: programmatic dependent launch is asked for per block (the graph capture), read by the
+kernels' launchers, never on the CPU; `--enable-pdl` reaches EngineConfig. (The kernels' PDL variants are
+compiled for sm_90 by tests/kernels/sm90_compile.py and run on the GPU by tests/gpu/test_programmatic_launch.py.)"""
+
+import argparse
+
+import torch
+
+from graphllm.cli.args import engine_config
+from graphllm.cli.serve import add_serve_parser
+from graphllm.config import EngineConfig
+from graphllm.kernels import launch
+
+
+def test_asked_for_inside_the_block_only_and_restored():
+    assert not launch._enabled.get()
+    with launch.programmatic_launch(True):
+        assert launch._enabled.get()
+        with launch.programmatic_launch(False):
+            assert not launch._enabled.get()
+        assert launch._enabled.get()
+        assert not launch.launches_dependent(torch.device("cpu"))  # never on the CPU, even when asked for
+    assert not launch._enabled.get()
+
+
+def test_enable_pdl_flag_reaches_the_engine_config():
+    parser = argparse.ArgumentParser()
+    add_serve_parser(parser.add_subparsers(dest="command"))
+    assert not EngineConfig().enable_pdl and not engine_config(parser.parse_args(["serve"])).enable_pdl
+    assert engine_config(parser.parse_args(["serve", "--enable-pdl"])).enable_pdl
