@@ -18,6 +18,8 @@
 #   sync1-B / synctput-B  latency1-B / throughput-B with --no-async-scheduling (host and GPU take turns)
 #   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
+#   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
+#              latency1-B); pdlfam-P  fam-P with --enable-pdl;  pdl-tests  its GPU tests
 #   kernels    rope_store_kv, the triton backend, the rope pass and the sampler tests, one pytest per file
 #   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
 #   attn-tests the paged decode / prefill attention kernel tests;  rope-teacher  teacher with pytest --no-fuse-rope-attention
@@ -95,7 +97,7 @@ for stage in "$@"; do
   start=$(date +%s)
   # a stage that writes a preset and its artifact needs ~35 GB at the 8B-9B shapes: on a machine that already
   # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk)
-  case $stage in fam*|latency*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup|moe-*|spec-*)
+  case $stage in fam*|latency*|pdl1-*|pdlfam-*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup|moe-*|spec-*)
     [ "$(free_gb)" -lt 40 ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
       rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; } ;;
   esac
@@ -132,6 +134,12 @@ for stage in "$@"; do
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_rms_norm.py tests/kernels/test_silu_and_mul.py \
         tests/passes/test_skinny_linear.py tests/passes/test_linear_prologue.py 2>&1 | tail -8 ;;
+    pdl1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --enable-pdl \
+        --output-len 256 --attention-backend "${stage#pdl1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    pdl-tests) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
+        tests/gpu/test_programmatic_launch.py tests/gpu/test_attention_backends.py -k "programmatic" ;;
+    pdlfam-*) bench latency --preset "${stage#pdlfam-}" --batch-sizes 1,8 --input-len 128 --output-len 256 --enable-pdl \
+        $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     rope1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --no-fuse-rope-attention \
         --output-len 256 --attention-backend "${stage#rope1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     kernels) for f in tests/kernels/test_rope_store_kv.py tests/kernels/test_triton_backend.py tests/passes/test_fuse_rope_attention.py \
