@@ -18,7 +18,9 @@ no kernel writes them. A kernel launched without PDL after one of these waits fo
 
 `programmatic_launch(True)` turns it on for the launches inside the block (CUDAGraphRunner.capture, from
 EngineConfig.enable_pdl / `--enable-pdl`): the graphs keep the programmatic edges, so every replay runs them.
-The kernels read it through `launches_dependent(device)`; it is off on the CPU and before sm_90. It changes
+The launchers read it through `pdl_launch(device)` (the kernels' side is gdc.py); it is off on the CPU and
+before sm_90. The kernels that take it: skinny_matmul, rope_store_kv and paged_decode_attention's two, the
+chain of a bf16 decode layer. It changes
 how a kernel is compiled (a constexpr and Triton's launch_pdl option), not the artifact.
 """
 
@@ -44,3 +46,9 @@ def programmatic_launch(enabled: bool) -> Iterator[None]:
 def launches_dependent(device: torch.device) -> bool:
     """Whether a kernel launched now on `device` takes PDL: asked for, and a CUDA device of sm_90 or newer."""
     return _enabled.get() and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def pdl_launch(device: torch.device) -> dict:
+    """The launch keywords of a PDL-capable kernel (a PDL constexpr, gdc.py's starts behind it): PDL, and
+    Triton's launch_pdl option when it launches as a programmatic dependent."""
+    return {"PDL": True, "launch_pdl": True} if launches_dependent(device) else {"PDL": False}

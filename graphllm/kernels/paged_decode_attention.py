@@ -28,7 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from graphllm.kernels.gdc import dependent_start
 from graphllm.kernels.kv_quant import KVScales, dequantize_kv, is_fp8
+from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.reference import soft_cap
 
 LOG2E = 1.4426950408889634
@@ -209,7 +211,9 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
                          MIXED: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-                         SOFTCAP: tl.constexpr):
+                         SOFTCAP: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
+        dependent_start()
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_row = _query_row(query_start_loc_ptr, b, MIXED)
     if MIXED:  # a constexpr branch: a plain decode launch keeps its instructions
@@ -252,7 +256,9 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, query_start_loc_ptr, out_ptr, stride_ob, stride_oh,
                           num_splits, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-                          MIXED: tl.constexpr):
+                          MIXED: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:
+        dependent_start()
     b, h = tl.program_id(0), tl.program_id(1)
     q_row = _query_row(query_start_loc_ptr, b, MIXED)
     if MIXED:
@@ -327,10 +333,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, MIXED=mixed,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        num_warps=num_warps, num_stages=3)
+        num_warps=num_warps, num_stages=3, **pdl_launch(q.device))
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, starts, out, out.stride(0), out.stride(1), num_splits,
             HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, MIXED=mixed,
-            num_warps=4 if head_dim >= 128 else 2)
+            num_warps=4 if head_dim >= 128 else 2, **pdl_launch(q.device))
     return out

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from graphllm.kernels.gdc import dependent_start
+from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.store_kv import quantize_fp8, store_kv_reference
 from graphllm.kernels.kv_quant import KVScales, is_fp8
 from graphllm.kernels.rotary import apply_rotary
@@ -59,7 +61,9 @@ def _rope_store_kv_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, q_out_ptr, k_ca
                           stride_ot, stride_oh, stride_cb, stride_co, stride_ch,  # cache: block, offset, head
                           block_size, num_heads, num_kv_heads, k_scale, v_scale,
                           HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                          KV_FP8: tl.constexpr):
+                          KV_FP8: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
+        dependent_start()
     t, j = tl.program_id(0).to(tl.int64), tl.program_id(1)
     q_blocks = tl.cdiv(num_heads, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -120,5 +124,6 @@ def rope_store_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.
         q_out.stride(0), q_out.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         k_cache.shape[1], num_heads, num_kv_heads, kv_scales.k, kv_scales.v,
         HALF=head_dim // 2, BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
-        KV_FP8=is_fp8(kv_cache.dtype), num_warps=4 if block_h * head_dim >= 1024 else 1, **LAUNCH_OPTIONS)
+        KV_FP8=is_fp8(kv_cache.dtype), num_warps=4 if block_h * head_dim >= 1024 else 1, **LAUNCH_OPTIONS,
+        **pdl_launch(q.device))
     return q_out

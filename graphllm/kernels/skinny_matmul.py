@@ -43,7 +43,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from graphllm.kernels.launch import launches_dependent
+from graphllm.kernels.gdc import programmatic_start
+from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.rms_norm import rms_norm_reference
 from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_silu_and_mul
 from graphllm.kernels.silu_and_mul import gelu_tanh
@@ -139,26 +140,6 @@ def _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm,
         xf = x.to(tl.float32)
         sumsq += xf * xf
     return tl.math.rsqrt(tl.sum(sumsq, 1) / K + eps)[:, None]
-
-
-@triton.jit
-def prefetch_l2(ptrs):
-    """prefetch.global.L2 of every address in ptrs (a hint: no value, no fault), e.g. one per 128-byte line."""
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def programmatic_start(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K: tl.constexpr):
-    """The start of a program under programmatic dependent launch (graphllm/kernels/launch.py): let the next
-    kernel launch (it runs up to its own wait while this one streams), prefetch this program's first K step
-    of the weight ([N, K] rows offs_n, columns k_lo + [0, BLOCK_K)) into L2, one address per 128-byte line,
-    then wait until the kernels before have completed and their writes are visible."""
-    tl.extra.cuda.gdc_launch_dependents()
-    LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements in 128 bytes
-    if BLOCK_K >= LINE:
-        rows = tl.minimum(offs_n, N - 1).to(tl.int64)  # past N: row N - 1 again, never out of bounds
-        prefetch_l2(w_ptr + rows[:, None] * stride_wn + (k_lo + LINE * tl.arange(0, BLOCK_K // LINE))[None, :])
-    tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
@@ -346,7 +327,6 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         assert tiles <= MAX_COLUMN_TILES
         partial = torch.empty((split_k, block_m, n), dtype=torch.float32, device=x.device)
         counters = split_k_counters(x.device)
-    pdl = launches_dependent(x.device)
     _skinny_matmul_kernel[(tiles, split_k)](
         x, x if residual is None else residual, x if norm_weight is None else norm_weight,
         out if new_residual is None else new_residual, weight, weight if bias is None else bias, out, partial,
@@ -355,8 +335,8 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         PROLOGUE=PROLOGUES[prologue], UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PRE_K=block_k, PDL=pdl,
-        num_warps=config["num_warps"], num_stages=config["num_stages"], **({"launch_pdl": True} if pdl else {}))
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PRE_K=block_k,
+        num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl_launch(x.device))
     return out, new_residual
 
 

@@ -1,5 +1,6 @@
 """On an sm_90+ GPU: skinny_matmul launched as programmatic dependents (graphllm/kernels/launch.py) inside a CUDA
-graph, kernel after kernel as a decode layer chains them, gives the plain launches' bits."""
+graph, kernel after kernel as a decode layer chains them, gives the plain launches' bits. (The whole layer, rope +
+KV store and decode attention included, is tests/gpu/test_attention_backends.py's programmatic-launch test.)"""
 
 import pytest
 import torch

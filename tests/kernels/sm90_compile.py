@@ -129,8 +129,18 @@ def fp8_variants():
 
 
 def skinny_variants():
-    """The bf16 decode linear at one row as it launches under programmatic dependent launch (EngineConfig.enable_pdl:
-    PDL and Triton's launch_pdl), with and without a norm prologue, and the 16-row tile."""
+    """The kernels of a bf16 decode layer as they launch under programmatic dependent launch (EngineConfig.enable_pdl:
+    PDL and Triton's launch_pdl): the decode linear at one row with and without a norm prologue and the 16-row
+    tile, rope + KV store, decode attention's split and reduce kernels."""
+    pdl = {"launch_pdl": True}
+    yield decode._decode_split_kernel, pointer_types(False), dict(
+        SHAPE, BLOCK_G=16, DIRECT=False, MIXED=False, KV_FP8=False, SOFTCAP=False, PDL=True), pdl
+    yield decode._decode_reduce_kernel, pointer_types(False), dict(HEAD_DIM=128, BLOCK_S=8, BLOCK_D=128, MIXED=False,
+                                                                   PDL=True), pdl
+    types = dict(pointer_types(False), k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
+                 q_out_ptr="*bf16", slot_ptr="*i64", k_scale="fp32")
+    yield rope._rope_store_kv_kernel, types, dict(HALF=64, BLOCK_H=8, BLOCK_HALF=64, KV_FP8=False, PDL=True), \
+        {**rope.LAUNCH_OPTIONS, **pdl}
     types = {"x_ptr": "*bf16", "res_ptr": "*bf16", "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "w_ptr": "*bf16",
              "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     tile = dict(UNIT_OFFSET=False, HAS_BIAS=False, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, EVEN_N=True, EVEN_K=True,
@@ -158,7 +168,7 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
         ptx = asm["ptx"]
         waits, triggers = ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")
         prefetches = ptx.count("prefetch.global.L2")
-        if waits != 1 or triggers != 1 or not prefetches:
+        if waits != 1 or triggers != 1 or (kernel is skinny_matmul._skinny_matmul_kernel and not prefetches):
             raise AssertionError(f"PDL: {waits} griddepcontrol.wait, {triggers} launch_dependents, {prefetches} "
                                  "prefetch.global.L2 in the PTX")
     return f"cubin {len(asm['cubin'])} bytes, {fused} fma"
