@@ -158,7 +158,8 @@ class CompileConfig:
     # GPU graphs, fp8 W8A8: the norms and SwiGLU fold into the fp8 linears they feed too, so that at one row
     # the fp8 kernel computes them, the row's scale and the float8 operand itself (no norm + quantize kernel,
     # no silu_and_mul_fp8); other rows run the norm's own kernel, then fp8_linear, instead of Inductor's fused
-    # norm + quantize. Off by default until a GPU A/B says it is faster (needs linear_prologue)
+    # norm + quantize. Off by default: measured slower at batch 1 on the H200 (282.2 tok/s against 309.5, 2026-11-29,
+    # benchmarks/RESULTS.md; needs linear_prologue)
     fp8_linear_prologue: bool = False
     # GPU graphs: q/k rotary inside the attention op's KV write, one Triton launch instead of two
     # rotary kernels and store_kv (was GRAPHLLM_FUSED_ROPE=1). On by default since the fifteenth
