@@ -19,7 +19,8 @@
 #   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
-#              latency1-B); pdlfam-P  fam-P with --enable-pdl;  pdl-tests  its GPU tests
+#              latency1-B); pdlfam-P  fam-P with --enable-pdl; pdlq-S  qlat-S with --enable-pdl;  pdl-tests  its
+#              GPU tests
 #   kernels    rope_store_kv, the triton backend, the rope pass and the sampler tests, one pytest per file
 #   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
 #   attn-tests the paged decode / prefill attention kernel tests;  rope-teacher  teacher with pytest --no-fuse-rope-attention
@@ -137,7 +138,10 @@ for stage in "$@"; do
     pdl1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --enable-pdl \
         --output-len 256 --attention-backend "${stage#pdl1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     pdl-tests) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
-        tests/gpu/test_programmatic_launch.py tests/gpu/test_attention_backends.py -k "programmatic" ;;
+        tests/gpu/test_programmatic_launch.py tests/gpu/test_attention_backends.py tests/gpu/test_quantized.py \
+        -k "programmatic" ;;
+    pdlq-*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
+        --quantization "${stage#pdlq-}" --enable-pdl --json "$OUT/r/$stage.json" ;;
     pdlfam-*) bench latency --preset "${stage#pdlfam-}" --batch-sizes 1,8 --input-len 128 --output-len 256 --enable-pdl \
         $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     rope1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --no-fuse-rope-attention \

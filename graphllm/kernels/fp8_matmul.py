@@ -46,8 +46,10 @@ import torch
 import triton
 import triton.language as tl
 
+from graphllm.kernels.gdc import programmatic_start
 from graphllm.kernels.int8_matmul import MAX_ROWS, decode_split_k, m_bucket, plan_launch, tile_ids
 from graphllm.kernels.quant_layout import fp8_linear_reference, fp8_quantized_linear_reference  # noqa: F401 - oracles
+from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.skinny_matmul import PROLOGUES, _operand, _row_rstd, finish_tile, prepass_block
 
 # (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25
@@ -152,7 +154,8 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
                        X_MODE: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
                        EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, FP8_DOT: tl.constexpr,
-                       PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, ROWS: tl.constexpr, PRE_K: tl.constexpr):
+                       PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, ROWS: tl.constexpr, PRE_K: tl.constexpr,
+                       PDL: tl.constexpr = False):
     pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -166,6 +169,8 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
     x_mask = offs_x < M
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    if PDL:  # programmatic dependent launch (launch.py): nothing the kernels before write is touched before this
+        programmatic_start(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K)
     rstd = tl.zeros([ROWS, 1], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:  # the norms: 1 / rms of each row of h = x (+ residual)
         rstd = _row_rstd(x_ptr, res_ptr, offs_x, x_mask, K, eps, stride_xm, stride_rm, ROWS, PRE_K, PROLOGUE)
@@ -337,7 +342,7 @@ def _launch(x: torch.Tensor, x_scale: torch.Tensor, mode: int, weight: torch.Ten
         SWAP_AB=config.get("SWAP_AB", False), EVEN_N=n % config["BLOCK_N"] == 0,
         EVEN_K=plan.k_split * plan.split_k == k, FP8_DOT=_fp8_dot(x.device), PROLOGUE=PROLOGUES[prologue],
         UNIT_OFFSET=unit_offset, ROWS=rows, PRE_K=prepass_block(rows, plan.block_k, k), num_warps=config["num_warps"],
-        num_stages=config["num_stages"])
+        num_stages=config["num_stages"], **(pdl_launch(x.device) if m <= MAX_ROWS else {}))
     return out
 
 

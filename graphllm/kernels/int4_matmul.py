@@ -47,8 +47,10 @@ import torch
 import triton
 import triton.language as tl
 
+from graphllm.kernels.gdc import prefetch_l2
 from graphllm.kernels.int8_matmul import (MAX_ROWS, dot_precision, m_bucket, plan_launch, sm_count, tile_ids,
                                           tile_shape)
+from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.quant_layout import INT4_PACK, check_int4_shape, int4_linear_reference  # noqa: F401
 from graphllm.kernels.skinny_matmul import finish_tile
 
@@ -332,7 +334,8 @@ def _gemv_step(step, acc_a, acc_b, one):
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr, N, K, K_SPLIT, G, one,
                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                      EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr):
+                      EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
+                      PDL: tl.constexpr = False):
     """One row (GEMV), K steps inside one group (G % BLOCK_K == 0): y = x @ W^T at about four instructions per
     weight in the sm_90 SASS (the multiply-add tile above: about ten), so that it can stream the weight rather
     than wait on the issue slots. Per word, _gemv_word_terms: five shifts put each of its 8 nibbles at bits
@@ -353,6 +356,13 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
     b_mask = offs_b < N
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    if PDL:  # programmatic dependent launch (launch.py): let the next kernel launch, prefetch this program's first
+        # K step of words (a 128-byte line is 32 columns of a word row), then wait for the kernels before
+        tl.extra.cuda.gdc_launch_dependents()
+        if BLOCK_N >= 32:
+            lines = tl.minimum(pid_n * BLOCK_N + 32 * tl.arange(0, BLOCK_N // 32), N - 1)
+            prefetch_l2(qw_ptr + (k_lo // 8 + offs_r).to(tl.int64)[:, None] * N + lines[None, :])
+        tl.extra.cuda.gdc_wait()
     acc_a = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
     if PREFETCH:  # the next step's words, scales, zeros and x are loaded before this step's arithmetic
@@ -442,7 +452,7 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
             n, k, plan.k_split, group_size, ONE_BITS, HAS_BIAS=bias is not None, BLOCK_N=config["BLOCK_N"],
             BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, EVEN_N=n % config["BLOCK_N"] == 0,
             NUM_STAGES=config["num_stages"], PREFETCH=config.get("PREFETCH", False), num_warps=config["num_warps"],
-            num_stages=config["num_stages"])
+            num_stages=config["num_stages"], **pdl_launch(x.device))
         return out
     _int4_matmul_kernel[plan.grid](
         x, qweight, scales, zeros, scales if bias is None else bias, out,

@@ -19,8 +19,9 @@ no kernel writes them. A kernel launched without PDL after one of these waits fo
 `programmatic_launch(True)` turns it on for the launches inside the block (CUDAGraphRunner.capture, from
 EngineConfig.enable_pdl / `--enable-pdl`): the graphs keep the programmatic edges, so every replay runs them.
 The launchers read it through `pdl_launch(device)` (the kernels' side is gdc.py); it is off on the CPU and
-before sm_90. The kernels that take it: skinny_matmul, rope_store_kv and paged_decode_attention's two, the
-chain of a bf16 decode layer. It changes
+before sm_90. The kernels that take it: skinny_matmul, rope_store_kv and paged_decode_attention's two (the
+chain of a bf16 decode layer), and the quantized decode linears (fp8_matmul up to 16 rows, the int4 GEMV).
+Inductor's kernels between them (fp8's norm + quantize, the step's few others) launch as before. It changes
 how a kernel is compiled (a constexpr and Triton's launch_pdl option), not the artifact.
 """
 

@@ -88,3 +88,21 @@ def test_inductor_fp8_quantize_is_the_reference(rows):
     assert torch.all((got - want_q.float()).abs() <= step)
     print(f"rows {rows}: scales off by one ulp {(scale != want_scale).sum().item()} / {rows}, float8 values "
           f"off by one step {(got != want_q.float()).sum().item()} / {got.numel()}")
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic dependent launch needs sm_90")
+@pytest.mark.parametrize("scheme", ["fp8", "int4"])
+def test_programmatic_launch_gives_the_same_rows(scheme, bf16_model, histories_and_reference):  # noqa: F811
+    """enable_pdl: the fp8 and int4 decode linears (with rope + KV store and decode attention) launched as
+    programmatic dependents in the decode graphs compute what the plain launches do, row for row."""
+    histories, _ = histories_and_reference
+    art = compile_cached(EngineConfig(model=str(bf16_model), dtype="bfloat16", quantization=scheme, **LIMITS),
+                         bf16_model)
+    rows = {}
+    for pdl in (False, True):
+        engine = Engine.load(art, attention_backend="triton", async_scheduling=False, enable_pdl=pdl)
+        rows[pdl] = teacher_forced_top1(engine, histories[:8])
+        assert engine.runner.graphs.replays > 0
+        del engine
+    assert rows[True] == rows[False]

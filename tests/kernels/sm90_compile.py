@@ -20,7 +20,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from graphllm.kernels import fp8_matmul, fused_moe, mla_decode, mla_prefill, moe_align, moe_experts, moe_routing
+from graphllm.kernels import fp8_matmul, fused_moe, int4_matmul, mla_decode, mla_prefill, moe_align, moe_experts, moe_routing
 from graphllm.kernels import skinny_matmul
 from graphllm.kernels import paged_decode_attention as decode
 from graphllm.kernels import paged_prefill_attention as prefill
@@ -141,6 +141,18 @@ def skinny_variants():
                  q_out_ptr="*bf16", slot_ptr="*i64", k_scale="fp32")
     yield rope._rope_store_kv_kernel, types, dict(HALF=64, BLOCK_H=8, BLOCK_HALF=64, KV_FP8=False, PDL=True), \
         {**rope.LAUNCH_OPTIONS, **pdl}
+    # the quantized decode linears at one row: fp8's pre-quantized 16-row tile, the int4 GEMV
+    fp8_types = {"x_ptr": "*fp8e4nv", "x_scale_ptr": "*fp32", "w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32",
+                 "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "res_ptr": "*bf16",
+                 "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "eps": "fp32"}
+    yield fp8_matmul._fp8_matmul_kernel, fp8_types, dict(
+        X_MODE=2, HAS_BIAS=False, BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=1, GROUP_M=8, SWAP_AB=True, EVEN_N=True,
+        EVEN_K=True, FP8_DOT=True, PROLOGUE=0, UNIT_OFFSET=False, ROWS=16, PRE_K=256, PDL=True), {"num_stages": 4, **pdl}
+    int4_types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "scales_ptr": "*bf16", "zeros_ptr": "*bf16", "bias_ptr": "*bf16",
+                  "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32"}
+    yield int4_matmul._int4_gemv_kernel, int4_types, dict(
+        HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, EVEN_N=True, NUM_STAGES=1, PREFETCH=True, PDL=True), \
+        {"num_stages": 1, **pdl}
     types = {"x_ptr": "*bf16", "res_ptr": "*bf16", "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "w_ptr": "*bf16",
              "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     tile = dict(UNIT_OFFSET=False, HAS_BIAS=False, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, EVEN_N=True, EVEN_K=True,
@@ -168,7 +180,8 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
         ptx = asm["ptx"]
         waits, triggers = ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")
         prefetches = ptx.count("prefetch.global.L2")
-        if waits != 1 or triggers != 1 or (kernel is skinny_matmul._skinny_matmul_kernel and not prefetches):
+        streams = (skinny_matmul._skinny_matmul_kernel, fp8_matmul._fp8_matmul_kernel, int4_matmul._int4_gemv_kernel)
+        if waits != 1 or triggers != 1 or (kernel in streams and not prefetches):
             raise AssertionError(f"PDL: {waits} griddepcontrol.wait, {triggers} launch_dependents, {prefetches} "
                                  "prefetch.global.L2 in the PTX")
     return f"cubin {len(asm['cubin'])} bytes, {fused} fma"
