@@ -98,7 +98,7 @@ for stage in "$@"; do
   start=$(date +%s)
   # a stage that writes a preset and its artifact needs ~35 GB at the 8B-9B shapes: on a machine that already
   # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk)
-  case $stage in fam*|latency*|pdl1-*|pdlfam-*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup|moe-*|spec-*)
+  case $stage in fam*|latency*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup|moe-*|spec-*)
     [ "$(free_gb)" -lt 40 ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
       rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; } ;;
   esac
