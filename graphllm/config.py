@@ -110,6 +110,7 @@ class EngineConfig:
         return CompileConfig(dtype=self.dtype, max_model_len=self.max_model_len,
                              fuse_rope_attention=self.fuse_rope_attention, skinny_linear=self.skinny_linear,
                              linear_prologue=self.linear_prologue, fp8_linear_prologue=self.fp8_linear_prologue,
+                             inductor_pdl=self.enable_pdl,
                              quantization=self.quantization,
                              quantization_group_size=self.quantization_group_size,
                              quantize_lm_head=self.quantize_lm_head,
@@ -167,6 +168,10 @@ class CompileConfig:
     # teacher-forced agreement exactly, and decode was 1.2-1.8% faster (benchmarks/RESULTS.md)
     fuse_rope_attention: bool = True
     lowering: str = "auto"  # "aoti" | "inductor"; auto: AOTInductor on CPU, Inductor standalone on CUDA
+    # Inductor lowering on sm_90+: its Triton kernels generated for programmatic dependent launch too (Inductor's
+    # triton.enable_pdl, where this torch has it), so that the engine's --enable-pdl chain runs through them
+    # (EngineConfig.enable_pdl sets it when the engine compiles)
+    inductor_pdl: bool = False
     # One of QUANTIZATIONS: the quantize_<scheme> pass rewrites every linear but lm_head (None: the
     # checkpoint's own quantization_config if it has one, else none). CHECKPOINT_QUANTIZATIONS names
     # are accepted when they match the checkpoint.

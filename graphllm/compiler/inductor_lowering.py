@@ -18,6 +18,7 @@ half precision as well, not a more precise neighbour of it. That costs a few con
 memory-bound kernels.
 """
 
+import logging
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ import torch
 from graphllm.ir import StepGraph
 
 STEP_INDUCTOR = "step.inductor"
+logger = logging.getLogger(__name__)
 
 
 def export_step(graph: StepGraph) -> torch.export.ExportedProgram:
@@ -37,12 +39,25 @@ def export_step(graph: StepGraph) -> torch.export.ExportedProgram:
     return exported
 
 
-def lower_inductor(exported: torch.export.ExportedProgram, path: Path) -> list[str]:
-    """Compile export_step's program and save it; returns the weight names the step takes first."""
+def inductor_options(pdl: bool) -> dict:
+    """Inductor's config for the step: eager's rounding, and with pdl its Triton kernels made for programmatic
+    dependent launch (triton.enable_pdl) where this torch has that option (else a log line says so)."""
+    options = {"emulate_precision_casts": True}
+    if pdl and hasattr(torch._inductor.config.triton, "enable_pdl"):
+        options["triton.enable_pdl"] = True
+    elif pdl:
+        logger.warning("inductor_pdl: torch %s's Inductor has no triton.enable_pdl; its kernels launch plainly",
+                       torch.__version__)
+    return options
+
+
+def lower_inductor(exported: torch.export.ExportedProgram, path: Path, pdl: bool = False) -> list[str]:
+    """Compile export_step's program and save it; returns the weight names the step takes first. pdl:
+    inductor_options'."""
     from graphllm.compiler.decompositions import inductor_decompositions
     gm = exported.graph_module  # weights lifted: placeholders for parameters, buffers, then user inputs
     fake_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    with inductor_decompositions(), torch._inductor.config.patch(emulate_precision_casts=True):
+    with inductor_decompositions(), torch._inductor.config.patch(inductor_options(pdl)):
         compiled = torch._inductor.standalone_compile(gm, fake_inputs, dynamic_shapes="from_graph")
     compiled.save(path=str(path), format="binary")
     return lifted_weight_names(exported)

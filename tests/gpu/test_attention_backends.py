@@ -11,6 +11,7 @@
   output head is sharpened so that the top-1 is better defined.
 """
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -178,14 +179,15 @@ def test_bf16_teacher_forced_batch1_through_fused_prologues(bf16_model, historie
                     reason="programmatic dependent launch needs sm_90")
 def test_bf16_batch1_graphs_with_programmatic_launch_give_the_same_rows(bf16_model, histories_and_reference,
                                                                         fuse_rope_attention):
-    """enable_pdl: the batch-1 graphs launch the decode linears as programmatic dependents (each waits for the
-    kernel before it before reading anything): the same arithmetic, so every teacher-forced top-1 row is the
-    one the plain launches give."""
+    """enable_pdl: the batch-1 graphs launch the decode layer's kernels as programmatic dependents (each waits for
+    the kernel before it before reading anything; compiled with it, Inductor's kernels too): the same arithmetic, so
+    every teacher-forced top-1 row is the one the plain launches give."""
     histories, _ = histories_and_reference
-    art = compile_cached(bf16_config(bf16_model, fuse_rope_attention), bf16_model)
+    config = bf16_config(bf16_model, fuse_rope_attention)
+    arts = {pdl: compile_cached(dataclasses.replace(config, enable_pdl=pdl), bf16_model) for pdl in (False, True)}
     rows = {}
     for pdl in (False, True):
-        engine = Engine.load(art, attention_backend="triton", async_scheduling=False, enable_pdl=pdl)
+        engine = Engine.load(arts[pdl], attention_backend="triton", async_scheduling=False, enable_pdl=pdl)
         rows[pdl] = [row for history in histories[:8] for row in teacher_forced_top1(engine, [history])]
         del engine
     assert rows[True] == rows[False]

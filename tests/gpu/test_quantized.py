@@ -97,10 +97,10 @@ def test_programmatic_launch_gives_the_same_rows(scheme, bf16_model, histories_a
     """enable_pdl: the fp8 and int4 decode linears (with rope + KV store and decode attention) launched as
     programmatic dependents in the decode graphs compute what the plain launches do, row for row."""
     histories, _ = histories_and_reference
-    art = compile_cached(EngineConfig(model=str(bf16_model), dtype="bfloat16", quantization=scheme, **LIMITS),
-                         bf16_model)
     rows = {}
     for pdl in (False, True):
+        art = compile_cached(EngineConfig(model=str(bf16_model), dtype="bfloat16", quantization=scheme,
+                                          enable_pdl=pdl, **LIMITS), bf16_model)
         engine = Engine.load(art, attention_backend="triton", async_scheduling=False, enable_pdl=pdl)
         rows[pdl] = teacher_forced_top1(engine, histories[:8])
         assert engine.runner.graphs.replays > 0
