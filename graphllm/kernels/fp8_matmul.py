@@ -28,9 +28,9 @@ max |output|), add_rms_norm's column tile 0 stores h = x + residual, and the til
 At one row in a dot tile, where x is computed in the kernel (modes 0 and 1), the kernel normalises and
 quantizes that row alone and broadcasts it to the tile's 16 rows (ROWS 1): computed for all 16 rows, the
 prologue and its scale pass cost 10.3 ms a step against 3.2 without the prologue (H200, 2026-11-29, its first
-GPU run). Mode 2 keeps loading a 16-row tile with the rows past M masked: its one loaded row broadcast to the
+GPU run). Mode 2 keeps loading a 16-row tile with the rows past M masked: its one loaded row selected into the
 tile measured 3.48 ms of model time a step against 2.50 (the same day; the load no longer feeds the MMA
-directly).
+directly). The first passes over the row (mean square, max) step prepass_block's 4096 columns at one row.
 Products: a tl.dot of two float8e4nv tiles (sm_89+; float16 copies elsewhere, exact), added to the
 float32 accumulator once per K step (the Hopper fp8 MMA keeps about 14 bits while it sums within one);
 one row: float32 multiply-add.
@@ -50,7 +50,7 @@ from graphllm.kernels.gdc import programmatic_start
 from graphllm.kernels.int8_matmul import MAX_ROWS, decode_split_k, m_bucket, plan_launch, tile_ids
 from graphllm.kernels.quant_layout import fp8_linear_reference, fp8_quantized_linear_reference  # noqa: F401 - oracles
 from graphllm.kernels.launch import pdl_launch
-from graphllm.kernels.skinny_matmul import PROLOGUES, _operand, _row_rstd, finish_tile, prepass_block
+from graphllm.kernels.skinny_matmul import PROLOGUES, _operand, _row_rstd, finish_tile
 
 # (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25
 # (Llama-3-8B shapes; up to 16 rows from the fp8q sweep, x already float8, the path quantize_fp8_activations
@@ -241,6 +241,14 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
                 "num_warps": 4, "num_stages": 4, "SPLIT_K": decode_split_k(n, k, 64, 256, device)}
     return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "FUSE_QUANT": False,
             "num_warps": 8, "num_stages": 3}
+
+
+def prepass_block(rows: int, block_k: int, k: int) -> int:
+    """The K width of the kernel's first passes over its rows (a norm prologue's mean square, the dynamic scale's
+    max): at one row up to 4096 columns a step, one or a few L2 round trips where BLOCK_K's 8-56 steps each
+    waited before the weight stream could start (the fp8 prologue: 244.8 -> 282.2 tok/s at batch 1, H200,
+    2026-11-29), else BLOCK_K (a [16, 4096] tile would not fit the registers)."""
+    return min(triton.next_power_of_2(k), 4096) if rows == 1 else block_k
 
 
 def fp8_quantize_rows(x: torch.Tensor, input_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

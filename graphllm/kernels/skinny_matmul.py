@@ -25,8 +25,9 @@ With BLOCK_M == 1 (one row) the product is a multiply-add over a [BLOCK_N, BLOCK
 one sum at the end, no tensor cores. Accumulation is float32; the output has x's dtype.
 
 - The norm prologues first read the whole rows of x (and residual) once for the mean square:
-  at most 16 rows of K, from L2, beside an N x K weight stream (one row: in steps of up to 4096
-  columns, PRE_K, so that the pass is one or a few L2 round trips). Program column 0 writes h.
+  at most 16 rows of K, from L2, beside an N x K weight stream. Program column 0 writes h. (In
+  4096-column steps at one row, as fp8_matmul's passes take them, Llama-3-8B and Gemma 2 measured
+  2-3% slower on the H200, 2026-11-29: the pass steps BLOCK_K.)
 - SPLIT_K > 1: each program stores its float32 partial in a workspace, then counts itself in
   on a per-column-tile counter (atomic, acq_rel); the program that arrives last sums the
   partials in split order (deterministic), writes the output and resets the counter to 0.
@@ -182,7 +183,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
                           BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                           EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                          PRE_K: tl.constexpr, PDL: tl.constexpr):
+                          PDL: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -197,7 +198,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
         programmatic_start(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K)
     rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:
-        rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, PRE_K, PROLOGUE)
+        rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, BLOCK_K, PROLOGUE)
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -229,13 +230,6 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
         out = acc
     finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
                 stride_om, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)
-
-
-def prepass_block(rows: int, block_k: int, k: int) -> int:
-    """The K width of a norm prologue's first pass over the rows (the mean square; fp8_matmul's max too): at
-    one row, up to 4096 columns a step (one or a few steps, where BLOCK_K's 8-16 steps each wait on L2 before
-    the weight stream can start), else BLOCK_K (a [16, 4096] tile would not fit the registers)."""
-    return min(triton.next_power_of_2(k), 4096) if rows == 1 else block_k
 
 
 @functools.lru_cache(maxsize=None)
@@ -335,7 +329,7 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         PROLOGUE=PROLOGUES[prologue], UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PRE_K=block_k,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl_launch(x.device))
     return out, new_residual
 

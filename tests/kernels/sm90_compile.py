@@ -156,7 +156,7 @@ def skinny_variants():
     types = {"x_ptr": "*bf16", "res_ptr": "*bf16", "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "w_ptr": "*bf16",
              "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     tile = dict(UNIT_OFFSET=False, HAS_BIAS=False, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, EVEN_N=True, EVEN_K=True,
-                PRECISION="tf32", PRE_K=512, PDL=True)
+                PRECISION="tf32", PDL=True)
     for prologue, block_m in ((skinny_matmul.PROLOGUES["add_rms_norm"], 1), (0, 1), (0, 16)):
         yield skinny_matmul._skinny_matmul_kernel, types, dict(tile, PROLOGUE=prologue, BLOCK_M=block_m), \
             {"num_stages": 4, "launch_pdl": True}
