@@ -41,9 +41,10 @@ class EngineConfig:
     kv_cache_memory_gib: float | None = None  # None: 4 GiB on CPU, 90% of free memory on GPU
     seed: int = 0  # for unseeded sampling
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (GPU only)
-    # sm_90+: the decode graphs launch graphllm's decode-linear kernels as programmatic dependents (PDL), so that
-    # each starts, prefetches its weight and waits while the kernel before finishes (graphllm/kernels/launch.py).
-    # Off by default until a GPU A/B says it is faster
+    # sm_90+: the decode graphs launch graphllm's decode-step kernels (the linears, rope + KV store, decode
+    # attention) as programmatic dependents (PDL), so that each starts, prefetches its weight and waits while the
+    # kernel before finishes (graphllm/kernels/launch.py); compile=True also builds Inductor's kernels for it
+    # (CompileConfig.inductor_pdl). Off by default until a GPU A/B says it is faster
     enable_pdl: bool = False
     # auto: triton on CUDA (measured faster than flashinfer), else flashinfer; torch (the reference) on CPU
     attention_backend: str = "auto"

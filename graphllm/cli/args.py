@@ -72,7 +72,7 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                         help="fp8 KV cache: scales from the K/V amax of a calibration prefill at start-up "
                              "(default: the checkpoint's k_scale/v_scale, else 1.0)")
     parser.add_argument("--enable-pdl", action="store_true",
-                        help="GPU (sm_90+): decode graphs launch the decode-linear kernels as programmatic "
+                        help="GPU (sm_90+): decode graphs launch the decode step's kernels as programmatic "
                              "dependents, each starting while the one before finishes (off by default)")
     parser.add_argument("--speculative-config", type=json_object, metavar="JSON",
                         help='speculative decoding (vLLM\'s), e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '

@@ -1,4 +1,4 @@
-"""How graphllm's decode-linear kernels launch: programmatic dependent launch (PDL) on Hopper and newer.
+"""How graphllm's decode-step kernels launch: programmatic dependent launch (PDL) on Hopper and newer.
 
 A decode step at batch 1 is a chain of ~10 kernels a layer, each streaming a weight of 10-240 MB, and each
 costs a few microseconds beyond its bytes: the launch inside the graph, the first wave's ramp (programs that
@@ -16,16 +16,17 @@ and its writes are visible, so nothing that a kernel before writes is read befor
 before it (a buffer this kernel writes may still be read by the kernel before). The weights are the model's:
 no kernel writes them. A kernel launched without PDL after one of these waits for it as usual.
 
-`programmatic_launch(True)` turns it on for the launches inside the block (CUDAGraphRunner.capture, from
-EngineConfig.enable_pdl / `--enable-pdl`): the graphs keep the programmatic edges, so every replay runs them.
+`programmatic_launch(True)` turns it on for the launches inside the block (runtime/setup.py, around the graph
+capture, from EngineConfig.enable_pdl / `--enable-pdl`): the graphs keep the programmatic edges, so every replay
+runs them.
 The launchers read it through `pdl_launch(device)` (the kernels' side is gdc.py); it is off on the CPU and
 before sm_90. The kernels that take it: skinny_matmul, rope_store_kv and paged_decode_attention's two (the
 chain of a bf16 decode layer), and the quantized decode linears (fp8_matmul up to 16 rows, the int4 GEMV).
 Inductor's kernels between them (fp8's norm + quantize, the step's few others) take part when the artifact was
 compiled for it (CompileConfig.inductor_pdl: Inductor's own triton.enable_pdl, set when an engine with
 enable_pdl compiles); an artifact compiled without it keeps them plain launches, which the others wait for as
-usual. It changes
-how a kernel is compiled (a constexpr and Triton's launch_pdl option), not the artifact.
+usual. For graphllm's kernels it changes how a kernel is compiled at run time (a constexpr and Triton's
+launch_pdl option), not the artifact.
 """
 
 from contextlib import contextmanager
