@@ -131,6 +131,7 @@ def under_torchrun(config: EngineConfig, torchrun) -> EngineConfig:
 def compile_config(args: argparse.Namespace) -> CompileConfig:
     given = {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
     return CompileConfig(dtype=args.dtype, buckets=tuple(args.buckets) if args.buckets else None,
+                         inductor_pdl=getattr(args, "enable_pdl", False),
                          **{k: v for k, v in given.items() if v is not None}, **pass_switches(args))
 
 
