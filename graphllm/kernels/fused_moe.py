@@ -27,6 +27,7 @@ import triton
 
 from graphllm.kernels import moe_experts
 from graphllm.kernels.fused_moe_reference import reference_fused_experts, reference_fused_moe
+from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.moe_align import moe_align_block_size
 from graphllm.kernels.moe_routing import topk_softmax
 from graphllm.kernels.quant_layout import FP8_DTYPE
@@ -95,7 +96,7 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
     slots, rows, flags = _row_source(topk_ids, num_experts, config)
     common = dict(TOP_K=top_k, BLOCK_M=block_m, DOT_FP32=not x.is_cuda, **flags,
                   PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                  num_warps=config["num_warps"], num_stages=config["num_stages"])
+                  num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl_launch(x.device))
     act = x.new_empty((pairs, size))  # [T*k, I]
     block_n, block_k = config["gate_up"]
     moe_experts._gate_up_silu_kernel[(slots, triton.cdiv(size, block_n))](
@@ -111,7 +112,8 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
         *w2.stride(), out.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, BLOCK_T=SUM_TOKENS, **common)
     if config["SORTED"]:
         moe_experts._sum_over_k_kernel[(triton.cdiv(num_tokens, SUM_TOKENS), triton.cdiv(hidden, SUM_COLUMNS))](
-            terms, out, num_tokens, hidden, out.stride(0), TOP_K=top_k, BLOCK_T=SUM_TOKENS, BLOCK_N=SUM_COLUMNS)
+            terms, out, num_tokens, hidden, out.stride(0), TOP_K=top_k, BLOCK_T=SUM_TOKENS, BLOCK_N=SUM_COLUMNS,
+            **pdl_launch(x.device))
     return out
 
 

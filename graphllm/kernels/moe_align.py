@@ -25,6 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
+from graphllm.kernels.gdc import dependent_start
+from graphllm.kernels.launch import pdl_launch
+
 
 def max_padded_rows(num_pairs: int, num_experts: int, block_m: int) -> int:
     """EM: the rows sorted_ids needs at worst for num_pairs pairs over num_experts experts."""
@@ -62,7 +65,9 @@ def _one_hot(ids_ptr, start, num_pairs, E_POW2: tl.constexpr, CHUNK: tl.constexp
 
 @triton.jit
 def _moe_align_kernel(ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_pairs, num_experts, num_rows,
-                      BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr):
+                      BLOCK_M: tl.constexpr, E_POW2: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
+        dependent_start()
     experts = tl.arange(0, E_POW2)
     counts = tl.zeros([E_POW2], dtype=tl.int32)
     for start in range(0, num_pairs, CHUNK):
@@ -102,5 +107,6 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int,
     num_padded = torch.empty(1, dtype=torch.int32, device=device)
     e_pow2 = triton.next_power_of_2(num_experts)
     _moe_align_kernel[(1,)](flat, sorted_ids, expert_ids, num_padded, num_pairs, num_experts, num_rows,
-                            BLOCK_M=block_m, E_POW2=e_pow2, CHUNK=min(1024, max(16, 16384 // e_pow2)), num_warps=8)
+                            BLOCK_M=block_m, E_POW2=e_pow2, CHUNK=min(1024, max(16, 16384 // e_pow2)), num_warps=8,
+                            **pdl_launch(device))
     return sorted_ids, expert_ids, num_padded

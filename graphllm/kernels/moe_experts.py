@@ -37,6 +37,8 @@ the k terms summed in float32. Accumulation is float32; float32 operands use IEE
 import triton
 import triton.language as tl
 
+from graphllm.kernels.gdc import dependent_start
+
 
 @triton.jit
 def _scan_slot(ids_ptr, slot, num_pairs, BY_EXPERT: tl.constexpr, PAIRS: tl.constexpr):
@@ -136,7 +138,9 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, scale_ptr, act_ptr, ids_ptr, sorted_ids_p
                          num_pairs, size, hidden, stride_xt, stride_we, stride_wn, stride_wk,
                          SORTED: tl.constexpr, BY_EXPERT: tl.constexpr, PAIRS: tl.constexpr, TOP_K: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
+                         DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
+        dependent_start()
     slot = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < size
@@ -177,7 +181,9 @@ def _down_weighted_kernel(act_ptr, w_ptr, scale_ptr, weights_ptr, terms_ptr, out
                           stride_we, stride_wn, stride_wk, stride_ot, SORTED: tl.constexpr, BY_EXPERT: tl.constexpr,
                           PAIRS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, DOT_FP32: tl.constexpr,
-                          PRECISION: tl.constexpr):
+                          PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
+        dependent_start()
     slot = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -208,7 +214,9 @@ def _down_weighted_kernel(act_ptr, w_ptr, scale_ptr, weights_ptr, terms_ptr, out
 
 @triton.jit
 def _sum_over_k_kernel(terms_ptr, out_ptr, num_tokens, hidden, stride_ot, TOP_K: tl.constexpr,
-                       BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+                       BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
+        dependent_start()
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     _sum_terms(terms_ptr, out_ptr, tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T), offs_n, offs_n < hidden,
                num_tokens, hidden, stride_ot, TOP_K, BLOCK_T, BLOCK_N, "")

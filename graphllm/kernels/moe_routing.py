@@ -21,6 +21,8 @@ import triton
 import triton.language as tl
 
 from graphllm.kernels.fused_moe_reference import select_experts
+from graphllm.kernels.gdc import dependent_start
+from graphllm.kernels.launch import pdl_launch
 
 
 def select_experts_reference(router_logits: torch.Tensor, top_k: int, renormalize: bool):
@@ -31,7 +33,9 @@ def select_experts_reference(router_logits: torch.Tensor, top_k: int, renormaliz
 @triton.jit
 def _topk_softmax_kernel(logits_ptr, weights_ptr, ids_ptr, num_experts, stride_t,
                          TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, E_POW2: tl.constexpr,
-                         K_POW2: tl.constexpr):
+                         K_POW2: tl.constexpr, PDL: tl.constexpr = False):
+    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
+        dependent_start()
     token = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, E_POW2)
     in_row = offs < num_experts
@@ -67,5 +71,5 @@ def topk_softmax(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     _topk_softmax_kernel[(num_tokens,)](
         router_logits, weights, ids, num_experts, router_logits.stride(0), TOP_K=top_k, RENORMALIZE=renormalize,
         E_POW2=triton.next_power_of_2(num_experts), K_POW2=triton.next_power_of_2(top_k),
-        num_warps=1 if num_experts <= 256 else 4)
+        num_warps=1 if num_experts <= 256 else 4, **pdl_launch(router_logits.device))
     return weights, ids

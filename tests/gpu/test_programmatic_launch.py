@@ -47,3 +47,23 @@ def test_graph_of_dependent_launches_matches_plain_launches():
         reference, ref_residual_out = layer_chain(reference, residual, w)
     assert torch.equal(out, reference) and torch.equal(residual_out, ref_residual_out)
     assert torch.equal(layer_chain(x, residual, w)[0], expected[0])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+def test_engines_with_programmatic_launch_give_the_same_tokens(arch, tiny_model_dir):
+    """A bf16 engine compiled and run with enable_pdl (the decode step's kernels, the MoE routing and expert
+    kernels among them, and Inductor's) gives the greedy tokens of the same engine without it."""
+    from graphllm import Engine, SamplingParams
+    from graphllm.config import EngineConfig
+    from tests.conftest import compile_cached
+    path, _ = tiny_model_dir(arch)
+    prompts = [[1, 5, 9, 17, 33], [1, 42], list(range(3, 40))]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    outs = {}
+    for pdl in (False, True):
+        art = compile_cached(EngineConfig(model=str(path), dtype="bfloat16", enable_pdl=pdl), path)
+        engine = Engine.load(art, enable_pdl=pdl)
+        outs[pdl] = [o.outputs[0].token_ids for o in engine.generate(prompts, greedy)]
+        assert engine.runner.graphs.replays > 0
+        del engine
+    assert outs[True] == outs[False]

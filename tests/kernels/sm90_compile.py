@@ -128,11 +128,26 @@ def fp8_variants():
         {"num_stages": 4}
 
 
-def skinny_variants():
-    """The kernels of a bf16 decode layer as they launch under programmatic dependent launch (EngineConfig.enable_pdl:
-    PDL and Triton's launch_pdl): the decode linear at one row with and without a norm prologue and the 16-row
-    tile, rope + KV store, decode attention's split and reduce kernels."""
+def pdl_variants():
+    """The decode step's kernels as they launch under programmatic dependent launch (EngineConfig.enable_pdl: PDL
+    and Triton's launch_pdl): the decode linear at one row with and without a norm prologue and the 16-row tile,
+    rope + KV store, decode attention's split and reduce kernels, the quantized linears at one row, and the MoE
+    kernels of one token (routing, both expert kernels; the sorted path's align and k-sum)."""
     pdl = {"launch_pdl": True}
+    yield moe_routing._topk_softmax_kernel, MOE_POINTERS, dict(TOP_K=8, RENORMALIZE=True, E_POW2=128, K_POW2=8,
+                                                               PDL=True), {"num_warps": 1, **pdl}
+    yield moe_align._moe_align_kernel, MOE_POINTERS, dict(BLOCK_M=64, E_POW2=128, CHUNK=128, PDL=True), \
+        {"num_warps": 8, **pdl}
+    config = fused_moe.plan(1, 8, 128)
+    common = dict(TOP_K=8, BLOCK_M=config["BLOCK_M"], DOT_FP32=False, PRECISION="tf32", SORTED=False, BY_EXPERT=False,
+                  PAIRS=8, PDL=True)
+    options = {"num_warps": config["num_warps"], "num_stages": config["num_stages"], **pdl}
+    yield moe_experts._gate_up_silu_kernel, MOE_POINTERS, dict(
+        common, BLOCK_N=config["gate_up"][0], BLOCK_K=config["gate_up"][1]), options
+    yield moe_experts._down_weighted_kernel, MOE_POINTERS, dict(
+        common, BLOCK_N=config["down"][0], BLOCK_K=config["down"][1], BLOCK_T=fused_moe.SUM_TOKENS), options
+    yield moe_experts._sum_over_k_kernel, MOE_POINTERS, dict(TOP_K=8, BLOCK_T=fused_moe.SUM_TOKENS,
+                                                             BLOCK_N=fused_moe.SUM_COLUMNS, PDL=True), pdl
     yield decode._decode_split_kernel, pointer_types(False), dict(
         SHAPE, BLOCK_G=16, DIRECT=False, MIXED=False, KV_FP8=False, SOFTCAP=False, PDL=True), pdl
     yield decode._decode_reduce_kernel, pointer_types(False), dict(HEAD_DIM=128, BLOCK_S=8, BLOCK_D=128, MIXED=False,
@@ -191,7 +206,7 @@ def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run outside Triton's interpreter"
     failed = 0
     for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants(), *fp8_variants(),
-                                               *skinny_variants()):
+                                               *pdl_variants()):
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
                                                                "X_MODE", "PROLOGUE", "PDL")}
