@@ -19,8 +19,8 @@
 #   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
-#              latency1-B); pdlfam-P  fam-P with --enable-pdl; pdlq-S  qlat-S with --enable-pdl;  pdl-tests  its
-#              GPU tests
+#              latency1-B); pdlfam-P  fam-P with --enable-pdl; pdlq-S  qlat-S with --enable-pdl; moe-lat-pdl
+#              moe-lat with --enable-pdl;  pdl-tests  its GPU tests
 #   kernels    rope_store_kv, the triton backend, the rope pass and the sampler tests, one pytest per file
 #   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
 #   attn-tests the paged decode / prefill attention kernel tests;  rope-teacher  teacher with pytest --no-fuse-rope-attention
@@ -197,6 +197,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --json "$OUT/r/$stage.json"; rm -rf $WORK/startup ;;
     moe-lat) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
         --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    moe-lat-pdl) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
+        --output-len 256 --enable-pdl $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     moe-lat-fp8) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
         --output-len 256 --quantization fp8 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     moe-prof) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 32 --input-len 128 --output-len 64 \
