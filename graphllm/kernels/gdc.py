@@ -4,7 +4,8 @@ A kernel launched with PDL (its PDL constexpr, from launch.pdl_launch) begins wi
 anything an earlier kernel wrote or writes anything:
 
     dependent_start()        let the next kernel launch, then wait for the kernels before (rope + KV store,
-                             decode attention, the MoE kernels: nothing of theirs is worth fetching before
+                             decode attention, the row kernels, the MoE kernels: nothing of theirs is worth
+                             fetching before
                              their inputs exist; the experts' weights depend on the routing)
     programmatic_start(...)  the same around an L2 prefetch of the program's first weight step (the [N, K]
                              decode linears, bf16 and fp8: the weights are the model's, no kernel writes them;

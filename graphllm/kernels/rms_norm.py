@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from graphllm.kernels.gdc import dependent_start
+from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.reference import reference_rms_norm
 
 
@@ -34,7 +36,10 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float, residu
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, h_ptr, D, eps,
                      stride_xm, stride_rm,  # out and h are contiguous: row stride D
-                     HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr, BLOCK_D: tl.constexpr):
+                     HAS_RESIDUAL: tl.constexpr, UNIT_OFFSET: tl.constexpr, BLOCK_D: tl.constexpr,
+                     PDL: tl.constexpr = False):
+    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
+        dependent_start()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_D)
     mask = offs < D
@@ -84,5 +89,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     _rms_norm_kernel[(num_rows,)](
         x, x if residual is None else residual, weight, out, out if h is None else h, dim, eps,
         x.stride(0), 0 if residual is None else residual.stride(0),
-        HAS_RESIDUAL=residual is not None, UNIT_OFFSET=unit_offset, BLOCK_D=block_d, num_warps=_num_warps(block_d))
+        HAS_RESIDUAL=residual is not None, UNIT_OFFSET=unit_offset, BLOCK_D=block_d, num_warps=_num_warps(block_d),
+        **pdl_launch(x.device))
     return out, h

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from graphllm.kernels.gdc import dependent_start
+from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.reference import reference_silu_and_mul
 
 BLOCK = 1024  # columns per program
@@ -35,7 +37,10 @@ def gelu_tanh(x):
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, size, stride_xm, BLOCK: tl.constexpr, GELU_TANH: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, size, stride_xm, BLOCK: tl.constexpr, GELU_TANH: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
+        dependent_start()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < size
@@ -64,5 +69,5 @@ def silu_and_mul(x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
     if num_rows == 0 or size == 0:
         return out
     _silu_and_mul_kernel[(num_rows, triton.cdiv(size, BLOCK))](
-        x, out, size, x.stride(0), BLOCK=BLOCK, GELU_TANH=gelu, num_warps=4)
+        x, out, size, x.stride(0), BLOCK=BLOCK, GELU_TANH=gelu, num_warps=4, **pdl_launch(x.device))
     return out

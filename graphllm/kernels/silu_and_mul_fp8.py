@@ -17,6 +17,8 @@ import triton
 import triton.language as tl
 
 from graphllm.kernels.fp8_matmul import _quantize
+from graphllm.kernels.gdc import dependent_start
+from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.quant_layout import FP8_DTYPE, quantize_fp8_rows
 from graphllm.kernels.reference import reference_silu_and_mul
 
@@ -38,7 +40,10 @@ def _silu_mul(x_row, offs, mask, size):
 
 
 @triton.jit
-def _silu_and_mul_fp8_kernel(x_ptr, out_ptr, scale_ptr, size, stride_xm, BLOCK: tl.constexpr):
+def _silu_and_mul_fp8_kernel(x_ptr, out_ptr, scale_ptr, size, stride_xm, BLOCK: tl.constexpr,
+                             PDL: tl.constexpr = False):
+    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
+        dependent_start()
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     amax = tl.zeros([BLOCK], dtype=tl.float32)
@@ -65,5 +70,5 @@ def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if num_rows and size:
         block = min(MAX_BLOCK, triton.next_power_of_2(size))
         _silu_and_mul_fp8_kernel[(num_rows,)](x, out, scale, size, x.stride(0), BLOCK=block,
-                                              num_warps=16 if block >= 8192 else 4)
+                                              num_warps=16 if block >= 8192 else 4, **pdl_launch(x.device))
     return out, scale

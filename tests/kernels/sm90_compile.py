@@ -21,7 +21,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from graphllm.kernels import fp8_matmul, fused_moe, int4_matmul, mla_decode, mla_prefill, moe_align, moe_experts, moe_routing
-from graphllm.kernels import skinny_matmul
+from graphllm.kernels import rms_norm, silu_and_mul, silu_and_mul_fp8, skinny_matmul
 from graphllm.kernels import paged_decode_attention as decode
 from graphllm.kernels import paged_prefill_attention as prefill
 from graphllm.kernels import paged_verify_attention as verify
@@ -131,9 +131,17 @@ def fp8_variants():
 def pdl_variants():
     """The decode step's kernels as they launch under programmatic dependent launch (EngineConfig.enable_pdl: PDL
     and Triton's launch_pdl): the decode linear at one row with and without a norm prologue and the 16-row tile,
-    rope + KV store, decode attention's split and reduce kernels, the quantized linears at one row, and the MoE
-    kernels of one token (routing, both expert kernels; the sorted path's align and k-sum)."""
+    rope + KV store, decode attention's split and reduce kernels, the quantized linears at one row, the row kernels
+    (RMSNorm, SwiGLU, SwiGLU into float8) and the MoE kernels of one token (routing, both expert kernels; the sorted
+    path's align and k-sum)."""
     pdl = {"launch_pdl": True}
+    rows = {"x_ptr": "*bf16", "res_ptr": "*bf16", "w_ptr": "*bf16", "out_ptr": "*bf16", "h_ptr": "*bf16", "eps": "fp32"}
+    yield rms_norm._rms_norm_kernel, rows, dict(HAS_RESIDUAL=True, UNIT_OFFSET=False, BLOCK_D=4096, PDL=True), \
+        {"num_warps": 8, **pdl}
+    yield silu_and_mul._silu_and_mul_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16"}, dict(
+        BLOCK=1024, GELU_TANH=False, PDL=True), {"num_warps": 4, **pdl}
+    yield silu_and_mul_fp8._silu_and_mul_fp8_kernel, {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}, \
+        dict(BLOCK=16384, PDL=True), {"num_warps": 16, **pdl}
     yield moe_routing._topk_softmax_kernel, MOE_POINTERS, dict(TOP_K=8, RENORMALIZE=True, E_POW2=128, K_POW2=8,
                                                                PDL=True), {"num_warps": 1, **pdl}
     yield moe_align._moe_align_kernel, MOE_POINTERS, dict(BLOCK_M=64, E_POW2=128, CHUNK=128, PDL=True), \
