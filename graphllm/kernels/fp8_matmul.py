@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.gdc import programmatic_start
+from graphllm.kernels.gdc import dependent_start, weight_lines
 from graphllm.kernels.int8_matmul import MAX_ROWS, decode_split_k, m_bucket, plan_launch, tile_ids
 from graphllm.kernels.quant_layout import fp8_linear_reference, fp8_quantized_linear_reference  # noqa: F401 - oracles
 from graphllm.kernels.launch import pdl_launch
@@ -170,7 +170,7 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     if PDL:  # programmatic dependent launch (launch.py): nothing the kernels before write is touched before this
-        programmatic_start(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K)
+        dependent_start(weight_lines(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K))
     rstd = tl.zeros([ROWS, 1], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:  # the norms: 1 / rms of each row of h = x (+ residual)
         rstd = _row_rstd(x_ptr, res_ptr, offs_x, x_mask, K, eps, stride_xm, stride_rm, ROWS, PRE_K, PROLOGUE)

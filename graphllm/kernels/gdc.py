@@ -3,13 +3,12 @@
 A kernel launched with PDL (its PDL constexpr, from launch.pdl_launch) begins with one of these, before it reads
 anything an earlier kernel wrote or writes anything:
 
-    dependent_start()        let the next kernel launch, then wait for the kernels before (rope + KV store,
-                             decode attention, the row kernels, the MoE kernels: nothing of theirs is worth
-                             fetching before
-                             their inputs exist; the experts' weights depend on the routing)
-    programmatic_start(...)  the same around an L2 prefetch of the program's first weight step (the [N, K]
-                             decode linears, bf16 and fp8: the weights are the model's, no kernel writes them;
-                             the int4 GEMV does the same inline over its [K/8, N] words)
+    dependent_start()             let the next kernel launch, then wait for the kernels before (rope + KV store,
+                                  decode attention, the row kernels, the MoE kernels: nothing of theirs is worth
+                                  fetching before their inputs exist; the experts' weights depend on the routing)
+    dependent_start(lines)        the same around an L2 prefetch of `lines`, the program's first weight step (the
+                                  decode linears: the weights are the model's, no kernel writes them), e.g.
+                                  weight_lines' for an [N, K] weight
 """
 
 import triton
@@ -23,20 +22,21 @@ def prefetch_l2(ptrs):
 
 
 @triton.jit
-def dependent_start():
+def dependent_start(lines=None):
     """Let the next kernel launch once every program of this one has started (it runs up to its own wait while
-    this one works), then wait until the kernels before have completed and their writes are visible."""
+    this one works), prefetch `lines` into L2 if given, then wait until the kernels before have completed and
+    their writes are visible."""
     tl.extra.cuda.gdc_launch_dependents()
+    if lines is not None:
+        prefetch_l2(lines)
     tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
-def programmatic_start(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K: tl.constexpr):
-    """dependent_start around a prefetch into L2 of this program's first K step of an [N, K] weight (rows
-    offs_n, columns k_lo + [0, BLOCK_K)), one address per 128-byte line."""
-    tl.extra.cuda.gdc_launch_dependents()
+def weight_lines(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K: tl.constexpr):
+    """One address per 128-byte line of an [N, K] weight's rows offs_n, columns k_lo + [0, BLOCK_K) (at least the
+    line at k_lo): [BLOCK_N, lines]. Rows past N read row N - 1 again, never out of bounds."""
     LINE: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth  # elements in 128 bytes
-    if BLOCK_K >= LINE:
-        rows = tl.minimum(offs_n, N - 1).to(tl.int64)  # past N: row N - 1 again, never out of bounds
-        prefetch_l2(w_ptr + rows[:, None] * stride_wn + (k_lo + LINE * tl.arange(0, BLOCK_K // LINE))[None, :])
-    tl.extra.cuda.gdc_wait()
+    LINES: tl.constexpr = BLOCK_K // LINE if BLOCK_K >= LINE else 1
+    rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+    return w_ptr + rows[:, None] * stride_wn + (k_lo + LINE * tl.arange(0, LINES))[None, :]

@@ -47,7 +47,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.gdc import prefetch_l2
+from graphllm.kernels.gdc import dependent_start
 from graphllm.kernels.int8_matmul import (MAX_ROWS, dot_precision, m_bucket, plan_launch, sm_count, tile_ids,
                                           tile_shape)
 from graphllm.kernels.launch import pdl_launch
@@ -356,13 +356,10 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
     b_mask = offs_b < N
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    if PDL:  # programmatic dependent launch (launch.py): let the next kernel launch, prefetch this program's first
-        # K step of words (a 128-byte line is 32 columns of a word row), then wait for the kernels before
-        tl.extra.cuda.gdc_launch_dependents()
-        if BLOCK_N >= 32:
-            lines = tl.minimum(pid_n * BLOCK_N + 32 * tl.arange(0, BLOCK_N // 32), N - 1)
-            prefetch_l2(qw_ptr + (k_lo // 8 + offs_r).to(tl.int64)[:, None] * N + lines[None, :])
-        tl.extra.cuda.gdc_wait()
+    if PDL:  # programmatic dependent launch (launch.py), prefetching this program's first K step of words (a
+        # 128-byte line is 32 columns of a word row; rows past N read column N - 1 again)
+        columns = tl.minimum(pid_n * BLOCK_N + 32 * tl.arange(0, BLOCK_N // 32 if BLOCK_N >= 32 else 1), N - 1)
+        dependent_start(qw_ptr + (k_lo // 8 + offs_r).to(tl.int64)[:, None] * N + columns[None, :])
     acc_a = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
     acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
     if PREFETCH:  # the next step's words, scales, zeros and x are loaded before this step's arithmetic

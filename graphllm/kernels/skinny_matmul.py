@@ -44,7 +44,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from graphllm.kernels.gdc import programmatic_start
+from graphllm.kernels.gdc import dependent_start, weight_lines
 from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.rms_norm import rms_norm_reference
 from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_silu_and_mul
@@ -195,7 +195,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     if PDL:  # nothing the kernels before write is read or written before this
-        programmatic_start(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K)
+        dependent_start(weight_lines(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K))
     rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:
         rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, BLOCK_K, PROLOGUE)
