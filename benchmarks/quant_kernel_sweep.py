@@ -87,7 +87,7 @@ def copy_bandwidth() -> float:
     (eager copies). The copy replayed from a CUDA graph, as this measured before, read 2.76-2.77 TB/s on H200s where
     `bench` measured 4.1-4.2 (2026-11-25 and 2026-11-29; a graph's memcpy node, probably not the copy kernel), so
     the % column was too generous."""
-    from graphllm.bench.latency import measure_bandwidth_tbs
+    from graphllm.bench.roofline import measure_bandwidth_tbs
     return measure_bandwidth_tbs(torch.device(DEVICE)) * 1e12
 
 

@@ -13,17 +13,13 @@ copy measured here (GPU only; on CPU the ceiling is left out).
 """
 
 import argparse
-import json
-import math
 import random
-import statistics
-import struct
 import time
 from pathlib import Path
 
-import torch
 
 from graphllm.bench import hf_compare, plots, profiling
+from graphllm.bench.roofline import add_ceiling_args, bandwidth, decode_weight_bytes
 from graphllm.bench.serve_bench import parse_levels
 from graphllm.bench.workload import (StepTimer, add_common_args, build_engine, engine_facts, fmt, format_rows,
                                      free_engine, model_folder, params_for, prepare_work, random_prompt,
@@ -38,7 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=parse_levels, default=(1, 8, 32, 128, 256), help="e.g. 1,8,32,128,256")
     p.add_argument("--input-len", type=int, default=128, help="prompt tokens per sequence")
     p.add_argument("--output-len", type=int, default=256, help="generated tokens per sequence (ignore_eos)")
-    p.add_argument("--bandwidth-tbs", type=float, help="memory bandwidth in TB/s for the ceiling (default: measured)")
+    add_ceiling_args(p)
     p.set_defaults(func=main)
     return p
 
@@ -46,65 +42,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def latency_prompts(seed: int, batch_size: int, input_len: int, vocab: int) -> list[list[int]]:
     rng = random.Random(f"{seed}:latency:{batch_size}")  # str seeds are stable across processes
     return [random_prompt(rng, input_len, vocab) for _ in range(batch_size)]
-
-
-def safetensors_entries(model_dir: Path) -> dict[str, dict]:
-    """Tensor name -> {"dtype", "shape"} from the headers of every *.safetensors file (no data read)."""
-    entries = {}
-    for file in sorted(model_dir.glob("*.safetensors")):
-        with open(file, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(size))
-        entries.update({k: v for k, v in header.items() if k != "__metadata__"})
-    return entries
-
-
-SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                     "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1}
-
-
-def decode_weight_bytes(model_dir: Path, dtype: torch.dtype | None) -> dict:
-    """Bytes one decode step reads from the weights: at `dtype` (a model folder the engine casts),
-    or as stored (None: an artifact's weights.safetensors, quantized tensors at their own width).
-
-    The input embedding is a gather of B rows, not a read of the matrix; tied embeddings (no
-    lm_head.weight in the folder) are read whole by the LM head, so they count. A mixture-of-experts
-    model's token reads only the experts it routes to: expert tensors (".experts." in the name, stacked
-    or one per expert) count at num_experts_per_tok / num_experts (n_routed_experts: DeepSeek), the bytes of one
-    sequence's step; DeepSeek's shared experts (".shared_experts.") are read whole.
-    """
-    entries = safetensors_entries(model_dir)
-    numel = {name: math.prod(e["shape"]) for name, e in entries.items()}
-    size = {name: dtype.itemsize if dtype else SAFETENSORS_BYTES[e["dtype"]] for name, e in entries.items()}
-    tied = not any(".lm_head." in f".{name}" for name in entries)
-    embed = [name for name in entries if name.endswith("embed_tokens.weight")]
-    read = [name for name in entries if tied or name not in embed]
-    hf = json.loads((model_dir / "config.json").read_text())
-    experts = hf.get("num_experts") or hf.get("num_local_experts") or hf.get("n_routed_experts")  # DeepSeek's name
-    routed = hf["num_experts_per_tok"] / experts if experts else 1.0
-    share = {name: routed if ".experts." in name else 1.0 for name in read}
-    return {"parameters": sum(numel.values()), "decode_read_parameters": round(sum(numel[n] * share[n] for n in read)),
-            "tied_embeddings": tied, "routed_expert_share": routed if experts else None,
-            "decode_read_bytes": round(sum(numel[n] * size[n] * share[n] for n in read))}
-
-
-def measure_bandwidth_tbs(device: torch.device, gib: float = 1.0, reps: int = 20) -> float:
-    """Median device-to-device copy bandwidth, read + write counted, in TB/s."""
-    n = int(gib * 2**30)
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)  # warm-up
-    seconds = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        seconds.append(start.elapsed_time(end) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * n / statistics.median(seconds) / 1e12
 
 
 def measure_batch(engine, timer: StepTimer, prompts: list[list[int]], output_len: int) -> dict:
@@ -148,16 +85,6 @@ def run_latency(engine, args: argparse.Namespace) -> list[dict]:
         return results
     finally:
         timer.remove()
-
-
-def bandwidth(args: argparse.Namespace, device: torch.device) -> dict:
-    """{"bandwidth_tbs", "source"}: the flag, else measured on a GPU, else None."""
-    if args.bandwidth_tbs:
-        return {"bandwidth_tbs": args.bandwidth_tbs, "source": "--bandwidth-tbs"}
-    if device.type == "cuda":
-        return {"bandwidth_tbs": measure_bandwidth_tbs(device),
-                "source": "measured: 1 GiB device-to-device copy, read + write, median of 20"}
-    return {"bandwidth_tbs": None, "source": "not measured on CPU"}
 
 
 def add_ceiling_share(results: list[dict], per_seq_ceiling: float | None) -> None:

@@ -16,6 +16,11 @@ asks for `--output-len` tokens; the report adds time to first token (submission 
 token of each request: mean, median, p90) and the prefix cache's hit rate. Run it once with and once
 with `--no-enable-prefix-caching`, on the same machine, to compare.
 
+The report sets the run against the workload's roofline (graphllm/bench/roofline.py: its matmul and attention
+FLOPs at the measured matmul rate plus its KV-cache bytes at the measured copy bandwidth; `--gemm-tflops` and
+`--bandwidth-tbs` give them instead, and on CPU nothing is measured), and splits the wall time between the steps
+that carry prompt tokens (prefill and mixed) and the decode steps.
+
 With `--compare transformers`, transformers runs the first `--compare-num-requests` of the same
 requests (it is slow), and the engine runs those same requests again, so the ratio compares
 like with like; the engine's full run is reported beside it.
@@ -28,11 +33,12 @@ import statistics
 import time
 from pathlib import Path
 
-from graphllm.bench import hf_compare, plots, profiling
+from graphllm.bench import hf_compare, plots, profiling, roofline
 from graphllm.bench.workload import (BenchRequest, StepTimer, add_common_args, build_engine, engine_facts, fmt,
-                                     format_rows, free_engine, make_requests, model_folder, params_for,
-                                     prepare_work, random_prompt, summarize_run, synchronizer,
+                                     format_rows, free_engine, make_requests, model_dtype, model_folder,
+                                     params_for, prepare_work, random_prompt, summarize_run, synchronizer,
                                      synthetic_vocabulary, warm_up, write_report)
+from graphllm.device import resolve_device
 
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
@@ -43,6 +49,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register `throughput` under `graphllm bench`."""
     p = subparsers.add_parser("throughput", help="offline throughput of many random-length requests at once")
     add_common_args(p, max_num_seqs=DEFAULT_MAX_NUM_SEQS)
+    roofline.add_ceiling_args(p, gemm=True)
     p.add_argument("--num-requests", type=int, default=1024)
     p.add_argument("--min-len", type=int, default=100, help="shortest input and output, in tokens")
     p.add_argument("--max-len", type=int, default=1024, help="longest input and output, in tokens")
@@ -148,10 +155,42 @@ def format_table(report: dict) -> str:
     if "ttft_s" in ours:
         lines.append("time to first token: mean {mean:.3f} s, median {median:.3f} s, p90 {p90:.3f} s".format(
             **ours["ttft_s"]))
-    for phase, d in report["ours"]["step_breakdown_ms"].items():
+    split = ours.get("wall_split", {})
+    for phase, d in ours["step_breakdown_ms"].items():
+        share = split.get(phase, {}).get("share")
         lines.append(f"{phase} steps: {d['steps']}, mean {d['total_ms']:.2f} ms = schedule {d['schedule_ms']:.2f} "
-                     f"+ model {d['model_ms']:.2f} + sample {d['sample_ms']:.2f} + rest {d['rest_ms']:.2f}")
+                     f"+ model {d['model_ms']:.2f} + sample {d['sample_ms']:.2f} + rest {d['rest_ms']:.2f}; "
+                     f"{split.get(phase, {}).get('seconds', 0):.2f} s in all ({fmt(share, '.1%')} of the wall time)")
+    if "roofline" in report:
+        lines.append(format_roofline(report["roofline"], report["ceilings"], ours["output_tok_s"]))
     return "\n".join(lines)
+
+
+def format_roofline(r: dict, ceilings: dict, achieved: float) -> str:
+    work = (f"{r['matmul_flop']:.3g} matmul + {r['attention_flop']:.3g} attention FLOP, "
+            f"{r['kv_bytes'] / 1e12:.3g} TB of KV cache")
+    if r["output_tok_s"] is None:
+        return f"roofline: none ({ceilings['source']}; {ceilings['gemm_source']}; give --bandwidth-tbs and " \
+               f"--gemm-tflops): the workload is {work}"
+    return (f"roofline: {r['output_tok_s']:.1f} output tok/s = {r['floor_s']:.4g} s ({work}: compute "
+            f"{r['compute_s']:.4g} s at {ceilings['gemm_tflops']:.4g} TFLOP/s, KV {r['kv_s']:.4g} s at "
+            f"{ceilings['bandwidth_tbs']:.4g} TB/s); achieved {achieved / r['output_tok_s']:.1%}")
+
+
+def add_roofline(report: dict, engine, model_dir: Path) -> None:
+    """report["roofline"] of the engine's run (report["ours"]) and report["ours"]["wall_split"]."""
+    state, ours = engine.state, report["ours"]
+    compiled = (state.model_path / "weights.safetensors").is_file()  # an artifact: weights as stored
+    weights = report["weights"] = (roofline.decode_weight_bytes(state.model_path, None) if compiled
+                                   else roofline.decode_weight_bytes(model_dir, state.dtype))
+    kv_per_token = state.kv_cache_bytes / (state.num_kv_blocks * state.limits.block_size)
+    requests = [(r["input_len"], g) for r, g in zip(report["requests"], ours["generated_tokens"])]
+    c = report["ceilings"]
+    report["roofline"] = roofline.workload_roofline(requests, weights, state.model_config, kv_per_token,
+                                                    c["gemm_tflops"], c["bandwidth_tbs"])
+    ours["wall_split"] = roofline.wall_split(ours["step_breakdown_ms"], ours["wall_s"])
+    if report["roofline"]["output_tok_s"]:
+        ours["roofline_share"] = ours["output_tok_s"] / report["roofline"]["output_tok_s"]
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -171,6 +210,8 @@ def main(args: argparse.Namespace) -> int:
     model_dir = model_folder(args, work)
     shared = args.workload == "shared-prefix"
     longest = args.prefix_len + args.suffix_len + args.output_len if shared else 2 * args.max_len
+    device = resolve_device(args.device)
+    ceilings = roofline.device_ceilings(args, device, model_dtype(args, model_dir, device))  # before the KV cache
     engine = build_engine(args, model_dir, DEFAULT_MAX_NUM_SEQS, longest + 16, DEFAULT_MAX_NUM_BATCHED_TOKENS)
     vocab = engine.state.model_config.vocab_size
     requests = (shared_prefix_requests(args, vocab) if shared
@@ -179,7 +220,7 @@ def main(args: argparse.Namespace) -> int:
     if longest > engine.state.max_model_len:
         raise ValueError(f"a request needs {longest} tokens; --max-model-len is {engine.state.max_model_len}")
     report = {"benchmark": "throughput", "args": {k: v for k, v in vars(args).items() if k != "func"},
-              "engine": engine_facts(engine),
+              "engine": engine_facts(engine), "ceilings": ceilings,
               "requests": [{"input_len": len(r.prompt), "output_len": r.output_len} for r in requests]}
     warm_up(engine, min(engine.state.limits.max_num_seqs, 8), args.min_len)
     if args.structured_fraction:
@@ -188,6 +229,7 @@ def main(args: argparse.Namespace) -> int:
         every = max(1, round(1 / args.structured_fraction))
         requests = [dataclasses.replace(r, structured=i % every == 0) for i, r in enumerate(requests)]
     report["ours"] = run_requests(engine, requests, first_token_times=shared)
+    add_roofline(report, engine, model_dir)
     print(f"engine: {report['ours']['output_tok_s']:.1f} output tok/s", flush=True)
     compared = requests[:args.compare_num_requests] if args.compare else requests
     if len(compared) < len(requests):

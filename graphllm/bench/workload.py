@@ -127,6 +127,12 @@ def build_engine(args: argparse.Namespace, model_dir: Path, max_num_seqs: int, m
     return engine
 
 
+def model_dtype(args: argparse.Namespace, model_dir: Path, device: torch.device) -> torch.dtype:
+    """The dtype the engine will run model_dir in (--dtype, resolved as the engine resolves it)."""
+    from graphllm.device import resolve_dtype
+    return resolve_dtype(args.dtype, json.loads((model_dir / "config.json").read_text()), device)
+
+
 def whole_blocks(model_dir: Path, tokens: int) -> int:
     """`tokens` rounded up to whole KV blocks (within the model's positions): the engine sizes its
     cache as max_num_seqs * max_model_len tokens, so every sequence then gets its blocks at once."""

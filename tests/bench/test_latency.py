@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from graphllm.bench.latency import decode_weight_bytes
+from graphllm.bench.roofline import decode_weight_bytes
 from graphllm.cli.main import main
 from tests.tiny_models import VOCAB
 

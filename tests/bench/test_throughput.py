@@ -42,7 +42,7 @@ def test_lengths_are_seeded_uniform_within_bounds():
 def test_every_request_gets_its_output_len_and_rates_add_up(tiny_model_dir, tmp_path):
     model = every_token_eos(tiny_model_dir("llama")[0], tmp_path / "eos-model")
     png = tmp_path / "throughput.png"
-    report = run_throughput(tmp_path, model, "--plot", str(png))
+    report = run_throughput(tmp_path, model, "--plot", str(png), "--gemm-tflops", "0.5", "--bandwidth-tbs", "0.01")
     expected = make_requests(NUM, MIN_LEN, MAX_LEN, VOCAB, seed=3)
     assert report["requests"] == [{"input_len": len(r.prompt), "output_len": r.output_len} for r in expected]
     ours = report["ours"]
@@ -58,6 +58,14 @@ def test_every_request_gets_its_output_len_and_rates_add_up(tiny_model_dir, tmp_
         assert sum(table["prefill_tokens"]) == ours["input_tokens"]
     assert report["engine"]["max_num_seqs"] == 4
     assert report["engine"]["max_model_len"] == 48  # 2 * MAX_LEN + 16, in whole blocks of 16
+    roof, split = report["roofline"], ours["wall_split"]  # the ceilings as given; the workload's floor
+    assert report["ceilings"]["gemm_tflops"] == 0.5 and report["ceilings"]["bandwidth_tbs"] == 0.01
+    assert roof["output_tokens"] == ours["output_tokens"] and roof["matmul_flop"] > roof["attention_flop"] > 0
+    assert roof["floor_s"] == pytest.approx(roof["compute_s"] + roof["kv_s"])
+    assert ours["roofline_share"] == pytest.approx(ours["output_tok_s"] / roof["output_tok_s"])
+    steps = ours["step_breakdown_ms"]
+    assert {p: s["steps"] for p, s in split.items()} == {p: s["steps"] for p, s in steps.items()}
+    assert 0 < sum(s["seconds"] for s in split.values()) <= ours["wall_s"]
     assert "transformers" not in report
     assert png.read_bytes()[:8] == PNG_MAGIC
 

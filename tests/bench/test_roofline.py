@@ -1,0 +1,67 @@
+"""The throughput roofline's counts against a token-by-token count, and `bench throughput` printing it."""
+
+import dataclasses
+import random
+
+import pytest
+
+from graphllm.bench.roofline import keys_attended, wall_split, workload_roofline
+from graphllm.models.config import ModelConfig
+
+CONFIG = ModelConfig(architecture="LlamaForCausalLM", vocab_size=100, hidden_size=64, intermediate_size=128,
+                     num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                     rms_norm_eps=1e-5, max_position_embeddings=512)
+WEIGHTS = {"decode_read_parameters": 10_000, "lm_head_parameters": 2_000}
+
+
+def counted(requests, config, kv_per_token):
+    """The same floor, token by token: every processed token's matmuls and keys, every decode token's reads."""
+    flop = kv = 0
+    for prompt, generated in requests:
+        for pos in range(prompt + generated - 1):  # the tokens that run through the model
+            flop += 2 * (WEIGHTS["decode_read_parameters"] - WEIGHTS["lm_head_parameters"])
+            kv += kv_per_token  # its K/V written once
+            for layer in range(config.num_hidden_layers):
+                window = config.window_of(layer)
+                keys = pos + 1 if window <= 0 else min(pos + 1, window)
+                flop += 2 * 2 * config.num_attention_heads * config.head_dim * keys
+                if pos >= prompt:  # a decode token reads its context
+                    kv += kv_per_token / config.num_hidden_layers * keys
+            if pos == prompt - 1 or pos >= prompt:
+                flop += 2 * WEIGHTS["lm_head_parameters"]  # a sampled token
+        kv += kv_per_token * prompt  # the prefill reads its prompt's keys once (the last generated token never runs)
+    return flop, kv
+
+
+@pytest.mark.parametrize("config", [CONFIG, dataclasses.replace(CONFIG, sliding_window=7),
+                                    dataclasses.replace(CONFIG, sliding_window=5, layer_types=(
+                                        "sliding_attention", "full_attention", "sliding_attention"))],
+                         ids=["full", "window", "alternating"])
+def test_roofline_counts_match_a_token_by_token_count(config):
+    rng = random.Random(0)
+    requests = [(rng.randint(1, 20), rng.randint(1, 20)) for _ in range(12)]
+    r = workload_roofline(requests, WEIGHTS, config, kv_bytes_per_token=96.0, gemm_tflops=2.0, bandwidth_tbs=0.5)
+    flop, kv = counted(requests, config, 96.0)
+    assert r["matmul_flop"] + r["attention_flop"] == pytest.approx(flop)
+    assert r["kv_bytes"] == pytest.approx(kv)
+    assert r["output_tokens"] == sum(g for _, g in requests)
+    assert r["floor_s"] == pytest.approx(flop / 2e12 + kv / 0.5e12)
+    assert r["output_tok_s"] == pytest.approx(r["output_tokens"] / r["floor_s"])
+
+
+def test_roofline_without_ceilings_counts_but_sets_no_floor():
+    r = workload_roofline([(4, 3)], WEIGHTS, CONFIG, 96.0, gemm_tflops=None, bandwidth_tbs=0.5)
+    assert r["matmul_flop"] > 0 and r["floor_s"] is None and r["output_tok_s"] is None
+
+
+def test_keys_attended_closed_form():
+    for length in range(0, 30):
+        for window in (0, 1, 4, 9, 40):
+            assert keys_attended(length, window) == sum(p + 1 if window <= 0 else min(p + 1, window)
+                                                        for p in range(length))
+
+
+def test_wall_split_adds_the_steps_of_each_phase():
+    split = wall_split({"prefill": {"steps": 4, "total_ms": 25.0}, "decode": {"steps": 10, "total_ms": 5.0}}, 0.2)
+    assert split["prefill"] == {"steps": 4, "seconds": 0.1, "share": pytest.approx(0.5)}
+    assert split["decode"]["seconds"] == pytest.approx(0.05) and split["decode"]["share"] == pytest.approx(0.25)
