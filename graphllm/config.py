@@ -14,7 +14,11 @@ from graphllm.speculative_config import SpeculativeConfig, as_speculative_config
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOWERINGS = ("auto", "aoti", "inductor")
 ATTENTION_BACKENDS = ("auto", "flashinfer", "triton", "torch")
-KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model's dtype; fp8: float8_e4m3fn with a per-tensor scale
+KV_CACHE_DTYPES = ("auto", "fp8")
+# which steps replay CUDA graphs (vLLM's compilation_config.cudagraph_mode values): decode steps only, or
+# every step up to max_cudagraph_capture_size tokens, prefill and mixed ones too (graphllm/runtime/mixed_graphs.py)
+CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL")
+DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 2048  # auto: the model's dtype; fp8: float8_e4m3fn with a per-tensor scale
 # Quantization schemes applied by the compiler to a float checkpoint (vLLM's names where it has them):
 # fp8 = W8A8 (float8 weights per channel, activations per token), int8 / int4 = weight-only
 QUANTIZATIONS = ("fp8", "int8", "int4")
@@ -41,6 +45,12 @@ class EngineConfig:
     kv_cache_memory_gib: float | None = None  # None: 4 GiB on CPU, 90% of free memory on GPU
     seed: int = 0  # for unseeded sampling
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (GPU only)
+    # with cuda_graphs: FULL_DECODE_ONLY graphs decode steps; FULL also steps that carry prompt tokens, one graph
+    # per token bucket up to max_cudagraph_capture_size tokens (None: min(2048, max_num_batched_tokens)), each
+    # step padded to its bucket (mixed_token_buckets). FULL needs an attention backend that captures such
+    # steps (triton); off by default until a GPU A/B measures it
+    cudagraph_mode: str = "FULL_DECODE_ONLY"
+    max_cudagraph_capture_size: int | None = None
     # sm_90+: the decode graphs launch graphllm's decode-step kernels (the linears, rope + KV store, decode
     # attention) as programmatic dependents (PDL), so that each starts, prefetches its weight and waits while the
     # kernel before finishes (graphllm/kernels/launch.py); compile=True also builds Inductor's kernels for it
@@ -98,6 +108,10 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.cudagraph_mode not in CUDAGRAPH_MODES:
+            raise ValueError(f"cudagraph_mode must be one of {CUDAGRAPH_MODES}, got {self.cudagraph_mode!r}")
+        if self.max_cudagraph_capture_size is not None and self.max_cudagraph_capture_size < 2:
+            raise ValueError(f"max_cudagraph_capture_size must be >= 2, got {self.max_cudagraph_capture_size}")
         if self.num_decode_steps < 1:
             raise ValueError(f"num_decode_steps must be >= 1, got {self.num_decode_steps}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
@@ -135,6 +149,14 @@ def default_buckets(max_num_seqs: int) -> tuple[int, ...]:
     """Decode batch sizes that get a CUDA graph: 1, 2, 4, 8, then every 16 up to max_num_seqs."""
     small = [b for b in (1, 2, 4, 8) if b <= max_num_seqs]
     return tuple(small + list(range(16, max_num_seqs + 1, 16)))
+
+
+def mixed_token_buckets(max_tokens: int) -> tuple[int, ...]:
+    """Token counts that get a mixed-step CUDA graph (cudagraph_mode FULL): 32, 64, 128, every 128 up to 1024,
+    every 256 beyond it, and max_tokens itself, none above max_tokens. A step pads up to the next one, so the
+    spacing bounds the wasted tokens: an eighth or less of a step from 256 tokens on."""
+    ladder = [32, 64] + list(range(128, 1025, 128)) + list(range(1280, max_tokens + 1, 256))
+    return tuple(sorted({t for t in ladder if t < max_tokens} | {max_tokens}))
 
 
 @dataclass(frozen=True)

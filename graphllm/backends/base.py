@@ -68,6 +68,9 @@ class AttentionBackend:
 
     name = "base"
     plans_on_host = False  # True: plan() fills buffers that a queued step may still read (no multi-step)
+    # True: a step with prompt tokens runs kernels chosen and sized by its tensor shapes alone, with no host
+    # sync, so it captures into a CUDA graph and replays at any contents (cudagraph_mode FULL)
+    mixed_step_graphs = False
     kv_scales = KVScales()
 
     def __init__(self, kv_scales: KVScales = KVScales()):

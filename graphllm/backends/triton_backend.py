@@ -35,6 +35,13 @@ class TritonBackend(AttentionBackend):
     # the engine path under graphs is proven, those steps take the prefill kernel (benchmarks/RESULTS.md).
     verify_kernel: bool = False
 
+    @property
+    def mixed_step_graphs(self) -> bool:
+        """Prefill and mixed steps capture: store_kv / rope_store_kv, then the prefill kernel (and, from
+        DECODE_KERNEL_MIN_SEQS sequences, the decode kernel's mixed launch), whose grids are shapes alone. Not
+        with the verify kernel on: its choice follows the host's plan, which a captured graph would freeze."""
+        return not self.verify_kernel
+
     def plan(self, host, graph_bucket=None) -> None:
         counts = np.diff(host.query_start_loc)
         self.planned = (int(host.query_start_loc[-1]), len(host.seq_lens), int(counts.max()) if len(counts) else 0)

@@ -4,8 +4,8 @@ import argparse
 import dataclasses
 import json
 
-from graphllm.config import (ATTENTION_BACKENDS, CHECKPOINT_QUANTIZATIONS, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS,
-                             CompileConfig, EngineConfig)
+from graphllm.config import (ATTENTION_BACKENDS, CHECKPOINT_QUANTIZATIONS, CUDAGRAPH_MODES, DTYPES, KV_CACHE_DTYPES,
+                             QUANTIZATIONS, CompileConfig, EngineConfig)
 from graphllm.runtime.sampling_params import SamplingParams
 
 SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
@@ -74,6 +74,12 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-pdl", action="store_true",
                         help="GPU (sm_90+): decode graphs launch the decode step's kernels as programmatic "
                              "dependents, each starting while the one before finishes (off by default)")
+    parser.add_argument("--cudagraph-mode", default="FULL_DECODE_ONLY", choices=CUDAGRAPH_MODES,
+                        help="GPU: which steps replay CUDA graphs: decode steps only (the default), or FULL: steps "
+                             "with prompt tokens too, up to --max-cudagraph-capture-size tokens (triton attention)")
+    parser.add_argument("--max-cudagraph-capture-size", type=int, metavar="N",
+                        help="--cudagraph-mode FULL: the largest step, in tokens, that replays a graph (default: "
+                             "2048, at most --max-num-batched-tokens)")
     parser.add_argument("--speculative-config", type=json_object, metavar="JSON",
                         help='speculative decoding (vLLM\'s), e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                              '"prompt_lookup_max": 4, "prompt_lookup_min": 2}\' or \'{"model": "DRAFT_DIR", '
@@ -99,6 +105,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                           attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
                           async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
                           enable_prefix_caching=args.enable_prefix_caching, enable_pdl=args.enable_pdl,
+                          cudagraph_mode=args.cudagraph_mode,
+                          max_cudagraph_capture_size=args.max_cudagraph_capture_size,
                           calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
                           speculative_config=getattr(args, "speculative_config", None), **pass_switches(args))
     torchrun = getattr(args, "torchrun", None)

@@ -30,7 +30,7 @@ from graphllm.compiler.weights_io import write_safetensors
 from graphllm.config import CHECKPOINT_QUANTIZATIONS, CompileConfig
 from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir import capture, diff_graphs, format_graph
-from graphllm.ir.capture import max_num_logits
+from graphllm.ir.capture import GRAPH_PADDING_SEQS, max_num_logits
 from graphllm.models.loader import ModelLoadError, load_checkpoint, read_hf_config, weight_files
 from graphllm.models.quantization import read_checkpoint_quantization
 from graphllm.passes.base import source_uuid
@@ -332,7 +332,9 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
         "compile": {**dataclasses.asdict(config), "dtype": str(dtype).removeprefix("torch."),
                     "buckets": list(config.decode_buckets),
                     # logits rows one step may return: every token's (speculative decoding's verify rows)
-                    "max_num_logits": max_num_logits(config.max_num_batched_tokens)},
+                    "max_num_logits": max_num_logits(config.max_num_batched_tokens),
+                    # sequences one step may take: a mixed-step CUDA graph's padding sequence beyond max_num_seqs
+                    "max_num_graph_seqs": config.max_num_seqs + GRAPH_PADDING_SEQS},
         "quantization": quantization_record(config, loaded, reports, kernel_plan(graph, config.decode_buckets)),
         "kv_scales": {str(layer): list(scales) for layer, scales in sorted(loaded.kv_scales.items())},
         "tensor_parallel": {"size": config.tensor_parallel_size} if config.tensor_parallel_size > 1 else None,

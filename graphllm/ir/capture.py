@@ -70,11 +70,16 @@ def max_num_logits(max_num_tokens: int) -> int:
     return max(max_num_tokens, 9)
 
 
+# sequences a step may take beyond the scheduler's max_num_seqs: a mixed-step CUDA graph pads a full batch with a
+# padding sequence of its own (graphllm/runtime/mixed_graphs.py)
+GRAPH_PADDING_SEQS = 1
+
+
 def step_dynamic_shapes(config: ModelConfig, max_num_tokens: int, max_num_seqs: int,
                         max_blocks_per_seq: int) -> tuple:
     # ranges at least cover the example step (T=9, B=3, M=5), whatever smaller limits ask
     tokens = Dim("T", min=1, max=max(max_num_tokens, 9))
-    seqs = Dim("B", min=1, max=max(max_num_seqs, 3))
+    seqs = Dim("B", min=1, max=max(max_num_seqs + GRAPH_PADDING_SEQS, 3))
     blocks = Dim("M", min=1, max=max(max_blocks_per_seq, 5))
     sampled = Dim("N", min=1, max=max_num_logits(max_num_tokens))
     cache_blocks = Dim("num_kv_blocks", min=2)  # sized at load time from free memory

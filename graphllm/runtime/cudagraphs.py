@@ -28,6 +28,20 @@ from graphllm.runtime.inputs import HostStep, pack, packed_offsets, pad_uniform,
 from graphllm.runtime.sampler import argmax_rows
 
 
+def capture_step(step: Callable[..., torch.Tensor], inputs: tuple, pool, after: Callable | None = None):
+    """(graph, output) of step(*inputs) captured into the memory pool `pool` (None: a new one), after a warm-up
+    call outside the capture so that allocator and library state settle; after(output), when given, is captured
+    behind the step and its result returned instead."""
+    step(*inputs)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = step(*inputs)
+        if after is not None:
+            out = after(out)
+    return graph, out
+
+
 class CUDAGraphRunner:
     def __init__(self, step: Callable[..., torch.Tensor], kv_caches: list[torch.Tensor], buckets: tuple[int, ...],
                  max_blocks_per_seq: int, padding_block: int, block_size: int, device: torch.device,
@@ -72,7 +86,6 @@ class CUDAGraphRunner:
         nothing = HostMeta(np.zeros(1, np.int64), np.zeros(0, np.int64),
                            np.zeros((0, self.shapes[3][1]), np.int64))
         for b in reversed(self.buckets):
-            graph = torch.cuda.CUDAGraph()
             if self.q > 1:
                 planned = self._stage_uniform(nothing, b, slot=0)[0]
             else:
@@ -80,12 +93,8 @@ class CUDAGraphRunner:
                 planned = nothing.padded(b, self.padding_block)
             with use_backend(self.backend):
                 self.backend.plan(planned, graph_bucket=b)
-                self.step(*self.static_inputs(b))  # warm-up: allocator and library state settle outside capture
-                torch.cuda.synchronize()
-                with torch.cuda.graph(graph, pool=self.pool):
-                    self.outputs[b] = self.step(*self.static_inputs(b))
-            self.pool = self.pool or graph.pool()
-            self.graphs[b] = graph
+                self.graphs[b], self.outputs[b] = capture_step(self.step, self.static_inputs(b), self.pool)
+            self.pool = self.pool or self.graphs[b].pool()
         torch.cuda.synchronize()
         self.capture_seconds = time.perf_counter() - start
         self.pool_bytes = torch.cuda.memory_reserved() - before

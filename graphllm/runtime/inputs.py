@@ -204,3 +204,37 @@ def block_table_array(tables: list[list[int]]) -> np.ndarray:
     for row, table in zip(out, tables):
         row[:len(table)] = table
     return out
+
+
+def pad_mixed(host: HostStep, tokens: int, seqs: int, padding_block: int, block_size: int,
+              max_blocks: int) -> HostStep | None:
+    """host, a step that carries prompt tokens (more tokens than sequences), grown to the shape a captured mixed
+    graph replays: `tokens` tokens, `seqs` sequences and `seqs` logits rows; None if it does not fit.
+
+    host's tokens, sequences and logits rows stay where they are, first. The padding tokens form padding
+    sequences of their own after host's, each at most max_blocks pages long (positions 0..n-1, every page the
+    padding block, K/V written into the padding block's slots), and the remaining padding sequences have no
+    tokens at all (query length and seq_len 0: every attention kernel skips them). No real token attends to a
+    padding token (they are other sequences), so the real rows' logits and K/V are those of the unpadded step.
+    The padding logits rows repeat the last token's row."""
+    t, b, n = len(host.input_ids), host.num_seqs, len(host.logits_indices)
+    extra, spare, cap = tokens - t, seqs - b, max_blocks * block_size
+    if (tokens <= seqs or extra < 0 or spare < 0 or n > seqs or host.block_tables.shape[1] > max_blocks
+            or extra > spare * cap):
+        return None
+    counts = np.zeros(spare, np.int64)  # [spare] tokens of each padding sequence
+    full, rest = divmod(extra, cap)
+    counts[:full] = cap
+    if rest:
+        counts[full] = rest
+    local = np.arange(extra) - np.repeat(np.cumsum(counts) - counts, counts)  # [extra] position in its sequence
+    tables = np.full((seqs, max_blocks), padding_block, np.int64)
+    tables[:b] = 0
+    tables[:b, :host.block_tables.shape[1]] = host.block_tables
+    query_start_loc = np.concatenate([host.query_start_loc, t + np.cumsum(counts)])
+    logits = np.full(seqs, tokens - 1, np.int64)
+    logits[:n] = host.logits_indices
+    return HostStep(np.concatenate([host.input_ids, np.zeros(extra, np.int64)]),
+                    np.concatenate([host.positions, local]),
+                    np.concatenate([host.slot_mapping, padding_block * block_size + local % block_size]),
+                    tables, np.concatenate([host.seq_lens, counts]), query_start_loc, logits)

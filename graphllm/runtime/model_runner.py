@@ -5,7 +5,8 @@ the eager StepModule, or the compiled artifact. That seam is the whole differenc
 eager and compiled engines. The attention backend is planned here, on the host, before the step
 (CUDAGraphRunner plans it for the bucket it replays), and is active only during the step. Decode steps
 replay the decode graphs, speculative decoding's verify steps the verify graphs of the fewest tokens a sequence
-that hold them, where they fit.
+that hold them, where they fit, and under cudagraph_mode FULL the other steps the mixed-step graph of the
+smallest token bucket that holds them (MixedGraphRunner).
 """
 
 from typing import Callable, Sequence
@@ -15,6 +16,7 @@ import torch
 from graphllm.backends import AttentionBackend, TorchBackend
 from graphllm.ops.attention import use_backend
 from graphllm.runtime.cudagraphs import CUDAGraphRunner
+from graphllm.runtime.mixed_graphs import MixedGraphRunner
 from graphllm.runtime.inputs import advance, fill_pending, pending_inputs, prepare_step
 from graphllm.runtime.scheduler import ScheduledSeq
 
@@ -22,8 +24,10 @@ from graphllm.runtime.scheduler import ScheduledSeq
 class ModelRunner:
     def __init__(self, step: Callable[..., torch.Tensor], kv_caches: list[torch.Tensor], block_size: int,
                  device: torch.device, graphs: CUDAGraphRunner | None = None,
-                 backend: AttentionBackend | None = None, verify_graphs: Sequence[CUDAGraphRunner] = ()):
+                 backend: AttentionBackend | None = None, verify_graphs: Sequence[CUDAGraphRunner] = (),
+                 mixed_graphs: MixedGraphRunner | None = None):
         self.step, self.graphs = step, graphs
+        self.mixed_graphs = mixed_graphs  # steps with prompt tokens (cudagraph_mode FULL)
         # speculative decoding's verify steps, ascending in tokens a sequence (setup.verify_sizes): up to k + 1
         self.verify_graphs = tuple(verify_graphs)
         self.kv_caches = kv_caches  # per layer [2, num_blocks, block_size, Hkv, D]
@@ -43,6 +47,8 @@ class ModelRunner:
                 return self.graphs.run(host, fill)
             if fill is None and (verify := self.verify_graph_for(host)) is not None:
                 return verify.run(host)
+            if self.mixed_graphs is not None and self.mixed_graphs.can_run(host):
+                return self.mixed_graphs.run(host, fill)
             self.backend.plan(host.attention)
             inputs = host.to_device(self.kv_caches, self.device)
             if fill is not None:

@@ -240,7 +240,8 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
                                                    (step, local_model_config(model_config, ranks)),
                                                    config.distributed_init_method)
     return assemble(config, limits, art, None, model_config, step, dtype, device, buckets,
-                    checkpoint_kv_scales(manifest), timer, max_num_logits=compiled_max_num_logits(manifest))
+                    checkpoint_kv_scales(manifest), timer, max_num_logits=compiled_max_num_logits(manifest),
+                    max_graph_seqs=compiled_max_graph_seqs(manifest))
 
 
 def artifact_ranks(config: EngineConfig, manifest: dict, art: Path) -> int:
@@ -288,14 +289,23 @@ def compiled_max_num_logits(manifest: dict) -> int:
     return manifest["compile"].get("max_num_logits", manifest["compile"]["max_num_seqs"])
 
 
+def compiled_max_graph_seqs(manifest: dict) -> int:
+    """The most sequences an artifact's step takes: one more than its max_num_seqs since mixed-step graphs pad
+    with a sequence of their own (ir.capture.GRAPH_PADDING_SEQS); an older artifact's, its max_num_seqs."""
+    return manifest["compile"].get("max_num_graph_seqs", manifest["compile"]["max_num_seqs"])
+
+
 def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module | None,
              model_config: ModelConfig, step, dtype: torch.dtype, device: torch.device,
              buckets: tuple[int, ...] | None = None, layer_kv_scales: list[KVScales] | None = None,
-             timer: StartupTimer | None = None, max_num_logits: int | None = None) -> Runtime:
+             timer: StartupTimer | None = None, max_num_logits: int | None = None,
+             max_graph_seqs: int | None = None) -> Runtime:
     """The parts eager and compiled engines share: tokenizer, KV cache, scheduler, runner.
 
     max_num_logits: the most logits rows the step returns (a compiled step's sampled-rows dimension is
     bounded: compiled_max_num_logits); None: no limit. Only speculative proposals can reach it.
+    max_graph_seqs: the most sequences the step takes (a compiled step's: compiled_max_graph_seqs), which bounds
+    the padding sequences of mixed-step graphs; None: no limit.
 
     The compiled step takes a KV cache of any element type (the attention op, an opaque call in
     the graph, is all that reads or writes it), so one artifact serves both kv_cache_dtype values.
@@ -328,12 +338,17 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     if layer_kv_scales is not None:
         backend.bind_layer_scales(kv_caches, layer_kv_scales)
     logger.info("attention backend: %s", backend.name)
-    graphs, verify_graphs = None, []
+    graphs, verify_graphs, mixed = None, [], None
     if device.type == "cuda" and config.cuda_graphs:
         buckets, max_blocks = buckets or default_buckets(limits.max_num_seqs), -(-max_model_len // limits.block_size)
         with programmatic_launch(config.enable_pdl):  # the graphs keep the launches' programmatic edges
+            if config.cudagraph_mode == "FULL":  # first: the largest activations, whose pool the rest share
+                from graphllm.runtime.mixed_graphs import capture_mixed_graphs
+                seqs = min(limits.max_num_seqs + 1, max_graph_seqs or limits.max_num_seqs + 1)
+                mixed = capture_mixed_graphs(step, kv_caches, config, limits, seqs, max_blocks, num_blocks, device,
+                                             backend)
             graphs = capture_graphs(step, kv_caches, buckets, max_blocks, num_blocks, limits.block_size, device,
-                                    backend)
+                                    backend, pool=mixed.pool if mixed else None)
             spec = config.speculative_config
             if spec is not None and not backend.plans_on_host:  # FlashInfer's plans cannot be replayed so
                 rows = min(limits.max_num_batched_tokens, max_num_logits or limits.max_num_batched_tokens)
@@ -343,7 +358,7 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
                                                             limits.block_size, device, backend, tokens_per_seq=q,
                                                             pool=graphs.pool))
     timer.lap("graphs")
-    runner = ModelRunner(step, kv_caches, limits.block_size, device, graphs, backend, verify_graphs)
+    runner = ModelRunner(step, kv_caches, limits.block_size, device, graphs, backend, verify_graphs, mixed)
     logger.info("start-up phases (s): %s", ", ".join(f"{k} {v:.2f}" for k, v in timer.seconds.items()))
     return Runtime(model, tokenizer, state, pool, scheduler, runner)
 

@@ -23,6 +23,7 @@ SMALL = [
     (8, 2, 128, 16, [(37, 20)], 0),  # chunked prefill over a cached prefix
     (16, 2, 64, 8, [(0, 40), (37, 20), (99, 1), (0, 1), (5, 0)], 0),  # mixed, decode, no tokens
     (8, 2, 64, 32, [(30, 50), (0, 70), (120, 1)], 24),  # sliding window
+    (16, 2, 64, 8, [(0, 40), (99, 1), (0, 0), (0, 0)], 0),  # empty sequences after: a mixed graph's padding
 ]
 LARGE = [
     (32, 8, 128, 16, [(0, 1000), (512, 300), (4000, 1), (0, 1), (2000, 64)], 0),
