@@ -17,6 +17,8 @@
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
 #   sync1-B / synctput-B  latency1-B / throughput-B with --no-async-scheduling (host and GPU take turns)
 #   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
+#   full-tests (issue 19) the mixed-step CUDA graph tests (--cudagraph-mode FULL);  full1-B / fulltput-B  latency1-B /
+#              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
 #              latency1-B); pdlfam-P  fam-P with --enable-pdl; pdlq-S  qlat-S with --enable-pdl; moe-lat-pdl
@@ -98,7 +100,7 @@ for stage in "$@"; do
   start=$(date +%s)
   # a stage that writes a preset and its artifact needs ~35 GB at the 8B-9B shapes: on a machine that already
   # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk)
-  case $stage in fam*|latency*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup|moe-*|spec-*)
+  case $stage in fam*|latency*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup|moe-*|spec-*)
     [ "$(free_gb)" -lt 40 ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
       rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; } ;;
   esac
@@ -135,6 +137,13 @@ for stage in "$@"; do
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_rms_norm.py tests/kernels/test_silu_and_mul.py \
         tests/passes/test_skinny_linear.py tests/passes/test_linear_prologue.py 2>&1 | tail -8 ;;
+    full-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        tests/gpu/test_mixed_graphs.py tests/runtime/test_mixed_graphs.py tests/gpu/test_cuda_graphs.py 2>&1 \
+        | grep -v "DEBUG" | tail -30 ;;
+    full1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --cudagraph-mode FULL \
+        --attention-backend "${stage#full1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    fulltput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --cudagraph-mode FULL \
+        --attention-backend "${stage#fulltput-}" --json "$OUT/r/$stage.json" ;;
     pdl1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --enable-pdl \
         --output-len 256 --attention-backend "${stage#pdl1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     pdl-tests) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
