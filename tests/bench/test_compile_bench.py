@@ -21,3 +21,13 @@ def test_format_results_prints_each_start_up_phase():
                            "disk_read_gb_s": 2.5, "decode": []})
     assert "warm start to first token: 5.2 s" in text and "weights 1.50, step 0.75" in text
     assert "cold-disk start to first token: 9.0 s" in text and "2.50 GB/s" in text
+
+
+def test_warm_start_script_loads_an_artifact_in_either_cudagraph_mode(compiled_dir):
+    """The warm-start process itself, on an artifact (on CPU: no graphs, so no capture time or pool)."""
+    import time
+    from graphllm.bench.compile_bench import WARM_START, run_python
+    for mode in ("FULL_DECODE_ONLY", "FULL"):
+        r = run_python(WARM_START, compiled_dir("llama"), time.time(), 160, mode)
+        assert r["to_first_token_s"] >= r["load_s"] > 0 and "graphs" in r["startup"]
+        assert r["graph_pool_gib"] is None and r["mixed_graph_capture_s"] is None
