@@ -56,6 +56,7 @@
 #              schema (--structured-fraction 0.5); the same artifact as qtput-*
 #   startup    (issue 19) bench compile --no-decode: a cold compile in a fresh Inductor cache, two warm starts and a
 #              cold-disk start (the artifact evicted from the page cache), each with its start-up phases
+#   startup-full  startup with --cudagraph-mode FULL (the mixed-step graphs' capture time and memory)
 #   startup-prof  benchmarks/startup_profile.py: cProfile of a cold compile and of Engine.load (issue 19)
 #   moe-lat / moe-prof / moe-tput  (issue 20) bench latency (batch 1, 8, 32; moe-lat-fp8: float8 experts and
 #              linears), its kernel profile at batch 32, and bench
@@ -100,7 +101,7 @@ for stage in "$@"; do
   start=$(date +%s)
   # a stage that writes a preset and its artifact needs ~35 GB at the 8B-9B shapes: on a machine that already
   # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk)
-  case $stage in fam*|latency*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup|moe-*|spec-*)
+  case $stage in fam*|latency*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*)
     [ "$(free_gb)" -lt 40 ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
       rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; } ;;
   esac
@@ -204,6 +205,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
     startup) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \
         --json "$OUT/r/$stage.json"; rm -rf $WORK/startup ;;
+    startup-full) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \
+        --cudagraph-mode FULL --json "$OUT/r/$stage.json"; rm -rf $WORK/startup ;;
     moe-lat) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
         --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     moe-lat-pdl) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
