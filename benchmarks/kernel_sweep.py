@@ -1,6 +1,6 @@
 """GPU microbenchmarks of graphllm's decode kernels at the Llama-3-8B shapes (H200 runs).
 
-    python benchmarks/kernel_sweep.py OUT.json [matmul] [matmul8] [attention] [attention-gemma] [mixed]
+    python benchmarks/kernel_sweep.py OUT.json [matmul] [matmul8] [attention] [attention-gemma] [mixed] [prefill]
         [prologue] [prologue-FAMILY] [chain]
 
 matmul: skinny_matmul against cuBLAS (F.linear) for each projection at M = 1, 8, 16, over a grid
@@ -13,6 +13,9 @@ attention: paged_decode_attention at batch x context sizes, default splits and f
 the default splits over a float8_e4m3fn copy of the cache (half the bytes). attention-gemma: Gemma 2's heads
 (256 wide, group 2, soft cap 50) at batch 1 and 8, splits x 4 / 8 warps.
 mixed: one-token rows through paged_prefill_attention (as in a mixed step) against the decode kernel.
+prefill: what a large prefill step runs, at the 8B shapes: paged_prefill_attention over fresh prompts (8 x 1,024
+tokens as the throughput run's first steps, 2 x 2,048, 16 x 512) at 4 and 8 warps, in TFLOP/s of its causal
+FLOPs; cuBLAS for each projection at 8,192 rows in TFLOP/s; and SwiGLU at 8,192 rows in TB/s.
 prologue: each decode linear with the op before it (add_rms_norm, silu_mul or none) as the engine ran it
 before linear_prologue (row kernel, then graphllm.linear's routing), and cuBLAS alone on the operand (the
 routing follows skinny_matmul.CONFIGS since 2026-11-29), against one skinny_matmul launch
@@ -368,6 +371,45 @@ def sweep_mixed() -> list[dict]:
     return rows
 
 
+def sweep_prefill() -> list[dict]:
+    """A large prefill step's parts (this module's docstring, prefill): attention over fresh prompts, the
+    projections at 8,192 rows, the SwiGLU between them. Outputs are checked against the reference first."""
+    from graphllm.kernels.paged_prefill_attention import paged_prefill_attention_reference
+    rows, scale = [], HEAD_DIM ** -0.5
+    for prompts, length in [(8, 1024), (2, 2048), (16, 512)]:
+        caches, tables, _, _, _ = paged_decode_inputs(prompts, length)
+        lens = torch.full((prompts,), length, device="cuda", dtype=torch.int64)
+        starts = torch.arange(prompts + 1, device="cuda") * length
+        q = torch.randn(prompts * length, HQ, HEAD_DIM, device="cuda", dtype=DTYPE)
+        flop = 4 * HQ * HEAD_DIM * prompts * length * (length + 1) / 2  # QK and PV over the causal keys
+        row = {"prompts": prompts, "length": length, "gflop": flop / 1e9}
+        ref = paged_prefill_attention_reference(q, caches[0][0], caches[0][1], tables, lens, starts, scale, 0)
+        for warps in (4, 8):
+            got = paged_prefill_attention(q, caches[0][0], caches[0][1], tables, lens, starts, scale, 0, num_warps=warps)
+            assert (got.float() - ref.float()).abs().max().item() < 0.05, warps
+            s = graph_seconds([lambda c=c, w=warps: paged_prefill_attention(
+                q, c[0], c[1], tables, lens, starts, scale, 0, num_warps=w) for c in caches[:2]], reps=5)
+            row[f"w{warps}_ms"], row[f"w{warps}_tflop_s"] = s * 1e3, flop / s / 1e12
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del caches
+        torch.cuda.empty_cache()
+    x = torch.randn(8192, SHAPES["qkv"][1], device="cuda", dtype=DTYPE)
+    for name, (n, k) in SHAPES.items():
+        if name == "lm_head":
+            continue
+        w = torch.randn(n, k, device="cuda", dtype=DTYPE) / k ** 0.5
+        a = x if k == x.shape[1] else torch.randn(8192, k, device="cuda", dtype=DTYPE)
+        s = graph_seconds([lambda: F.linear(a, w)] * 4, reps=5)
+        rows.append({"shape": name, "m": 8192, "cublas_ms": s * 1e3, "tflop_s": 2 * 8192 * n * k / s / 1e12})
+        print(json.dumps(rows[-1]), flush=True)
+    gate_up = torch.randn(8192, SHAPES["gate_up"][0], device="cuda", dtype=DTYPE)
+    s = graph_seconds([lambda: silu_and_mul(gate_up)] * 4, reps=5)
+    rows.append({"op": "silu_and_mul", "m": 8192, "ms": s * 1e3, "tb_s": gate_up.numel() * 3 / s / 1e12})
+    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def sweep_argmax() -> list[dict]:
     """Greedy sampling's argmax over a vocabulary of logits: PyTorch's one-pass argmax against the
     sampler's two-stage argmax_rows (same indices, checked on tie-heavy logits)."""
@@ -398,6 +440,8 @@ def main() -> None:
         report["argmax"] = sweep_argmax()
     if "mixed" in parts:
         report["mixed"] = sweep_mixed()
+    if "prefill" in parts:
+        report["prefill"] = sweep_prefill()
     if "prologue" in parts:
         report["prologue"] = sweep_prologue()
     for family, (shapes, prologue_of) in FAMILY_SHAPES.items():

@@ -178,7 +178,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             query_start_loc: torch.Tensor, scale: float,
                             sliding_window: int, kv_scales: KVScales = KVScales(),
                             decode_kernel_min_seqs: int = DECODE_KERNEL_MIN_SEQS,
-                            logit_softcap: float = 0.0) -> torch.Tensor:
+                            logit_softcap: float = 0.0, num_warps: int | None = None) -> torch.Tensor:
     """Causal attention of the step's new tokens over their sequences' pages; returns [T, Hq, D].
 
     q: [T, Hq, D] (last-dim stride 1), sequence b's new tokens at rows
@@ -191,7 +191,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     float32; no host sync. A float8_e4m3fn cache is read as float(x) * kv_scales. With at least
     decode_kernel_min_seqs sequences, one-token sequences run in a launch of the decode kernel.
     logit_softcap > 0: the scaled scores s become logit_softcap * tanh(s / logit_softcap) before the
-    mask (Gemma 2).
+    mask (Gemma 2). num_warps: the prefill kernel's (None: 4, 8 for heads over 128 wide; kernel_sweep's prefill
+    part times both).
     """
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
@@ -220,5 +221,5 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_N=64 if head_dim <= 128 else 32, ONE_TOKEN_ROWS=not decode_launch,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        num_warps=4 if head_dim <= 128 else 8, num_stages=3)
+        num_warps=num_warps or (4 if head_dim <= 128 else 8), num_stages=3)
     return out
