@@ -47,7 +47,7 @@ class MixedGraphRunner:
         self.static = HostStep(*unpack(self.device_buffer, self.shapes))
         pinned = device.type == "cuda"
         self.host_buffers = [torch.zeros_like(self.device_buffer, device="cpu", pin_memory=pinned) for _ in range(2)]
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph | StepReplay] = {}
         self.logits: torch.Tensor | None = None  # [max seqs, vocab]: every graph's logits rows
         self.pool = None
         self.capture_seconds, self.pool_bytes, self.replays = 0.0, 0, 0
@@ -90,8 +90,11 @@ class MixedGraphRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """One graph per bucket, largest first, into self.pool (the caller may set it to share one)."""
-        start, before = time.perf_counter(), torch.cuda.memory_reserved()
+        """One graph per bucket, largest first, into self.pool (the caller may set it to share one). On a CPU
+        (tests) each bucket gets a StepReplay instead: the same staging and logits buffer, the step run on the
+        static inputs at each replay."""
+        cuda = self.device_buffer.is_cuda
+        start, before = time.perf_counter(), torch.cuda.memory_reserved() if cuda else 0
         empty = np.zeros(0, np.int64)
         nothing = HostStep(empty, empty, empty, np.zeros((0, self.max_blocks), np.int64), empty,
                            np.zeros(1, np.int64), empty)
@@ -106,12 +109,16 @@ class MixedGraphRunner:
                     out = self.step(*self.static_inputs(t))
                     self.logits = torch.empty((self.shapes[4][0], out.shape[1]), dtype=out.dtype, device=out.device)
                     del out
+                if not cuda:
+                    self.graphs[t] = StepReplay(self.step, self.static_inputs(t), self._keep_logits)
+                    continue
                 self.graphs[t], _ = capture_step(self.step, self.static_inputs(t), self.pool, after=self._keep_logits)
             self.pool = self.pool or self.graphs[t].pool()
         self.buckets = tuple(t for t in self.buckets if t in self.graphs)
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
+            self.pool_bytes = torch.cuda.memory_reserved() - before
         self.capture_seconds = time.perf_counter() - start
-        self.pool_bytes = torch.cuda.memory_reserved() - before
 
     def _keep_logits(self, out: torch.Tensor) -> None:
         """Inside a capture: copy the graph's logits [n, vocab] into the shared buffer, so that the graph's own
@@ -133,6 +140,17 @@ class MixedGraphRunner:
         self.graphs[bucket].replay()
         self.replays += 1
         return self.logits[:len(host.logits_indices)]
+
+
+class StepReplay:
+    """A CPU stand-in for a captured graph (MixedGraphRunner.capture on a CPU, for tests): replay() runs the step
+    on the runner's static inputs and keeps its logits, what the graph would do."""
+
+    def __init__(self, step: Callable[..., torch.Tensor], inputs: tuple, keep: Callable[[torch.Tensor], None]):
+        self.step, self.inputs, self.keep = step, inputs, keep
+
+    def replay(self) -> None:
+        self.keep(self.step(*self.inputs))
 
 
 def capture_mixed_graphs(step, kv_caches: list[torch.Tensor], config, limits, max_seqs: int, max_blocks_per_seq: int,

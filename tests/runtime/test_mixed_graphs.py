@@ -1,7 +1,8 @@
 """cudagraph_mode FULL's padding on CPU: a step with prompt tokens padded to a mixed-graph bucket (inputs.pad_mixed)
 computes the unpadded step's logits and K/V for its real rows, through the eager step and a compiled artifact
-(which takes one sequence beyond max_num_seqs for it); bucket choice and staging (MixedGraphRunner) without a GPU.
-The graphs themselves are tests/gpu/test_mixed_graphs.py's."""
+(which takes one sequence beyond max_num_seqs for it); bucket choice, staging and an engine's steps through the
+runner (MixedGraphRunner, its StepReplay in place of graphs) without a GPU. The graphs themselves are
+tests/gpu/test_mixed_graphs.py's."""
 
 import numpy as np
 import pytest
@@ -142,3 +143,46 @@ def test_token_buckets():
         EngineConfig(cudagraph_mode="PIECEWISE")
     with pytest.raises(ValueError, match="max_cudagraph_capture_size"):
         EngineConfig(max_cudagraph_capture_size=1)
+
+
+PROMPTS = [[1, 5, 9, 17, 33], [1, 42], list(range(3, 40)), list(range(50, 71)), [7] * 12, list(range(90, 99))]
+LENGTHS = (12, 7, 10, 9, 5, 11)
+
+
+def run_arrivals(engine) -> list[list[int]]:
+    """Two prompts, then one more every third step while the others decode: mixed steps of every kind."""
+    ids, finished, waiting = [], {}, list(zip(PROMPTS, LENGTHS))
+    for step in range(400):
+        if waiting and (step < 2 or step % 3 == 0):
+            prompt, n = waiting.pop(0)
+            ids.append(engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)))
+        finished.update((o.request_id, o) for o in engine.step() if o.finished)
+        if not waiting and not engine.has_unfinished_requests():
+            break
+    return [finished[i].outputs[0].token_ids for i in ids]
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_engine_runs_prompt_steps_through_the_mixed_runner_with_the_same_tokens(async_scheduling, tiny_model_dir):
+    """The runner's staging, padding (full batches: the sequence beyond max_num_seqs), device-side input ids of
+    the step in flight and logits rows, end to end on CPU (StepReplay in place of graphs): the plain engine's
+    greedy tokens."""
+    from graphllm import Engine
+    path, _ = tiny_model_dir("llama")
+    options = dict(dtype="float32", max_num_batched_tokens=16, max_num_seqs=4, async_scheduling=async_scheduling)
+    expected = run_arrivals(Engine.from_pretrained(path, **options))
+    engine = Engine.from_pretrained(path, **options)
+    state, inner = engine.state, engine.runner
+    mixed = MixedGraphRunner(inner.step, inner.kv_caches, (8, 16), 5, -(-state.max_model_len // BLOCK),
+                             state.num_kv_blocks, state.limits.block_size, state.device, inner.backend)
+    mixed.capture()
+    assert mixed.buckets == (8, 16) and mixed.logits.shape == (5, state.model_config.vocab_size)
+    inner.mixed_graphs, seen, run = mixed, [], mixed.run
+    mixed.run = lambda host, fill=None: seen.append((len(host.input_ids), host.num_seqs, fill is not None)) or \
+        run(host, fill)
+    assert run_arrivals(engine) == expected
+    assert mixed.replays == len(seen) > 0
+    assert any(seqs == 4 for _, seqs, _ in seen)  # a full batch, padded with a fifth sequence
+    assert any(tokens not in (8, 16) for tokens, _, _ in seen)  # padded up to its bucket
+    assert any(pending for _, _, pending in seen) == async_scheduling  # decode rows' tokens still on the device
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
