@@ -7,25 +7,9 @@ import torch
 
 from graphllm import Engine, SamplingParams
 from tests.gpu.helpers import transformers_greedy
+from tests.runtime.test_mixed_graphs import LENGTHS, PROMPTS, run_arrivals
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
-
-PROMPTS = [[1, 5, 9, 17, 33], [1, 42], list(range(3, 40)), list(range(50, 71)), [7] * 12, list(range(90, 99))]
-LENGTHS = (24, 11, 19, 16, 9, 20)
-
-
-def run_arrivals(engine) -> list[list[int]]:
-    """Two prompts, then one more every third step while the others decode: mixed steps of every kind."""
-    ids, finished, waiting = [], {}, list(zip(PROMPTS, LENGTHS))
-    for step in range(400):
-        if waiting and (step < 2 or step % 3 == 0):
-            prompt, n = waiting.pop(0)
-            ids.append(engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)))
-        finished.update((o.request_id, o) for o in engine.step() if o.finished)
-        if not waiting and not engine.has_unfinished_requests():
-            break
-    return [finished[i].outputs[0].token_ids for i in ids]
-
 
 def record_replays(engine) -> list[tuple[int, int]]:
     """(tokens, sequences) of every step the mixed graphs replay, appended as they run."""
