@@ -164,6 +164,8 @@ def capture_mixed_graphs(step, kv_caches: list[torch.Tensor], config, limits, ma
         return None
     largest = min(config.max_cudagraph_capture_size or DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE,
                   limits.max_num_batched_tokens)
+    if largest < 2:  # a one-token budget has no step with more tokens than sequences
+        return None
     runner = MixedGraphRunner(step, kv_caches, mixed_token_buckets(largest), max_seqs, max_blocks_per_seq,
                               padding_block, limits.block_size, device, backend)
     runner.capture()
