@@ -14,11 +14,11 @@ from graphllm.speculative_config import SpeculativeConfig, as_speculative_config
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOWERINGS = ("auto", "aoti", "inductor")
 ATTENTION_BACKENDS = ("auto", "flashinfer", "triton", "torch")
-KV_CACHE_DTYPES = ("auto", "fp8")
+KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model's dtype; fp8: float8_e4m3fn with a per-tensor scale
 # which steps replay CUDA graphs (vLLM's compilation_config.cudagraph_mode values): decode steps only, or
 # every step up to max_cudagraph_capture_size tokens, prefill and mixed ones too (graphllm/runtime/mixed_graphs.py)
 CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL")
-DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 2048  # auto: the model's dtype; fp8: float8_e4m3fn with a per-tensor scale
+DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 2048  # tokens
 # Quantization schemes applied by the compiler to a float checkpoint (vLLM's names where it has them):
 # fp8 = W8A8 (float8 weights per channel, activations per token), int8 / int4 = weight-only
 QUANTIZATIONS = ("fp8", "int8", "int4")
