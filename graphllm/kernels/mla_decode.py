@@ -63,7 +63,7 @@ def one_token_mla(q_nope, q_pe, cache_ptr, table, lo, hi, block_size, stride_cb,
     for tile in range(lo, hi, BLOCK_N):
         toks = tile + offs_n  # [BLOCK_N] key positions
         valid = toks < hi
-        pages = tl.load(table + toks // block_size, mask=valid, other=0).to(tl.int64)
+        pages = tl.load(table + toks // block_size, mask=valid, other=0).to(tl.int64)  # constexpr block_size: a shift
         entry = cache_ptr + (pages * stride_cb + (toks % block_size) * stride_co)[:, None]  # [BLOCK_N, 1]
         latent = tl.load(entry + offs_l[None, :], mask=valid[:, None] & (offs_l < KV_LORA_RANK)[None, :],
                          other=0.0)  # [BLOCK_N, BLOCK_L]: key and value
@@ -84,7 +84,7 @@ def one_token_mla(q_nope, q_pe, cache_ptr, table, lo, hi, block_size, stride_cb,
 @triton.jit(do_not_specialize=["stride_bt", "num_splits"])  # vary per step: one compile
 def _mla_decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, stride_qt, stride_qh, stride_ot, stride_oh,
-                             stride_cb, stride_co, stride_bt, scale_log2, num_splits, block_size, num_heads,
+                             stride_cb, stride_co, stride_bt, scale_log2, num_splits, block_size: tl.constexpr, num_heads,
                              KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
                              BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
                              DIRECT: tl.constexpr, MIXED: tl.constexpr, PRECISION: tl.constexpr):

@@ -51,7 +51,7 @@ def _one_token(q_ptr, cache_ptr, table, out_ptr, token, seq_len, head_block, num
 @triton.jit(do_not_specialize=["stride_bt", "num_seqs"])  # vary per step: one compile
 def _mla_prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
                         stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_bt,
-                        scale_log2, num_seqs, block_size, num_heads,
+                        scale_log2, num_seqs, block_size: tl.constexpr, num_heads,
                         KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, ONE_H: tl.constexpr, BLOCK_L: tl.constexpr,
                         BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, ONE_TOKEN_ROWS: tl.constexpr,

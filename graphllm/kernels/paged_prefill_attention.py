@@ -126,7 +126,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
                     query_start_loc_ptr, out_ptr,
                     stride_qt, stride_qh, stride_ot, stride_oh,
                     stride_cb, stride_co, stride_ch,  # k/v cache: block, offset, head
-                    stride_bt, scale_log2, v_scale, softcap_log2, sliding_window, num_seqs, block_size,
+                    stride_bt, scale_log2, v_scale, softcap_log2, sliding_window, num_seqs, block_size: tl.constexpr,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_N: tl.constexpr, ONE_TOKEN_ROWS: tl.constexpr, PRECISION: tl.constexpr,

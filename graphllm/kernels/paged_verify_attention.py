@@ -31,8 +31,8 @@ def _verify_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          out_ptr, part_out_ptr, part_lse_ptr,
                          stride_qt, stride_qh, stride_ot, stride_oh,
                          stride_cb, stride_co, stride_ch,  # k/v cache: block, offset, head
-                         stride_bt, scale_log2, v_scale, softcap_log2, sliding_window, num_splits, block_size,
-                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
+                         stride_bt, scale_log2, v_scale, softcap_log2, sliding_window, num_splits,
+                         block_size: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
                          PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)

@@ -28,7 +28,8 @@ from graphllm.kernels import paged_verify_attention as verify
 from graphllm.kernels import rope_store_kv as rope
 
 SM90 = GPUTarget("cuda", 90, 32)
-SHAPE = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, PRECISION="tf32")  # the Llama-3-8B shape, bf16
+# the Llama-3-8B shape, bf16, in the engine's 16-token KV blocks (the attention kernels take block_size as a constexpr)
+SHAPE = dict(GROUP=4, HEAD_DIM=128, BLOCK_D=128, BLOCK_N=64, PRECISION="tf32", block_size=16)
 
 
 def pointer_types(kv_fp8: bool) -> dict[str, str]:
@@ -67,7 +68,7 @@ def variants():
             rope.LAUNCH_OPTIONS
 
 
-MLA_SHAPE = dict(KV_LORA_RANK=512, ROPE_DIM=64, BLOCK_L=512, BLOCK_R=64, PRECISION="tf32")  # DeepSeek-V2(-Lite)
+MLA_SHAPE = dict(KV_LORA_RANK=512, ROPE_DIM=64, BLOCK_L=512, BLOCK_R=64, PRECISION="tf32", block_size=16)  # DeepSeek-V2(-Lite)
 
 
 def mla_variants():
