@@ -1,11 +1,14 @@
 """Instructions in the inner (KV-tile) loop of each attention kernel variant, from an offline sm_90 build.
 
-    python benchmarks/attention_sass.py        # no GPU needed: Triton's front end, ptxas and cuobjdump
+    python benchmarks/attention_sass.py [--runtime-hints]   # no GPU needed: Triton's front end, ptxas and cuobjdump
 
 Builds every variant tests/kernels/sm90_compile.py builds for the paged decode, prefill and verify kernels and the
 MLA decode and prefill kernels, disassembles the cubin, and counts the SASS instructions of its longest loop
-(from a backward branch's target to the branch): what one KV tile of a program costs to issue. It compared the
-kernels with block_size as a runtime argument and as a constexpr (2026-12-01, benchmarks/RESULTS.md).
+(from a backward branch's target to the branch): what one KV tile of a program costs to issue. With --runtime-hints
+the build gets the divisibility hints Triton's launcher gives at run time at the 8B shapes (every pointer 16-byte
+aligned, every integer argument a multiple of 16 but those the kernel does not specialize), so that the loads
+vectorize as they do on the GPU; without them every load is scalar. It compared the kernels with block_size as a
+runtime argument and as a constexpr (2026-12-01, benchmarks/RESULTS.md).
 """
 
 import os
@@ -15,6 +18,7 @@ import sys
 import tempfile
 
 import triton
+from triton.compiler import ASTSource
 
 sys.path.insert(0, os.getcwd())
 from tests.kernels import sm90_compile  # noqa: E402
@@ -46,11 +50,29 @@ def longest_loop(lines: list[str]) -> int:
     return best
 
 
+def runtime_hints(kernel, types: dict[str, str], constexprs: dict) -> dict:
+    """ASTSource attrs: tt.divisibility 16 on every pointer and on every integer argument the kernel specializes
+    (at the 8B shapes every stride, block_size, the window 0 and the head count are multiples of 16)."""
+    skip = set(kernel.do_not_specialize) | set(constexprs)
+    return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+            if name not in skip and (types.get(name, "i32").startswith("*") or types.get(name, "i32") == "i32")}
+
+
+def build(kernel, types: dict[str, str], constexprs: dict, options: dict, hints: bool) -> bytes:
+    if not hints:
+        return sm90_compile.compile_sm90(kernel, types, constexprs, options)["cubin"]
+    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in kernel.arg_names}
+    source = ASTSource(kernel, signature, constexprs, attrs=runtime_hints(kernel, types, constexprs))
+    return triton.compile(source, target=sm90_compile.SM90, options={"num_warps": 4, "num_stages": 3, **options}).asm[
+        "cubin"]
+
+
 def main() -> int:
+    hints = "--runtime-hints" in sys.argv
     for kernel, types, constexprs, options in (*sm90_compile.variants(), *sm90_compile.mla_variants()):
         if kernel is decode._decode_reduce_kernel or "rope" in kernel.__name__:
             continue  # no KV loop
-        lines = sass(sm90_compile.compile_sm90(kernel, types, constexprs, options)["cubin"])
+        lines = sass(build(kernel, types, constexprs, options, hints))
         flags = {k: v for k, v in constexprs.items() if k in FLAGS}
         print(f"{kernel.__name__} {flags}: loop {longest_loop(lines)} of {len(lines)} instructions", flush=True)
     return 0

@@ -140,6 +140,14 @@ def rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo
     SOFTCAP: soft-cap the scores (soft_cap_log2) before the mask."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
+    qk_scale = scale_log2
+    if KV_FP8:
+        if q.dtype == tl.bfloat16:  # dots in float16: float8 -> float16 is one conversion a pair on sm_90, and a
+            # float16 -> bfloat16 one each more (a quarter-rate F2F: 128 of the decode loop's 911 instructions; 702
+            # without them). q is scaled first (|q| * scale_log2 within float16's range), rounded to float16's finer
+            # mantissa; the probabilities p round to float16 for the P.V dot
+            q = (q.to(tl.float32) * scale_log2).to(tl.float16)
+            qk_scale = 1.0
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -148,14 +156,14 @@ def rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo
         k_pos = tile_n + offs_n  # [BLOCK_N] key positions
         k_valid = k_pos < hi
         # block_size is a constexpr of every kernel that calls this: shifts and masks, not integer divisions (the
-        # sm_90 loop of a decode split program: 2,456 SASS instructions a KV tile against 3,486 with a runtime
-        # block_size; benchmarks/attention_sass.py)
+        # sm_90 loop of a decode split program: 437 SASS instructions a KV tile against 514 with a runtime
+        # block_size; benchmarks/attention_sass.py --runtime-hints)
         pages = tl.load(table + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
         kv_off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] \
             + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
         kv_mask = k_valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         if SOFTCAP:
             s = soft_cap_log2(s, softcap_log2)
         if CAUSAL:

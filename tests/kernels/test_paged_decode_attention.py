@@ -54,6 +54,12 @@ def test_decode_matches_reference_fp32(case, num_splits):
     run_case(case, torch.float32, num_splits)
 
 
+@pytest.mark.parametrize("case", SMALL)
+def test_decode_fp8_cache_bfloat16_queries(case):
+    """bf16 queries over a float8 cache: the dots run in float16 with q pre-scaled (rows_attention)."""
+    run_case(case, torch.bfloat16, num_splits=2, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+
+
 @pytest.mark.parametrize("case", SMALL[1:4])
 def test_decode_matches_reference_half(case):
     run_case(case, LOW_DTYPE, num_splits=2)

@@ -85,6 +85,12 @@ def test_prefill_fp8_cache_matches_reference(case, decode_launch):
              decode_kernel_min_seqs=min_seqs(decode_launch))
 
 
+@pytest.mark.parametrize("case", SMALL)
+def test_prefill_fp8_cache_bfloat16_queries(case):
+    """bf16 queries over a float8 cache: the dots run in float16 with q pre-scaled (rows_attention)."""
+    run_case(case, torch.bfloat16, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+
+
 def test_prefill_fp8_cache_half_queries():
     run_case(SMALL[2], LOW_DTYPE, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
 
