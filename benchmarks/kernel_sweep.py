@@ -319,6 +319,10 @@ def sweep_attention() -> list[dict]:
                            for c in fp8_caches])
         row["fp8_default_us"] = s * 1e6
         row["fp8_tb_s"] = kv_bytes / 2 / s / 1e12
+        s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, maxnreg=128)
+                           for c in fp8_caches])
+        row["fp8_maxnreg128_us"] = s * 1e6  # 128 registers: 4 programs an SM where its 149 allow 3
+        row["fp8_maxnreg128_tb_s"] = kv_bytes / 2 / s / 1e12
         del fp8_caches
         rows.append(row)
         print(json.dumps(row), flush=True)

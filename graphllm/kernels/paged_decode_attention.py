@@ -296,7 +296,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            sliding_window: int, num_splits: int | None = None,
                            kv_scales: KVScales = KVScales(), query_start_loc: torch.Tensor | None = None,
                            out: torch.Tensor | None = None, num_warps: int = 4,
-                           logit_softcap: float = 0.0) -> torch.Tensor:
+                           logit_softcap: float = 0.0, maxnreg: int | None = None) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -312,9 +312,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     rows of sequences with exactly one new token are computed, into `out` ([T, Hq, D], made
     when None; other rows are left as they are), which is returned.
 
-    num_warps: of the split kernel (4, what was measured; kernel_sweep attention also times 8:
-    offline, ptxas gave the 4-warp build 255 registers and 232 bytes of spills, the 8-warp one
-    202 and none, tests/kernels/sm90_compile.py's build with triton 3.9).
+    num_warps: of the split kernel (4, what was measured; kernel_sweep attention also times 8). Built
+    offline for sm_90 with the launcher's divisibility hints (benchmarks/attention_sass.py
+    --runtime-hints, triton 3.9) the 4-warp kernel takes 109 registers and spills nothing (an fp8
+    cache's: 149, since its dots run in float16); maxnreg caps them (kernel_sweep attention times the
+    fp8 kernel at 128: four programs of 4 warps an SM where 149 allows three, for 64 bytes of stack).
     """
     num_heads, head_dim = q.shape[1:]
     mixed = query_start_loc is not None
@@ -344,7 +346,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, MIXED=mixed,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        num_warps=num_warps, num_stages=3, **pdl_launch(q.device))
+        num_warps=num_warps, num_stages=3, **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_launch(q.device))
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, starts, out, out.stride(0), out.stride(1), num_splits,
