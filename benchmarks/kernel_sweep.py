@@ -389,7 +389,8 @@ def sweep_prefill() -> list[dict]:
         row = {"prompts": prompts, "length": length, "gflop": flop / 1e9}
         ref = paged_prefill_attention_reference(q, caches[0][0], caches[0][1], tables, lens, starts, scale, 0)
         for warps in (4, 8):
-            got = paged_prefill_attention(q, caches[0][0], caches[0][1], tables, lens, starts, scale, 0, num_warps=warps)
+            got = paged_prefill_attention(q, caches[0][0], caches[0][1], tables, lens, starts, scale, 0,
+                                          num_warps=warps)
             assert (got.float() - ref.float()).abs().max().item() < 0.05, warps
             s = graph_seconds([lambda c=c, w=warps: paged_prefill_attention(
                 q, c[0], c[1], tables, lens, starts, scale, 0, num_warps=w) for c in caches[:2]], reps=5)

@@ -84,7 +84,8 @@ def one_token_mla(q_nope, q_pe, cache_ptr, table, lo, hi, block_size, stride_cb,
 @triton.jit(do_not_specialize=["stride_bt", "num_splits"])  # vary per step: one compile
 def _mla_decode_split_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr, out_ptr,
                              part_out_ptr, part_lse_ptr, stride_qt, stride_qh, stride_ot, stride_oh,
-                             stride_cb, stride_co, stride_bt, scale_log2, num_splits, block_size: tl.constexpr, num_heads,
+                             stride_cb, stride_co, stride_bt, scale_log2, num_splits, block_size: tl.constexpr,
+                             num_heads,
                              KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_H: tl.constexpr,
                              BLOCK_L: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
                              DIRECT: tl.constexpr, MIXED: tl.constexpr, PRECISION: tl.constexpr):

@@ -68,7 +68,8 @@ def variants():
             rope.LAUNCH_OPTIONS
 
 
-MLA_SHAPE = dict(KV_LORA_RANK=512, ROPE_DIM=64, BLOCK_L=512, BLOCK_R=64, PRECISION="tf32", block_size=16)  # DeepSeek-V2(-Lite)
+# DeepSeek-V2(-Lite)
+MLA_SHAPE = dict(KV_LORA_RANK=512, ROPE_DIM=64, BLOCK_L=512, BLOCK_R=64, PRECISION="tf32", block_size=16)
 
 
 def mla_variants():
