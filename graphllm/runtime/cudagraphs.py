@@ -28,6 +28,15 @@ from graphllm.runtime.inputs import HostStep, pack, packed_offsets, pad_uniform,
 from graphllm.runtime.sampler import argmax_rows
 
 
+def copy_padded(padded: HostStep, buffer: torch.Tensor, static: HostStep) -> None:
+    """A padded step into the leading part of each static field (a graph's inputs: the fields of the largest
+    bucket, row-major, so a smaller bucket's rows lead), through the pinned buffer `buffer`."""
+    shapes = [a.shape for a in padded]
+    pack(padded, out=buffer.numpy()[:packed_offsets(shapes)[-1]])
+    for src, dst in zip(unpack(buffer, shapes), static):
+        dst.view(-1)[:src.numel()].copy_(src.view(-1), non_blocking=True)
+
+
 def capture_step(step: Callable[..., torch.Tensor], inputs: tuple, pool, after: Callable | None = None):
     """(graph, output) of step(*inputs) captured into the memory pool `pool` (None: a new one), after a warm-up
     call outside the capture so that allocator and library state settle; after(output), when given, is captured
@@ -134,10 +143,7 @@ class CUDAGraphRunner:
             host = HostStep(empty, empty, empty, host.block_tables, host.seq_lens, host.query_start_loc, empty)
         padded, rows = pad_uniform(host, self.q, bucket, self.padding_block, self.block_size, self.shapes[3][1])
         self.staging_slot(slot)
-        buffer = self.host_buffers[slot]
-        pack(padded, out=buffer.numpy()[:packed_offsets([a.shape for a in padded])[-1]])
-        for src, dst in zip(unpack(buffer, [a.shape for a in padded]), self.static):
-            dst.view(-1)[:src.numel()].copy_(src.view(-1), non_blocking=True)  # the bucket's leading rows
+        copy_padded(padded, self.host_buffers[slot], self.static)
         return padded.attention, rows
 
     def run(self, host: HostStep, fill: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:

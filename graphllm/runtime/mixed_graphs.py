@@ -26,8 +26,8 @@ import torch
 from graphllm.backends import AttentionBackend
 from graphllm.config import DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE, mixed_token_buckets
 from graphllm.ops.attention import use_backend
-from graphllm.runtime.cudagraphs import capture_step
-from graphllm.runtime.inputs import HostStep, pack, packed_offsets, pad_mixed, unpack
+from graphllm.runtime.cudagraphs import capture_step, copy_padded
+from graphllm.runtime.inputs import HostStep, packed_offsets, pad_mixed, unpack
 
 logger = logging.getLogger("graphllm")
 
@@ -82,11 +82,7 @@ class MixedGraphRunner:
     def stage(self, padded: HostStep, slot: int) -> None:
         """Copy a padded step into the leading part of each static field, through pinned buffer `slot` (two
         alternate: the step before may still be copying out of the other, as CUDAGraphRunner.stage says)."""
-        buffer = self.host_buffers[slot]
-        shapes = [a.shape for a in padded]
-        pack(padded, out=buffer.numpy()[:packed_offsets(shapes)[-1]])
-        for src, dst in zip(unpack(buffer, shapes), self.static):
-            dst.view(-1)[:src.numel()].copy_(src.view(-1), non_blocking=True)
+        copy_padded(padded, self.host_buffers[slot], self.static)
 
     @torch.inference_mode()
     def capture(self) -> None:
