@@ -19,7 +19,7 @@ from pathlib import Path
 
 
 from graphllm.bench import hf_compare, plots, profiling
-from graphllm.bench.roofline import add_ceiling_args, bandwidth, decode_weight_bytes
+from graphllm.bench.roofline import add_ceiling_args, bandwidth, engine_weight_bytes
 from graphllm.bench.serve_bench import parse_levels
 from graphllm.bench.workload import (StepTimer, add_common_args, build_engine, engine_facts, fmt, format_rows,
                                      free_engine, model_folder, params_for, prepare_work, random_prompt,
@@ -135,9 +135,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-model-len {engine.state.max_model_len} is shorter than --input-len + --output-len")
     report["engine"] = engine_facts(engine)
     report["results"] = run_latency(engine, args)
-    compiled = (engine.state.model_path / "weights.safetensors").is_file()  # an artifact: weights as stored
-    weights = report["weights"] = (decode_weight_bytes(engine.state.model_path, None) if compiled
-                                   else decode_weight_bytes(model_dir, engine.state.dtype))
+    weights = report["weights"] = engine_weight_bytes(engine.state, model_dir)
     tbs = report["ceiling"]["bandwidth_tbs"]
     report["ceiling"]["tok_s_per_seq"] = tbs * 1e12 / weights["decode_read_bytes"] if tbs else None
     add_ceiling_share(report["results"], report["ceiling"]["tok_s_per_seq"])

@@ -78,6 +78,14 @@ def decode_weight_bytes(model_dir: Path, dtype: torch.dtype | None) -> dict:
             "decode_read_bytes": round(sum(numel[n] * size[n] * share[n] for n in read))}
 
 
+def engine_weight_bytes(state, model_dir: Path) -> dict:
+    """decode_weight_bytes of what an engine runs (state: its RuntimeState): an artifact's weights as stored
+    (quantized tensors at their width), else model_dir's at the engine's dtype."""
+    if (state.model_path / "weights.safetensors").is_file():  # an artifact
+        return decode_weight_bytes(state.model_path, None)
+    return decode_weight_bytes(model_dir, state.dtype)
+
+
 def _median_seconds(fn, reps: int) -> float:
     """Median of reps timed calls of fn (CUDA events), after one warm-up call."""
     fn()

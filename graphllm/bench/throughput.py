@@ -180,9 +180,7 @@ def format_roofline(r: dict, ceilings: dict, achieved: float) -> str:
 def add_roofline(report: dict, engine, model_dir: Path) -> None:
     """report["roofline"] of the engine's run (report["ours"]) and report["ours"]["wall_split"]."""
     state, ours = engine.state, report["ours"]
-    compiled = (state.model_path / "weights.safetensors").is_file()  # an artifact: weights as stored
-    weights = report["weights"] = (roofline.decode_weight_bytes(state.model_path, None) if compiled
-                                   else roofline.decode_weight_bytes(model_dir, state.dtype))
+    weights = report["weights"] = roofline.engine_weight_bytes(state, model_dir)
     kv_per_token = state.kv_cache_bytes / (state.num_kv_blocks * state.limits.block_size)
     requests = [(r["input_len"], g) for r, g in zip(report["requests"], ours["generated_tokens"])]
     c = report["ceilings"]

@@ -18,15 +18,9 @@ from graphllm.runtime.kv_cache import allocate_kv_caches
 from graphllm.runtime.mixed_graphs import MixedGraphRunner
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.runtime.scheduler import ScheduledSeq
-from graphllm.runtime.sequence import Sequence
+from tests.runtime.test_inputs import seq
 
 BLOCK, BLOCKS, MAX_BLOCKS = 16, 12, 4  # cache blocks 0..11 for sequences, block 12 for padding
-
-
-def seq(tokens, computed, table):
-    s = Sequence(0, "r", 0, list(tokens), len(tokens), SamplingParams())
-    s.num_computed_tokens, s.block_table = computed, list(table)
-    return s
 
 
 def cached_then_mixed() -> tuple[HostStep, HostStep]:
