@@ -17,7 +17,8 @@
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
 #   sync1-B / synctput-B  latency1-B / throughput-B with --no-async-scheduling (host and GPU take turns)
 #   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
-#   full-tests (issue 19) the mixed-step CUDA graph tests (--cudagraph-mode FULL);  full1-B / fulltput-B  latency1-B /
+#   full-tests (issue 19) the mixed-step CUDA graph tests (--cudagraph-mode FULL); full-tests-K  those matching K
+#              alone, stopping at the first failure with its traceback;  full1-B / fulltput-B  latency1-B /
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
@@ -141,6 +142,8 @@ for stage in "$@"; do
     full-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/gpu/test_mixed_graphs.py tests/runtime/test_mixed_graphs.py tests/gpu/test_cuda_graphs.py 2>&1 \
         | grep -v "DEBUG" | tail -30 ;;
+    full-tests-*) timeout 200 python3 -m pytest -x -q --tb=short -p no:cacheprovider -p no:hypothesispytest \
+        tests/gpu/test_mixed_graphs.py -k "${stage#full-tests-}" 2>&1 | grep -v "DEBUG" | tail -80 ;;
     full1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --cudagraph-mode FULL \
         --attention-backend "${stage#full1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     fulltput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --cudagraph-mode FULL \

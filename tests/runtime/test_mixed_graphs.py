@@ -87,6 +87,7 @@ def test_padded_step_computes_the_unpadded_rows_eagerly(tiny_model_dir):
     check_padded_step(StepModule(model), config, TorchBackend(), tokens=12 + 2 * MAX_BLOCKS * BLOCK, seqs=6)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="compiled_dir compiles for the GPU there (tests/gpu runs it)")
 def test_compiled_step_takes_one_sequence_beyond_max_num_seqs(compiled_dir):
     """A full batch pads with a sequence of its own: the artifact's step takes max_num_seqs + 1 sequences."""
     from graphllm.compiler.artifact import verify_artifact
