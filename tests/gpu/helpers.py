@@ -3,13 +3,14 @@
 import torch
 
 
-def transformers_greedy(hf, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    """Each prompt alone through transformers' generate on the GPU, EOS ignored: the new tokens."""
-    hf = hf.to("cuda")
+def transformers_greedy(hf, prompts: list[list[int]], max_new_tokens: int, device: str = "cuda") -> list[list[int]]:
+    """Each prompt alone through transformers' generate on `device` (the GPU by default), EOS ignored: the new
+    tokens."""
+    hf = hf.to(device)
     expected = []
     for prompt in prompts:
         with torch.no_grad():
-            out = hf.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=max_new_tokens,
+            out = hf.generate(torch.tensor([prompt], device=device), max_new_tokens=max_new_tokens,
                               do_sample=False, eos_token_id=None, pad_token_id=0)
         expected.append(out[0, len(prompt):].tolist())
     return expected
