@@ -4,6 +4,8 @@ under async scheduling, with a full batch (the padding sequence beyond max_num_s
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 
 from graphllm import Engine, SamplingParams
 from tests.gpu.helpers import transformers_greedy
@@ -23,17 +25,26 @@ def record_replays(engine) -> list[tuple[int, int]]:
 @pytest.mark.parametrize("step", ["compiled", "eager"])
 def test_full_mode_replays_mixed_steps_with_transformers_tokens(arch, step, tiny_model_dir, compiled_dir):
     path, hf = tiny_model_dir(arch)
-    # the oracle on the CPU: on the H200 (2026-12-01) the GPU image's transformers gave Gemma 2's last prompt, one
-    # token longer than its window of 8, the tokens a window of 9 gives (benchmarks/window_oracle.py)
-    expected = transformers_greedy(hf, PROMPTS, max_new_tokens=max(LENGTHS), device="cpu")
-    options = dict(attention_backend="triton", cudagraph_mode="FULL", max_num_batched_tokens=16, max_num_seqs=4)
-    engine = (Engine.load(compiled_dir(arch), **options) if step == "compiled"
-              else Engine.from_pretrained(path, dtype="float32", **options))
+    options = dict(attention_backend="triton", max_num_batched_tokens=16, max_num_seqs=4)
+
+    def engine_of(mode: str):
+        return (Engine.load(compiled_dir(arch), cudagraph_mode=mode, **options) if step == "compiled"
+                else Engine.from_pretrained(path, dtype="float32", cudagraph_mode=mode, **options))
+
+    decode_only = run_arrivals(engine_of("FULL_DECODE_ONLY"))
+    engine = engine_of("FULL")
     assert engine.runner.mixed_graphs is not None and engine.async_scheduling
     assert engine.runner.mixed_graphs.buckets == (16,)  # the token budget: one bucket
     replayed = record_replays(engine)
     got = run_arrivals(engine)
-    assert got == [e[:n] for e, n in zip(expected, LENGTHS)]
+    assert got == decode_only
+    expected = [e[:n] for e, n in zip(transformers_greedy(hf, PROMPTS, max_new_tokens=max(LENGTHS)), LENGTHS)]
+    if arch == "gemma2" and Version(transformers.__version__) < Version("5.24"):
+        # Gemma 2's last prompt is one token longer than its window of 8, where transformers 5.17 (the GPU image's,
+        # on the CPU too: benchmarks/window_oracle.py, 2026-12-01) and 5.24 (CI's) give different tokens; we give
+        # 5.24's, which tests/runtime/test_mixed_graphs.py checks in CI
+        got, expected = got[:-1], expected[:-1]
+    assert got == expected
     assert engine.runner.mixed_graphs.replays == len(replayed) > 0
     assert any(seqs == 4 for _, seqs in replayed)  # a full batch: padded with the sequence beyond max_num_seqs
     assert any(tokens < 16 for tokens, _ in replayed)  # a step padded up to its bucket

@@ -18,6 +18,7 @@ from graphllm.runtime.kv_cache import allocate_kv_caches
 from graphllm.runtime.mixed_graphs import MixedGraphRunner
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.runtime.scheduler import ScheduledSeq
+from tests.gpu.helpers import transformers_greedy
 from tests.runtime.test_inputs import seq
 
 BLOCK, BLOCKS, MAX_BLOCKS = 16, 12, 4  # cache blocks 0..11 for sequences, block 12 for padding
@@ -157,15 +158,19 @@ def run_arrivals(engine) -> list[list[int]]:
     return [finished[i].outputs[0].token_ids for i in ids]
 
 
-@pytest.mark.parametrize("async_scheduling", [True, False])
-def test_engine_runs_prompt_steps_through_the_mixed_runner_with_the_same_tokens(async_scheduling, tiny_model_dir):
+@pytest.mark.parametrize("arch, async_scheduling", [("llama", True), ("llama", False), ("gemma2", True)])
+def test_engine_runs_prompt_steps_through_the_mixed_runner_with_the_same_tokens(arch, async_scheduling,
+                                                                                tiny_model_dir):
     """The runner's staging, padding (full batches: the sequence beyond max_num_seqs), device-side input ids of
     the step in flight and logits rows, end to end on CPU (StepReplay in place of graphs): the plain engine's
-    greedy tokens."""
+    greedy tokens, which are transformers' (Gemma 2: per-layer windows, the soft caps, and a prompt one token
+    longer than its window, where transformers 5.17 and 5.24 differ: tests/gpu/test_mixed_graphs.py)."""
     from graphllm import Engine
-    path, _ = tiny_model_dir("llama")
+    path, hf = tiny_model_dir(arch)
     options = dict(dtype="float32", max_num_batched_tokens=16, max_num_seqs=4, async_scheduling=async_scheduling)
     expected = run_arrivals(Engine.from_pretrained(path, **options))
+    if arch == "gemma2":
+        assert expected == [e[:n] for e, n in zip(transformers_greedy(hf, PROMPTS, max(LENGTHS), "cpu"), LENGTHS)]
     engine = Engine.from_pretrained(path, **options)
     state, inner = engine.state, engine.runner
     mixed = MixedGraphRunner(inner.step, inner.kv_caches, (8, 16), 5, -(-state.max_model_len // BLOCK),
