@@ -18,6 +18,11 @@ KV_CACHE_DTYPES = ("auto", "fp8")  # auto: the model's dtype; fp8: float8_e4m3fn
 # which steps replay CUDA graphs (vLLM's compilation_config.cudagraph_mode values): decode steps only, or
 # every step up to max_cudagraph_capture_size tokens, prefill and mixed ones too (graphllm/runtime/mixed_graphs.py)
 CUDAGRAPH_MODES = ("FULL_DECODE_ONLY", "FULL")
+# FULL by default since 2026-12-01 (H200, same call, 8B preset): throughput 10,072 -> 10,967 output tok/s, a
+# batch-1 prefill of 128 tokens 42.0 -> 7.9 ms, decode unchanged; it costs ~1.0 s of start-up and its graphs
+# share the decode graphs' pool (0.672 GiB together). Backends that cannot capture such steps fall back to
+# decode-only graphs with a warning (benchmarks/RESULTS.md, "Twentieth session")
+DEFAULT_CUDAGRAPH_MODE = "FULL"
 DEFAULT_MAX_CUDAGRAPH_CAPTURE_SIZE = 2048  # tokens
 # Quantization schemes applied by the compiler to a float checkpoint (vLLM's names where it has them):
 # fp8 = W8A8 (float8 weights per channel, activations per token), int8 / int4 = weight-only
@@ -48,8 +53,8 @@ class EngineConfig:
     # with cuda_graphs: FULL_DECODE_ONLY graphs decode steps; FULL also steps that carry prompt tokens, one graph
     # per token bucket up to max_cudagraph_capture_size tokens (None: min(2048, max_num_batched_tokens)), each
     # step padded to its bucket (mixed_token_buckets). FULL needs an attention backend that captures such
-    # steps (triton); off by default until a GPU A/B measures it
-    cudagraph_mode: str = "FULL_DECODE_ONLY"
+    # steps (triton; others graph decode steps only)
+    cudagraph_mode: str = DEFAULT_CUDAGRAPH_MODE
     max_cudagraph_capture_size: int | None = None
     # sm_90+: the decode graphs launch graphllm's decode-step kernels (the linears, rope + KV store, decode
     # attention) as programmatic dependents (PDL), so that each starts, prefetches its weight and waits while the

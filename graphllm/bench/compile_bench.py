@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from graphllm.config import DEFAULT_CUDAGRAPH_MODE
+
 DECODE = """
 import json, sys, time, torch
 from graphllm import Engine, SamplingParams
@@ -113,7 +115,7 @@ def cold_compile(model: Path, art: Path, work: Path, max_num_seqs: int, max_mode
 
 def bench_compile(model: Path, work: Path, batch_sizes: list[int], input_len: int, output_len: int,
                   max_num_seqs: int, quantization: str | None = None, decode: bool = True,
-                  cudagraph_mode: str = "FULL_DECODE_ONLY") -> dict:
+                  cudagraph_mode: str = DEFAULT_CUDAGRAPH_MODE) -> dict:
     """A quantized model has no eager mode (quantization is a compiler pass): its decode rows are the
     compiled modes only. Warm start runs twice (the page cache holds the artifact: compile wrote it), then
     once more after evicting the artifact from the page cache (cold disk)."""

@@ -15,6 +15,11 @@ attention and its matmuls one after the other), and both count only what any eng
 
 Weight reads are left out (at the batch sizes that dominate such a workload the matmuls are compute-bound), and
 so are preemption's recomputation, padding and sampling: the result is a floor no schedule beats.
+
+`schedule_floor` is the floor of the schedule a run took, step by step from its step table: each step's matmuls
+at the matmul rate or its weight read at the copy bandwidth, whichever is longer, plus its KV reads (each
+sequence's context, once) and writes. It counts the weight reads of small steps that the roofline leaves out, so
+it says how near the kernels and the host came to what that schedule allows.
 """
 
 import argparse
@@ -192,3 +197,24 @@ def wall_split(step_breakdown: dict, wall_s: float) -> dict:
         seconds = d["steps"] * d["total_ms"] / 1e3
         out[phase] = {"steps": d["steps"], "seconds": seconds, "share": seconds / wall_s if wall_s else None}
     return out
+
+
+def schedule_floor(table: dict[str, list], weights: dict, config: ModelConfig, kv_bytes_per_token: float,
+                   gemm_tflops: float | None, bandwidth_tbs: float | None) -> dict | None:
+    """The floor of a run's own schedule (this module's docstring), from its step table (columns seqs,
+    decode_seqs, new_tokens, context_tokens). Attention's FLOPs and sampling are left out, so it stays a floor;
+    None without both rates, or for a model with windows (the table's context sums would overstate their
+    reads)."""
+    windowed = any(config.window_of(layer) > 0 for layer in range(config.num_hidden_layers))
+    if not (gemm_tflops and bandwidth_tbs) or windowed or "new_tokens" not in table:
+        return None
+    flops, bytes_per_s = gemm_tflops * 1e12, bandwidth_tbs * 1e12
+    body = weights["decode_read_parameters"] - weights["lm_head_parameters"]
+    weight_s = weights["decode_read_bytes"] / bytes_per_s
+    steps = zip(table["decode_seqs"], table["new_tokens"], table["context_tokens"])
+    matmul_s = kv_s = 0.0
+    for decodes, new, context in steps:  # decodes: rows sampled at least (a finishing prompt samples too)
+        matmul_s += max((2 * body * new + 2 * weights["lm_head_parameters"] * decodes) / flops, weight_s)
+        kv_s += kv_bytes_per_token * (context + new) / bytes_per_s
+    return {"steps": len(table["new_tokens"]), "matmul_or_weights_s": matmul_s, "kv_s": kv_s,
+            "floor_s": matmul_s + kv_s}

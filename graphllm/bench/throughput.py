@@ -163,6 +163,10 @@ def format_table(report: dict) -> str:
                      f"{split.get(phase, {}).get('seconds', 0):.2f} s in all ({fmt(share, '.1%')} of the wall time)")
     if "roofline" in report:
         lines.append(format_roofline(report["roofline"], report["ceilings"], ours["output_tok_s"]))
+    if floor := report.get("schedule_floor"):
+        lines.append(f"schedule floor: {floor['floor_s']:.4g} s for this run's {floor['steps']} steps (each step's "
+                     f"matmuls or weight read {floor['matmul_or_weights_s']:.4g} s + KV {floor['kv_s']:.4g} s); "
+                     f"the wall time is {ours['wall_s'] / floor['floor_s']:.2f}x it")
     return "\n".join(lines)
 
 
@@ -178,7 +182,8 @@ def format_roofline(r: dict, ceilings: dict, achieved: float) -> str:
 
 
 def add_roofline(report: dict, engine, model_dir: Path) -> None:
-    """report["roofline"] of the engine's run (report["ours"]) and report["ours"]["wall_split"]."""
+    """report["roofline"] and report["schedule_floor"] of the engine's run (report["ours"]), and
+    report["ours"]["wall_split"]."""
     state, ours = engine.state, report["ours"]
     weights = report["weights"] = roofline.engine_weight_bytes(state, model_dir)
     kv_per_token = state.kv_cache_bytes / (state.num_kv_blocks * state.limits.block_size)
@@ -186,6 +191,8 @@ def add_roofline(report: dict, engine, model_dir: Path) -> None:
     c = report["ceilings"]
     report["roofline"] = roofline.workload_roofline(requests, weights, state.model_config, kv_per_token,
                                                     c["gemm_tflops"], c["bandwidth_tbs"])
+    report["schedule_floor"] = roofline.schedule_floor(ours["step_table"], weights, state.model_config, kv_per_token,
+                                                       c["gemm_tflops"], c["bandwidth_tbs"])
     ours["wall_split"] = roofline.wall_split(ours["step_breakdown_ms"], ours["wall_s"])
     if report["roofline"]["output_tok_s"]:
         ours["roofline_share"] = ours["output_tok_s"] / report["roofline"]["output_tok_s"]

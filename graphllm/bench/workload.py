@@ -293,6 +293,8 @@ class StepTimer:
             prefill = [s for s in batch if s.seq.num_computed_tokens < s.seq.num_prompt_tokens]
             self._phase = "prefill" if prefill else "decode"
             self._shape = {"seqs": len(batch), "prefill_tokens": sum(s.num_new_tokens for s in prefill),
+                           "decode_seqs": len(batch) - len(prefill),
+                           "new_tokens": sum(s.num_new_tokens for s in batch),
                            "context_tokens": sum(s.seq.num_computed_tokens + s.num_new_tokens for s in batch)}
             return batch
         return wrapped
@@ -311,9 +313,10 @@ class StepTimer:
         return wrapped
 
     def step_table(self) -> dict[str, list]:
-        """Every step as a column table: batch shape (sequences, prompt tokens computed, tokens of
-        context after the step) and milliseconds (model call, whole step), for offline analysis."""
-        keys = ("seqs", "prefill_tokens", "context_tokens")
+        """Every step as a column table: batch shape (sequences, prompt tokens computed, decoding sequences,
+        tokens computed, tokens of context after the step) and milliseconds (model call, whole step), for
+        offline analysis and roofline.schedule_floor."""
+        keys = ("seqs", "prefill_tokens", "decode_seqs", "new_tokens", "context_tokens")
         table = {k: [r.get(k) for _, r in self.records] for k in keys}
         for part in ("model", "total"):
             table[f"{part}_ms"] = [round(1e3 * r[part], 3) for _, r in self.records]

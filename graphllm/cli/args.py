@@ -4,8 +4,8 @@ import argparse
 import dataclasses
 import json
 
-from graphllm.config import (ATTENTION_BACKENDS, CHECKPOINT_QUANTIZATIONS, CUDAGRAPH_MODES, DTYPES, KV_CACHE_DTYPES,
-                             QUANTIZATIONS, CompileConfig, EngineConfig)
+from graphllm.config import (ATTENTION_BACKENDS, CHECKPOINT_QUANTIZATIONS, CUDAGRAPH_MODES, DEFAULT_CUDAGRAPH_MODE,
+                             DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, CompileConfig, EngineConfig)
 from graphllm.runtime.sampling_params import SamplingParams
 
 SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
@@ -74,9 +74,10 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-pdl", action="store_true",
                         help="GPU (sm_90+): decode graphs launch the decode step's kernels as programmatic "
                              "dependents, each starting while the one before finishes (off by default)")
-    parser.add_argument("--cudagraph-mode", default="FULL_DECODE_ONLY", choices=CUDAGRAPH_MODES,
-                        help="GPU: which steps replay CUDA graphs: decode steps only (the default), or FULL: steps "
-                             "with prompt tokens too, up to --max-cudagraph-capture-size tokens (triton attention)")
+    parser.add_argument("--cudagraph-mode", default=DEFAULT_CUDAGRAPH_MODE, choices=CUDAGRAPH_MODES,
+                        help="GPU: which steps replay CUDA graphs: FULL (the default): steps with prompt tokens "
+                             "too, up to --max-cudagraph-capture-size tokens (triton attention; other backends "
+                             "decode steps only), or FULL_DECODE_ONLY")
     parser.add_argument("--max-cudagraph-capture-size", type=int, metavar="N",
                         help="--cudagraph-mode FULL: the largest step, in tokens, that replays a graph (default: "
                              "2048, at most --max-num-batched-tokens)")

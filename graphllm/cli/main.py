@@ -11,7 +11,7 @@ from graphllm.cli.args import add_engine_args, add_model_args, add_sampling_args
 from graphllm.cli.commands import cmd_bench_compile, cmd_compile, cmd_generate, cmd_inspect
 from graphllm.cli.environment import Environment
 from graphllm.cli.serve import add_serve_parser
-from graphllm.config import CUDAGRAPH_MODES, QUANTIZATIONS
+from graphllm.config import CUDAGRAPH_MODES, DEFAULT_CUDAGRAPH_MODE, QUANTIZATIONS
 
 
 def build_parser(env: Environment = Environment()) -> argparse.ArgumentParser:
@@ -58,7 +58,7 @@ def add_bench_parsers(bench) -> None:
     comp_bench.add_argument("--max-num-seqs", type=int, default=64)
     comp_bench.add_argument("--quantization", choices=QUANTIZATIONS, help="compile with this quantization scheme")
     comp_bench.add_argument("--no-decode", action="store_true", help="compile and start-up figures only")
-    comp_bench.add_argument("--cudagraph-mode", default="FULL_DECODE_ONLY", choices=CUDAGRAPH_MODES,
+    comp_bench.add_argument("--cudagraph-mode", default=DEFAULT_CUDAGRAPH_MODE, choices=CUDAGRAPH_MODES,
                             help="the warm starts' CUDA graphs (FULL: the mixed-step graphs too, their capture "
                                  "time and memory counted)")
     comp_bench.add_argument("--json", help="write the results here")

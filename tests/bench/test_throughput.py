@@ -66,6 +66,12 @@ def test_every_request_gets_its_output_len_and_rates_add_up(tiny_model_dir, tmp_
     steps = ours["step_breakdown_ms"]
     assert {p: s["steps"] for p, s in split.items()} == {p: s["steps"] for p, s in steps.items()}
     assert 0 < sum(s["seconds"] for s in split.values()) <= ours["wall_s"]
+    # the schedule's floor: every step at least its weight read; no step is processed twice (no preemption)
+    floor = report["schedule_floor"]
+    assert floor["steps"] == ours["steps"] and floor["floor_s"] >= ours["steps"] * report["weights"][
+        "decode_read_bytes"] / 0.01e12
+    assert sum(table["new_tokens"]) == ours["input_tokens"] + ours["output_tokens"] - NUM  # the last token never runs
+    assert all(d <= n for d, n in zip(table["decode_seqs"], table["seqs"]))
     assert "transformers" not in report
     assert png.read_bytes()[:8] == PNG_MAGIC
 
