@@ -101,9 +101,14 @@ free_gb() { df -BG --output=avail /tmp | tail -1 | tr -dc 0-9; }
 for stage in "$@"; do
   start=$(date +%s)
   # a stage that writes a preset and its artifact needs ~35 GB at the 8B-9B shapes: on a machine that already
-  # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk)
+  # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk). A stage whose preset
+  # is already there needs at most another artifact (~16 GB): it keeps them unless under 20 GB are free (every 8B
+  # stage of 2026-12-01 rewrote the preset and recompiled, 34 GB being free after the first)
+  case $stage in fam*-*|pdlfam-*) preset=${stage#*-} ;; moe-*) preset=qwen3-30b-a3b ;; startup*) preset=startup ;;
+    *) preset=llama-3-8b ;; esac
+  need=40; [ -d "$WORK/models/$preset" ] && need=20
   case $stage in fam*|latency*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*)
-    [ "$(free_gb)" -lt 40 ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
+    [ "$(free_gb)" -lt $need ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
       rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; } ;;
   esac
   case $stage in
