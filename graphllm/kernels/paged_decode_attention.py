@@ -14,8 +14,9 @@ otherwise, so the one-token rows of a mixed step run this kernel's loop without 
 slicing them out (the prefill kernel takes the other sequences).
 
 A float8 cache (graphllm/kernels/kv_quant.py) is read with its per-tensor scales folded out of the
-inner loop: K and V tiles convert exactly to q's dtype for tl.dot, k_scale multiplies the
-softmax scale on the host and v_scale the unnormalised output once per program.
+inner loop: K and V tiles convert exactly to q's dtype for tl.dot (float16 for bfloat16 queries; on
+sm_89+ as they are loaded, graphllm/kernels/fp8_convert.py), k_scale multiplies the softmax scale on
+the host and v_scale the unnormalised output once per program.
 
 Gemma 2's attention-logit soft cap (logit_softcap > 0) turns the scaled scores s into
 cap * tanh(s / cap) before the mask: in the kernels' log2 domain that is c * tanh(s2 / c) with
@@ -28,8 +29,9 @@ import torch
 import triton
 import triton.language as tl
 
+from graphllm.kernels.fp8_convert import FP8_CVT, fp8_to_f16, kv_fp8_mode
 from graphllm.kernels.gdc import dependent_start
-from graphllm.kernels.kv_quant import KVScales, dequantize_kv, is_fp8
+from graphllm.kernels.kv_quant import KVScales, dequantize_kv
 from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.reference import soft_cap
 
@@ -136,7 +138,8 @@ def rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo
     lo..hi-1 of the pages in `table`; returns (acc, l, m), acc unnormalised. CAUSAL: row r sees keys
     q_min_key[r]..q_pos[r] only, and a row that sees no key gets l = 0 (the prefill kernel, verify
     attention); else every row sees every key in range (one token's query heads: q_pos, q_min_key unread).
-    KV_FP8: a float8 cache, whose k_scale the caller folded into scale_log2; acc comes back times v_scale.
+    KV_FP8: a float8 cache (fp8_convert.kv_fp8_mode: FP8_CVT converts each tile as it is loaded, and needs float16
+    or bfloat16 q), whose k_scale the caller folded into scale_log2; acc comes back times v_scale.
     SOFTCAP: soft-cap the scores (soft_cap_log2) before the mask."""
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
@@ -162,7 +165,10 @@ def rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo
         kv_off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] \
             + offs_d[None, :]  # [BLOCK_N, BLOCK_D]
         kv_mask = k_valid[:, None] & d_mask[None, :]
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+        if KV_FP8 == FP8_CVT:  # converted as loaded (fp8_convert.py)
+            k = fp8_to_f16(tl.load(k_cache_ptr.to(tl.pointer_type(tl.uint8)) + kv_off, mask=kv_mask, other=0))
+        else:
+            k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         if SOFTCAP:
             s = soft_cap_log2(s, softcap_log2)
@@ -179,9 +185,12 @@ def rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if KV_FP8:  # exact: float8 e4m3 fits in float16, bfloat16 and float32
-            v = v.to(q.dtype)
+        if KV_FP8 == FP8_CVT:
+            v = fp8_to_f16(tl.load(v_cache_ptr.to(tl.pointer_type(tl.uint8)) + kv_off, mask=kv_mask, other=0))
+        else:
+            v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
+            if KV_FP8:  # exact: float8 e4m3 fits in float16, bfloat16 and float32
+                v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     if KV_FP8:
@@ -296,7 +305,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            sliding_window: int, num_splits: int | None = None,
                            kv_scales: KVScales = KVScales(), query_start_loc: torch.Tensor | None = None,
                            out: torch.Tensor | None = None, num_warps: int = 4,
-                           logit_softcap: float = 0.0, maxnreg: int | None = None) -> torch.Tensor:
+                           logit_softcap: float = 0.0, maxnreg: int | None = None,
+                           fp8_conversion: int | None = None) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -315,8 +325,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_warps: of the split kernel (4, what was measured; kernel_sweep attention also times 8). Built
     offline for sm_90 with the launcher's divisibility hints (benchmarks/attention_sass.py
     --runtime-hints, triton 3.9) the 4-warp kernel takes 109 registers and spills nothing (an fp8
-    cache's: 149, since its dots run in float16); maxnreg caps them (kernel_sweep attention times the
-    fp8 kernel at 128: four programs of 4 warps an SM where 149 allows three, for 64 bytes of stack).
+    cache's: 108 converted as loaded, fp8_convert.FP8_CVT; 149 with Triton's conversion); maxnreg caps
+    them (kernel_sweep attention times the fp8 kernel at 128). fp8_conversion: a float8 cache's KV_FP8
+    (None: fp8_convert.kv_fp8_mode; kernel_sweep attention times both conversions).
     """
     num_heads, head_dim = q.shape[1:]
     mixed = query_start_loc is not None
@@ -334,7 +345,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     direct = num_splits == 1
     part_out, part_lse = split_buffers(q, out, batch, num_heads, num_splits, head_dim)
     block_d = triton.next_power_of_2(head_dim)
-    kv_fp8 = is_fp8(k_cache.dtype)
+    kv_fp8 = kv_fp8_mode(k_cache.dtype, q)
+    kv_fp8 = fp8_conversion if kv_fp8 and fp8_conversion is not None else kv_fp8
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     softcap = logit_softcap > 0

@@ -28,7 +28,8 @@ import triton
 import triton.language as tl
 
 from graphllm.kernels.paged_decode_attention import one_token_attention, paged_decode_attention, rows_attention
-from graphllm.kernels.kv_quant import KVScales, dequantize_kv, is_fp8
+from graphllm.kernels.fp8_convert import kv_fp8_mode
+from graphllm.kernels.kv_quant import KVScales, dequantize_kv
 from graphllm.kernels.reference import soft_cap
 
 LOG2E = 1.4426950408889634
@@ -209,7 +210,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     group = num_heads // num_kv_heads
     block_m = max(64, triton.next_power_of_2(group))
     block_q = block_m // group
-    kv_fp8 = is_fp8(k_cache.dtype)
+    kv_fp8 = kv_fp8_mode(k_cache.dtype, q)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     softcap = logit_softcap > 0
     _prefill_kernel[(triton.cdiv(num_tokens, block_q) + num_seqs, num_kv_heads)](

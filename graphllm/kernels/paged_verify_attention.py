@@ -19,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.kv_quant import KVScales, is_fp8
+from graphllm.kernels.fp8_convert import kv_fp8_mode
+from graphllm.kernels.kv_quant import KVScales
 from graphllm.kernels.paged_decode_attention import (LOG2E, _decode_reduce_kernel, default_num_splits, rows_attention,
                                                      split_buffers)
 
@@ -107,7 +108,7 @@ def paged_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     direct = num_splits == 1
     part_out, part_lse = split_buffers(q, out, num_tokens, num_heads, num_splits, head_dim)
     block_d = triton.next_power_of_2(head_dim)
-    kv_fp8 = is_fp8(k_cache.dtype)
+    kv_fp8 = kv_fp8_mode(k_cache.dtype, q)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     softcap = logit_softcap > 0
     _verify_split_kernel[(num_seqs, num_kv_heads, num_splits)](

@@ -23,6 +23,7 @@ from triton.compiler import ASTSource
 from graphllm.kernels import fp8_matmul, fused_moe, int4_matmul, mla_decode, mla_prefill, moe_align, moe_experts, moe_routing
 from graphllm.kernels import rms_norm, silu_and_mul, silu_and_mul_fp8, skinny_matmul
 from graphllm.kernels import paged_decode_attention as decode
+from graphllm.kernels.fp8_convert import FP8_CVT, FP8_TRITON
 from graphllm.kernels import paged_prefill_attention as prefill
 from graphllm.kernels import paged_verify_attention as verify
 from graphllm.kernels import rope_store_kv as rope
@@ -39,9 +40,12 @@ def pointer_types(kv_fp8: bool) -> dict[str, str]:
             "part_lse_ptr": "*fp32", "scale_log2": "fp32", "v_scale": "fp32", "softcap_log2": "fp32"}
 
 
+KV_MODES = (0, FP8_TRITON.value, FP8_CVT.value)  # the attention kernels' KV_FP8: bf16, float8 by Triton's or by one cvt a pair
+
+
 def variants():
     """(kernel, argument types, constexprs, launch options) for each variant the launchers can ask for."""
-    for direct, mixed, kv_fp8 in itertools.product((True, False), repeat=3):
+    for direct, mixed, kv_fp8 in itertools.product((True, False), (True, False), KV_MODES):
         yield decode._decode_split_kernel, pointer_types(kv_fp8), dict(
             SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=mixed, KV_FP8=kv_fp8, SOFTCAP=False), {}
     for direct in (True, False):  # Gemma 2's soft cap (bf16 cache)
@@ -50,13 +54,13 @@ def variants():
     for mixed in (True, False):
         yield decode._decode_reduce_kernel, pointer_types(False), dict(
             HEAD_DIM=128, BLOCK_S=8, BLOCK_D=128, MIXED=mixed), {}
-    for one_token_rows, kv_fp8, softcap in itertools.product((True, False), (True, False), (False, True)):
+    for one_token_rows, kv_fp8, softcap in itertools.product((True, False), KV_MODES, (False, True)):
         if kv_fp8 and softcap:
             continue
         yield prefill._prefill_kernel, pointer_types(kv_fp8), dict(
             SHAPE, BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16, ONE_TOKEN_ROWS=one_token_rows, KV_FP8=kv_fp8,
             SOFTCAP=softcap), {}
-    for direct, kv_fp8, softcap in itertools.product((True, False), (True, False), (False, True)):
+    for direct, kv_fp8, softcap in itertools.product((True, False), KV_MODES, (False, True)):
         if kv_fp8 and softcap:
             continue
         yield verify._verify_split_kernel, pointer_types(kv_fp8), dict(  # k = 4: 5 tokens x group 4 -> 32 rows
@@ -201,6 +205,12 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
     fused = len(re.findall(r"^\s*fma\.", asm["ptx"], re.M))
     if kernel is rope._rope_store_kv_kernel and fused:
         raise AssertionError(f"{fused} fma instructions: a product's rounding is skipped")
+    if constexprs.get("KV_FP8") == FP8_CVT.value and kernel is not prefill._prefill_kernel:
+        # converted as loaded: the tile crosses shared memory in float16, not byte by byte (fp8_convert.py; Triton's
+        # own conversion reads it back with 96 byte loads in the decode kernel)
+        byte_loads = len(re.findall(r"ld\.shared(\.v\d)?\.[bu]8", asm["ptx"]))
+        if byte_loads or "ldmatrix" not in asm["ptx"]:
+            raise AssertionError(f"the float8 tile is read back from shared memory by {byte_loads} byte loads")
     if constexprs.get("PDL"):  # the wait, and the weight prefetch before it (at one row: BLOCK_K covers a line)
         ptx = asm["ptx"]
         waits, triggers = ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")
