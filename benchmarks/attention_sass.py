@@ -3,8 +3,9 @@
     python benchmarks/attention_sass.py [--runtime-hints]   # no GPU needed: Triton's front end, ptxas and cuobjdump
 
 Builds every variant tests/kernels/sm90_compile.py builds for the paged decode, prefill and verify kernels and the
-MLA decode and prefill kernels, disassembles the cubin, and counts the SASS instructions of its longest loop
-(from a backward branch's target to the branch): what one KV tile of a program costs to issue. With --runtime-hints
+MLA decode and prefill kernels, disassembles the cubin, and counts the SASS instructions of each of its loops
+(from a backward branch's target to the branch): what one KV tile of a program costs to issue (the prefill and
+verify kernels run the tiles every row sees whole in a loop without masks). With --runtime-hints
 the build gets the divisibility hints Triton's launcher gives at run time at the 8B shapes (every pointer 16-byte
 aligned, every integer argument a multiple of 16 but those the kernel does not specialize), so that the loads
 vectorize as they do on the GPU; without them every load is scalar. It compared the kernels with block_size as a
@@ -26,7 +27,7 @@ from graphllm.kernels import paged_decode_attention as decode  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 ADDRESS = re.compile(r"\s+/\*([0-9a-f]{4,6})\*/")
-FLAGS = ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP")
+FLAGS = ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP", "WINDOWED")
 
 
 def sass(cubin: bytes) -> list[str]:
@@ -38,16 +39,17 @@ def sass(cubin: bytes) -> list[str]:
     return [line for line in text.splitlines() if ADDRESS.match(line)]
 
 
-def longest_loop(lines: list[str]) -> int:
-    """Instructions from a backward branch's target to the branch, the longest such span."""
+def loops(lines: list[str], at_least: int = 50) -> list[int]:
+    """Instructions from each backward branch's target to the branch, in code order, spans of at_least or more
+    (a KV loop; rows_attention has one for the tiles it masks and one for those it need not)."""
     addresses = [int(ADDRESS.match(line).group(1), 16) for line in lines]
-    best = 0
+    spans = []
     for line, at in zip(lines, addresses):
         branch = re.search(r"BRA\s+(?:`\S+\s+)?0x([0-9a-f]+)\s*;", line)
         if branch and int(branch.group(1), 16) < at:
             target = int(branch.group(1), 16)
-            best = max(best, sum(1 for a in addresses if target <= a <= at))
-    return best
+            spans.append(sum(1 for a in addresses if target <= a <= at))
+    return [n for n in spans if n >= at_least]
 
 
 def runtime_hints(kernel, types: dict[str, str], constexprs: dict) -> dict:
@@ -74,7 +76,7 @@ def main() -> int:
             continue  # no KV loop
         lines = sass(build(kernel, types, constexprs, options, hints))
         flags = {k: v for k, v in constexprs.items() if k in FLAGS}
-        print(f"{kernel.__name__} {flags}: loop {longest_loop(lines)} of {len(lines)} instructions", flush=True)
+        print(f"{kernel.__name__} {flags}: loops {loops(lines)} of {len(lines)} instructions", flush=True)
     return 0
 
 

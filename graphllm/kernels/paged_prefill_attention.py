@@ -131,7 +131,7 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_N: tl.constexpr, ONE_TOKEN_ROWS: tl.constexpr, PRECISION: tl.constexpr,
-                    KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr):
+                    KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr, WINDOWED: tl.constexpr = False):
     tile, kvh = tl.program_id(0), tl.program_id(1)
     b, q_first, q_len, q_tile_start = _query_tile(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
     if q_tile_start >= q_len:
@@ -161,13 +161,13 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
     hi = tl.minimum(prefix + q_tile_start + BLOCK_Q, seq_len)  # past the tile's last position
     q_min_key = tl.zeros([BLOCK_M], tl.int32)  # first visible key position of each row
     lo = 0
-    if sliding_window > 0:
+    if WINDOWED:  # sliding_window > 0
         q_min_key = q_pos - sliding_window + 1
         lo = tl.maximum(prefix + q_tile_start - sliding_window + 1, 0)
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, _ = rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                                  stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2, BLOCK_M, BLOCK_D,
-                                 HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
+                                 HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP, True, WINDOWED)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     o_off = (q_first + toks).to(tl.int64)[:, None] * stride_ot + heads[:, None] * stride_oh \
         + offs_d[None, :]
@@ -222,5 +222,5 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_N=64 if head_dim <= 128 else 32, ONE_TOKEN_ROWS=not decode_launch,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        num_warps=num_warps or (4 if head_dim <= 128 else 8), num_stages=3)
+        WINDOWED=sliding_window > 0, num_warps=num_warps or (4 if head_dim <= 128 else 8), num_stages=3)
     return out

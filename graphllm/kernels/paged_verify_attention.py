@@ -35,7 +35,8 @@ def _verify_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          stride_bt, scale_log2, v_scale, softcap_log2, sliding_window, num_splits,
                          block_size: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_R: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
-                         PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr):
+                         PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr,
+                         WINDOWED: tl.constexpr = False):
     b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     first_row = tl.load(query_start_loc_ptr + b).to(tl.int64)
     n_new = (tl.load(query_start_loc_ptr + b + 1) - first_row).to(tl.int32)
@@ -55,7 +56,7 @@ def _verify_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
 
     start = 0
     q_min_key = tl.zeros([BLOCK_R], tl.int32)
-    if sliding_window > 0:
+    if WINDOWED:  # sliding_window > 0
         start = tl.maximum(first_pos - sliding_window + 1, 0)  # the first token's window; later rows mask more
         q_min_key = q_pos - sliding_window + 1
     chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
@@ -64,7 +65,7 @@ def _verify_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, m_i = rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                                    stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2, BLOCK_R,
-                                   BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
+                                   BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP, True, WINDOWED)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # l_i = 0: no visible key in this split, zeros and lse -inf
     out = acc / l_safe[:, None]
@@ -119,7 +120,7 @@ def paged_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits, block_size, GROUP=group, HEAD_DIM=head_dim,
         BLOCK_R=max(16, triton.next_power_of_2(group * max_tokens)), BLOCK_D=block_d, BLOCK_N=block_n,
         DIRECT=direct, PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        num_warps=4, num_stages=3)
+        WINDOWED=sliding_window > 0, num_warps=4, num_stages=3)
     if not direct:
         # the decode kernel's merge, one program per (token, head): part rows are laid out as its (b, head)
         _decode_reduce_kernel[(num_tokens, num_heads)](

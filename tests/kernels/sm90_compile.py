@@ -60,6 +60,10 @@ def variants():
         yield prefill._prefill_kernel, pointer_types(kv_fp8), dict(
             SHAPE, BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16, ONE_TOKEN_ROWS=one_token_rows, KV_FP8=kv_fp8,
             SOFTCAP=softcap), {}
+    for windowed_kernel, extra in ((prefill._prefill_kernel, dict(BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16,
+                                                                   ONE_TOKEN_ROWS=False)),
+                                   (verify._verify_split_kernel, dict(BLOCK_R=32, DIRECT=False))):
+        yield windowed_kernel, pointer_types(0), dict(SHAPE, KV_FP8=0, SOFTCAP=False, WINDOWED=True, **extra), {}
     for direct, kv_fp8, softcap in itertools.product((True, False), KV_MODES, (False, True)):
         if kv_fp8 and softcap:
             continue
@@ -228,6 +232,7 @@ def main() -> int:
     for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants(), *fp8_variants(),
                                                *pdl_variants()):
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
+                                                               "WINDOWED",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
                                                                "X_MODE", "PROLOGUE", "PDL")}
         try:

@@ -24,6 +24,9 @@ SMALL = [
     (16, 2, 64, 8, [(0, 40), (37, 20), (99, 1), (0, 1), (5, 0)], 0),  # mixed, decode, no tokens
     (8, 2, 64, 32, [(30, 50), (0, 70), (120, 1)], 24),  # sliding window
     (16, 2, 64, 8, [(0, 40), (99, 1), (0, 0), (0, 0)], 0),  # empty sequences after: a mixed graph's padding
+    # keys over several 64-key tiles: rows_attention's unmasked tiles, then the diagonal (and a window's start)
+    (4, 2, 32, 16, [(200, 20), (0, 150), (130, 1)], 0),
+    (4, 2, 32, 16, [(200, 20), (0, 150), (130, 1)], 100),
 ]
 LARGE = [
     (32, 8, 128, 16, [(0, 1000), (512, 300), (4000, 1), (0, 1), (2000, 64)], 0),

@@ -20,6 +20,7 @@ CASES = [
     (4, 4, 64, 16, [(0, 5), (130, 5)], 0),  # a sequence of new tokens only; every row of one length
     (8, 2, 128, 8, [(300, 4), (17, 2)], 0),  # long enough for several splits
     (8, 2, 64, 16, [(60, 5), (10, 3)], 24),  # a window that moves from row to row
+    (8, 2, 64, 16, [(300, 4), (150, 2)], 100),  # a window's start, unmasked tiles, then the diagonal
     (28, 4, 64, 16, [(33, 3)], 0),  # group 7
 ]
 
