@@ -203,9 +203,9 @@ def rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo
     CAUSAL: the tiles every row sees whole (from the latest first key of any row, WINDOWED, to the earliest last
     one, below hi) run without masks, in a loop of their own; the tiles before them (a window's start) and after
     them (the causal diagonal, a partial last tile) with masks. Rows the caller will not store may only narrow
-    that range, never widen it. (The prefill kernel's unmasked loop is 566 sm_90 instructions a tile against 767
-    for a masked one; the decode kernel keeps its one loop: its tiles are all whole but the last, and its
-    masks cost less, 372 against 435.)"""
+    that range, never widen it. (The prefill kernel's unmasked loop is 584 sm_90 instructions a tile, its
+    masked one 813, the single loop before them 767; the decode kernel keeps its one loop: its tiles are all
+    whole but the last, and its masks cost less, 372 against 435.)"""
     qk_scale = scale_log2
     if KV_FP8:
         if q.dtype == tl.bfloat16:  # dots in float16: float8 -> float16 is one conversion a pair on sm_90, and a
