@@ -57,6 +57,7 @@ class DraftModelProposer:
                              block_size=limits.block_size, max_model_len=max_model_len,
                              num_kv_blocks=max(target.num_kv_blocks, -(-max_model_len // limits.block_size)),
                              enable_prefix_caching=False, cuda_graphs=config.cuda_graphs, async_scheduling=False,
+                             cudagraph_mode="FULL_DECODE_ONLY",  # its catch-up steps run un-graphed (above)
                              attention_backend=config.attention_backend, seed=config.seed, cache_dir=config.cache_dir)
         return cls(build_runtime(draft))
 
