@@ -37,11 +37,14 @@ def copy_padded(padded: HostStep, buffer: torch.Tensor, static: HostStep) -> Non
         dst.view(-1)[:src.numel()].copy_(src.view(-1), non_blocking=True)
 
 
-def capture_step(step: Callable[..., torch.Tensor], inputs: tuple, pool, after: Callable | None = None):
+def capture_step(step: Callable[..., torch.Tensor], inputs: tuple, pool, after: Callable | None = None,
+                 warm_up: bool = True):
     """(graph, output) of step(*inputs) captured into the memory pool `pool` (None: a new one), after a warm-up
-    call outside the capture so that allocator and library state settle; after(output), when given, is captured
-    behind the step and its result returned instead."""
-    step(*inputs)
+    call outside the capture so that allocator and library state settle (warm_up False: the caller just made
+    that call on the same inputs); after(output), when given, is captured behind the step and its result
+    returned instead."""
+    if warm_up:
+        step(*inputs)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):

@@ -101,14 +101,16 @@ class MixedGraphRunner:
             self.stage(padded, slot=0)
             with use_backend(self.backend):
                 self.backend.plan(padded.attention, graph_bucket=t)
-                if self.logits is None:  # the logits' width and dtype, from a call outside any capture
+                probed = self.logits is None
+                if probed:  # the logits' width and dtype, from a call outside any capture: the warm-up too
                     out = self.step(*self.static_inputs(t))
                     self.logits = torch.empty((self.shapes[4][0], out.shape[1]), dtype=out.dtype, device=out.device)
                     del out
                 if not cuda:
                     self.graphs[t] = StepReplay(self.step, self.static_inputs(t), self._keep_logits)
                     continue
-                self.graphs[t], _ = capture_step(self.step, self.static_inputs(t), self.pool, after=self._keep_logits)
+                self.graphs[t], _ = capture_step(self.step, self.static_inputs(t), self.pool, after=self._keep_logits,
+                                                 warm_up=not probed)
             self.pool = self.pool or self.graphs[t].pool()
         self.buckets = tuple(t for t in self.buckets if t in self.graphs)
         if cuda:

@@ -17,12 +17,13 @@ from torch import nn
 from graphllm.backends import AttentionShape, select_backend
 from graphllm.config import DEFAULT_LIMITS, EngineConfig, default_buckets
 from graphllm.device import resolve_device, resolve_dtype
-from graphllm.ir.capture import StepModule
+from graphllm.ir.capture import GRAPH_PADDING_SEQS, StepModule
 from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales
 from graphllm.kernels.launch import programmatic_launch
 from graphllm.models.config import ModelConfig
 from graphllm.models.loader import load_model, read_hf_config
 from graphllm.runtime.kv_cache import BlockPool, allocate_kv_caches, kv_bytes_per_block
+from graphllm.runtime.mixed_graphs import capture_mixed_graphs
 from graphllm.runtime.model_runner import ModelRunner
 from graphllm.runtime.scheduler import Scheduler
 
@@ -343,8 +344,8 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
         buckets, max_blocks = buckets or default_buckets(limits.max_num_seqs), -(-max_model_len // limits.block_size)
         with programmatic_launch(config.enable_pdl):  # the graphs keep the launches' programmatic edges
             if config.cudagraph_mode == "FULL":  # first: the largest activations, whose pool the rest share
-                from graphllm.runtime.mixed_graphs import capture_mixed_graphs
-                seqs = min(limits.max_num_seqs + 1, max_graph_seqs or limits.max_num_seqs + 1)
+                seqs = limits.max_num_seqs + GRAPH_PADDING_SEQS
+                seqs = min(seqs, max_graph_seqs or seqs)
                 mixed = capture_mixed_graphs(step, kv_caches, config, limits, seqs, max_blocks, num_blocks, device,
                                              backend)
             graphs = capture_graphs(step, kv_caches, buckets, max_blocks, num_blocks, limits.block_size, device,
