@@ -16,7 +16,8 @@
 #   throughput-B  the same without the comparison, backend B
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
 #   sync1-B / synctput-B  latency1-B / throughput-B with --no-async-scheduling (host and GPU take turns)
-#   fp8-tests  the fp8 KV cache tests (kernels, backends, engine)
+#   fp8-tests  the fp8 KV cache tests (kernels, backends, engine; ~5 min with a cold Triton cache since the
+#              causal split: run attn-tests for the attention kernels and fp8-engine-tests for the rest)
 #   full-tests (issue 19) the mixed-step CUDA graph tests (--cudagraph-mode FULL); full-tests-K  those matching K
 #              alone, stopping at the first failure with its traceback;  full1-B / fulltput-B  latency1-B /
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
@@ -115,7 +116,10 @@ for stage in "$@"; do
   case $stage in
     sweep) timeout 400 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
     sweep-*) timeout 300 python3 benchmarks/kernel_sweep.py "$OUT/r/$stage.json" ${stage#sweep-} ;;
-    fp8-tests) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
+    fp8-engine-tests) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_store_kv.py tests/kernels/test_triton_backend.py tests/ops/test_kv_quant.py \
+        tests/runtime/test_kv_cache_dtype.py 2>&1 | grep -v DEBUG | tail -40 ;;
+    fp8-tests) timeout 540 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_store_kv.py tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py \
         tests/kernels/test_triton_backend.py tests/ops/test_kv_quant.py tests/runtime/test_kv_cache_dtype.py 2>&1 \
         | grep -v "^\.*$" | grep -v DEBUG | tail -40 ;;

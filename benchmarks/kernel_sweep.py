@@ -300,6 +300,13 @@ def paged_decode_inputs(batch: int, ctx: int, HQ=HQ, HKV=HKV, HEAD_DIM=HEAD_DIM)
     return caches, tables, lens, q, 2 * batch * ctx * HKV * HEAD_DIM * 2
 
 
+# paged_decode_attention's knobs timed over the float8 cache: the grid with a sequence's heads side by side,
+# the software pipeline's depth, and 128-key tiles (a bf16 tile's bytes)
+FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_stages=2),
+                    "stages4": dict(num_stages=4), "block128": dict(block_n=128),
+                    "block128_heads_first": dict(block_n=128, heads_first=True)}
+
+
 def sweep_attention() -> list[dict]:
     rows, scale = [], HEAD_DIM ** -0.5
     for batch, ctx in [(1, 256), (1, 512), (8, 256), (8, 512), (32, 1024), (128, 1024), (192, 850), (256, 1024)]:
@@ -324,6 +331,13 @@ def sweep_attention() -> list[dict]:
                                                               fp8_conversion=FP8_TRITON.value) for c in fp8_caches])
         row["fp8_triton_conversion_us"] = s * 1e6  # the default converts as loaded (FP8_CVT): the A/B
         row["fp8_triton_conversion_tb_s"] = kv_bytes / 2 / s / 1e12
+        for name, knobs in FP8_DECODE_KNOBS.items():  # why an fp8 cache's decode is no faster at 128+ sequences
+            s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, **knobs)
+                               for c in fp8_caches])
+            row[f"fp8_{name}_us"] = s * 1e6
+        s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, heads_first=True)
+                           for c in caches])
+        row["bf16_heads_first_us"] = s * 1e6
         del fp8_caches
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -474,6 +488,9 @@ def main() -> None:
     for r in report.get("attention", []):
         cells = " ".join(f"{k.removesuffix('_tb_s')}={v:.2f}" for k, v in r.items() if k.endswith("_tb_s"))
         print(f"attention B={r['batch']} ctx={r['context']} default splits {r['default_splits']}: TB/s {cells}")
+        knobs = " ".join(f"{k.removesuffix('_us')}={v:.1f}" for k, v in r.items()
+                         if k.endswith("_us") and (k.startswith("fp8") or k.startswith("bf16")))
+        print(f"    us: {knobs}")
     for r in report.get("prologue", []):
         c = r["best_config"]
         print(f"{r['shape']:<8} {r['m']:>3} {r['prologue']:<12} before {r['before_us']:7.1f} us  fused default "

@@ -277,10 +277,13 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          block_size: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
                          MIXED: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-                         SOFTCAP: tl.constexpr, PDL: tl.constexpr = False):
+                         SOFTCAP: tl.constexpr, PDL: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
-    b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if HEADS_FIRST:  # grid (kv heads, sequences, splits): a sequence's heads run side by side
+        kvh, b, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    else:
+        b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_row = _query_row(query_start_loc_ptr, b, MIXED)
     if MIXED:  # a constexpr branch: a plain decode launch keeps its instructions
         if q_row < 0:
@@ -313,7 +316,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
         tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=o_mask)
     else:
         # part_out: [B, Hq, S, D], part_lse: [B, Hq, S]; row = (b * Hq + head) * S + split
-        row = (b * (GROUP * tl.num_programs(1)) + heads).to(tl.int64) * num_splits + split
+        num_kv_heads = tl.num_programs(0) if HEADS_FIRST else tl.num_programs(1)
+        row = (b * (GROUP * num_kv_heads) + heads).to(tl.int64) * num_splits + split
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=o_mask)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
@@ -352,7 +356,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            kv_scales: KVScales = KVScales(), query_start_loc: torch.Tensor | None = None,
                            out: torch.Tensor | None = None, num_warps: int = 4,
                            logit_softcap: float = 0.0, maxnreg: int | None = None,
-                           fp8_conversion: int | None = None) -> torch.Tensor:
+                           fp8_conversion: int | None = None, block_n: int | None = None, num_stages: int = 3,
+                           heads_first: bool = False) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -373,7 +378,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     --runtime-hints, triton 3.9) the 4-warp kernel takes 109 registers and spills nothing (an fp8
     cache's: 108 converted as loaded, fp8_convert.FP8_CVT; 149 with Triton's conversion); maxnreg caps
     them (kernel_sweep attention times the fp8 kernel at 128). fp8_conversion: a float8 cache's KV_FP8
-    (None: fp8_convert.kv_fp8_mode; kernel_sweep attention times both conversions).
+    (None: fp8_convert.kv_fp8_mode; kernel_sweep attention times both conversions). block_n (None:
+    decode_block_n), num_stages and heads_first (the grid as (kv heads, sequences, splits), so that the
+    programs running together read a token's heads side by side) are kernel_sweep attention's knobs for a
+    float8 cache's decode, which at 128+ sequences took as long as bf16's though it reads half the bytes.
     """
     num_heads, head_dim = q.shape[1:]
     mixed = query_start_loc is not None
@@ -384,7 +392,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     assert out.shape == q.shape and out.stride(-1) == 1
     if batch == 0 or q.shape[0] == 0:
         return out
-    block_n = decode_block_n(head_dim)
+    block_n = block_n or decode_block_n(head_dim)
     if num_splits is None:
         num_splits = decode_num_splits(batch, num_kv_heads, block_tables.shape[1] * block_size, head_dim, q.device)
     group = num_heads // num_kv_heads
@@ -396,7 +404,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     softcap = logit_softcap > 0
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
+    _decode_split_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, starts, out, part_out, part_lse,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -404,7 +413,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, MIXED=mixed,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        num_warps=num_warps, num_stages=3, **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_launch(q.device))
+        HEADS_FIRST=heads_first, num_warps=num_warps, num_stages=num_stages,
+        **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_launch(q.device))
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, starts, out, out.stride(0), out.stride(1), num_splits,

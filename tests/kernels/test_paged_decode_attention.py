@@ -35,8 +35,8 @@ LARGE = [
 
 
 def run_case(case, dtype, num_splits, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_scales=KVScales(),
-             logit_softcap=0.0):
-    """cache_dtype None: q's dtype."""
+             logit_softcap=0.0, **knobs):
+    """cache_dtype None: q's dtype; knobs: paged_decode_attention's tuning keywords."""
     num_heads, num_kv_heads, head_dim, block_size, seq_lens, window = case
     kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim,
                                            cache_dtype or dtype, seed)
@@ -44,7 +44,8 @@ def run_case(case, dtype, num_splits, seed=0, index_dtype=torch.int64, cache_dty
     seq_lens_t = torch.tensor(seq_lens, device=q.device, dtype=index_dtype)
     block_tables = block_tables.to(index_dtype)
     args = (q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, 1 / math.sqrt(head_dim), window)
-    got = paged_decode_attention(*args, num_splits=num_splits, kv_scales=kv_scales, logit_softcap=logit_softcap)
+    got = paged_decode_attention(*args, num_splits=num_splits, kv_scales=kv_scales, logit_softcap=logit_softcap,
+                                 **knobs)
     assert_close(got, paged_decode_attention_reference(*args, kv_scales=kv_scales, logit_softcap=logit_softcap))
 
 
@@ -74,6 +75,15 @@ def test_decode_fp8_cache_matches_reference(case, num_splits):
 @pytest.mark.parametrize("case", SMALL[2:4])
 def test_decode_fp8_cache_half_queries(case):
     run_case(case, LOW_DTYPE, num_splits=2, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+
+
+@pytest.mark.parametrize("knobs", [dict(heads_first=True), dict(block_n=128), dict(num_stages=2),
+                                   dict(block_n=128, heads_first=True)])
+@pytest.mark.parametrize("case", [SMALL[1], SMALL[3]])
+def test_decode_tuning_knobs_compute_the_same(case, knobs):
+    """kernel_sweep attention's knobs (the grid's order, the tile, the pipeline) change no output, with a
+    float8 cache and split over several programs."""
+    run_case(case, torch.float32, 3, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, **knobs)
 
 
 def test_decode_fp8_cache_unit_scales():
