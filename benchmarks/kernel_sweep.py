@@ -307,6 +307,16 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     "block128_heads_first": dict(block_n=128, heads_first=True)}
 
 
+def head_major(cache: torch.Tensor) -> torch.Tensor:
+    """A copy of a [2, blocks, block_size, Hkv, D] cache stored as [2, blocks, Hkv, block_size, D], viewed back in
+    the kernel's index order (it reads any strides): how much an fp8 decode gains from contiguous pages per head."""
+    two, blocks, block_size, heads, dim = cache.shape
+    out = torch.empty((two, blocks, heads, block_size, dim), dtype=cache.dtype, device=cache.device)
+    out = out.permute(0, 1, 3, 2, 4)
+    out.copy_(cache)
+    return out
+
+
 def sweep_attention() -> list[dict]:
     rows, scale = [], HEAD_DIM ** -0.5
     for batch, ctx in [(1, 256), (1, 512), (8, 256), (8, 512), (32, 1024), (128, 1024), (192, 850), (256, 1024)]:
@@ -338,6 +348,13 @@ def sweep_attention() -> list[dict]:
         s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, heads_first=True)
                            for c in caches])
         row["bf16_heads_first_us"] = s * 1e6
+        for name, layers, knobs in (("bf16", caches, {}), ("fp8", fp8_caches, {}),
+                                    ("fp8_block128", fp8_caches, dict(block_n=128))):
+            major = [head_major(c) for c in layers]  # a page's tokens of one head contiguous: 16 x 128 B in fp8
+            s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, **knobs)
+                               for c in major])
+            row[f"{name}_head_major_us"] = s * 1e6
+            del major
         del fp8_caches
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -190,3 +190,22 @@ def test_decode_mixed_mode_computes_only_one_token_rows(num_splits):
     others = torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
     others[rows] = False
     assert got[others].isnan().all()
+
+
+def test_decode_reads_a_cache_stored_head_major():
+    """The kernel takes the cache's strides: a cache stored [2, NB, Hkv, BS, D] (each head's page contiguous,
+    kernel_sweep attention's layout experiment) and viewed in the kernel's index order gives the same output."""
+    num_heads, num_kv_heads, head_dim, block_size, seq_lens, window = SMALL[1]
+    kv_cache, tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, FP8_KV_DTYPE, 0)
+    two, blocks = kv_cache.shape[:2]
+    major = torch.empty((two, blocks, num_kv_heads, block_size, head_dim), dtype=kv_cache.dtype,
+                        device=kv_cache.device).permute(0, 1, 3, 2, 4)
+    major.copy_(kv_cache)
+    assert major.stride(2) == head_dim and major.stride(3) == block_size * head_dim
+    q = randn((len(seq_lens), num_heads, head_dim), torch.float32, 1)
+    lens = torch.tensor(seq_lens, device=q.device)
+    got = paged_decode_attention(q, major[0], major[1], tables, lens, head_dim ** -0.5, window, num_splits=3,
+                                 kv_scales=FP8_SCALES)
+    want = paged_decode_attention_reference(q, kv_cache[0], kv_cache[1], tables, lens, head_dim ** -0.5, window,
+                                            kv_scales=FP8_SCALES)
+    assert_close(got, want)
