@@ -41,6 +41,7 @@
 #              with the nibble-pair dot tiles first; qsweep-int4-16  the same at 16 rows (batch 16's bucket);
 #              qtests-int4  the int4 kernel tests; ncu-quant  hardware
 #              counters (stall reasons, DRAM and issue use) of the int4 and fp8 kernels at the 8B shapes
+#   ncu-attention  hardware counters of the decode attention kernel, bf16 and fp8 caches (ncu_attention.py)
 #   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests;
 #              qtests-fp8  the fp8 ones alone
 #   qlat-S     bench latency at batch 1 and 16 with --quantization S (none: bf16), the same limits and artifact cache;
@@ -261,6 +262,11 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --metrics "$(python3 benchmarks/ncu_quant.py metrics)" python3 benchmarks/ncu_quant.py launch \
         > "$OUT/r/ncu-quant.csv" 2> "$OUT/r/ncu-quant.err"; tail -5 "$OUT/r/ncu-quant.err"
         python3 benchmarks/ncu_quant.py table "$OUT/r/ncu-quant.csv" | tee "$OUT/r/ncu-quant.txt" ;;
+    ncu-attention) N=$(python3 benchmarks/ncu_attention.py count); timeout 300 ncu \
+        --clock-control none --csv -k "regex:_decode_split_kernel" --launch-skip "$N" --launch-count "$N" \
+        --metrics "$(python3 benchmarks/ncu_attention.py metrics)" python3 benchmarks/ncu_attention.py launch \
+        > "$OUT/r/ncu-attention.csv" 2> "$OUT/r/ncu-attention.err"; tail -5 "$OUT/r/ncu-attention.err"
+        python3 benchmarks/ncu_attention.py table "$OUT/r/ncu-attention.csv" | tee "$OUT/r/ncu-attention.txt" ;;
     qtests-int4) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py ;;
     qsweep-fp8q1) timeout 240 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$stage.json" 150 fp8q 1 \

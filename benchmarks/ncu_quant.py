@@ -10,7 +10,6 @@ then prints the table. What it answers: whether a kernel waits on memory (long s
 own instruction issue (issue active near 100%), or on barriers and shared memory between its loads and its dot.
 """
 
-import csv
 import sys
 
 import torch
@@ -18,21 +17,10 @@ import torch
 from graphllm.kernels import quant_layout as ql
 from graphllm.kernels.fp8_matmul import fp8_matmul_quantized, fp8_quantize_rows
 from graphllm.kernels.int4_matmul import int4_matmul
+from ncu_table import METRICS, table
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 CASES = [("int4", 16, s) for s in SHAPES] + [("int4", 1, s) for s in SHAPES] + [("fp8q", 1, s) for s in SHAPES]
-STALLS = ["long_scoreboard", "short_scoreboard", "barrier", "wait", "mio_throttle", "lg_throttle",
-          "math_pipe_throttle", "not_selected", "selected", "dispatch_stall", "no_instruction", "membar",
-          "branch_resolving", "drain", "imc_miss", "misc", "sleeping", "tex_throttle"]
-METRICS = ["gpu__time_duration.sum", "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-           "dram__bytes_read.sum", "sm__warps_active.avg.pct_of_peak_sustained_active",
-           "smsp__issue_active.avg.pct_of_peak_sustained_active", "launch__registers_per_thread",
-           "launch__shared_mem_per_block_static", "launch__shared_mem_per_block_dynamic",
-           "launch__occupancy_limit_registers", "launch__occupancy_limit_shared_mem", "launch__grid_size",
-           "smsp__inst_executed.sum"] + [f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio"
-                                          for s in STALLS]
-
-
 def launch() -> None:
     torch.manual_seed(0)
     calls = []
@@ -56,38 +44,6 @@ def launch() -> None:
     torch.cuda.synchronize()
 
 
-def table(path: str) -> None:
-    rows = list(csv.DictReader(line for line in open(path) if line.startswith('"')))
-    launches: dict[str, dict] = {}
-    for row in rows:
-        value = row["Metric Value"]
-        if row["Metric Name"] == "gpu__time_duration.sum":  # in us, whatever unit ncu chose
-            scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(row.get("Metric Unit", "nsecond"), 1e-3)
-            value = float(value.replace(",", "")) * scale
-        if row["Metric Name"] == "dram__bytes_read.sum":  # in GB
-            scale = {"byte": 1e-9, "Kbyte": 1e-6, "Mbyte": 1e-3, "Gbyte": 1.0}.get(row.get("Metric Unit", "byte"), 1e-9)
-            value = float(value.replace(",", "")) * scale
-        launches.setdefault(row["ID"], {"name": row["Kernel Name"][:28]})[row["Metric Name"]] = value
-    cases = iter(f"{kernel} m={m} {shape}" for kernel, m, shape in CASES)
-    print("case | kernel | us | DRAM % | GB read | warps active % | issue active % | regs | grid | top stalls "
-          "(warps per issued instruction)")
-    for _, values in sorted(launches.items(), key=lambda kv: int(kv[0])):
-        def num(key):
-            try:
-                value = float(str(values.get(key, "nan")).replace(",", ""))
-            except ValueError:
-                value = float("nan")
-            return value if value == value else -1.0  # missing: -1
-        stalls = sorted(((num(f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio"), s) for s in STALLS),
-                        reverse=True)
-        top = ", ".join(f"{s} {v:.2f}" for v, s in stalls[:5])
-        print(f"{next(cases, '?')} | {values['name']} | {num('gpu__time_duration.sum'):.1f} | "
-              f"{num('dram__throughput.avg.pct_of_peak_sustained_elapsed'):.0f} | "
-              f"{num('dram__bytes_read.sum'):.4f} | {num('sm__warps_active.avg.pct_of_peak_sustained_active'):.0f} | "
-              f"{num('smsp__issue_active.avg.pct_of_peak_sustained_active'):.0f} | "
-              f"{num('launch__registers_per_thread'):.0f} | {num('launch__grid_size'):.0f} | {top}")
-
-
 if __name__ == "__main__":
     if sys.argv[1] == "launch":
         launch()
@@ -96,4 +52,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "metrics":
         print(",".join(METRICS))
     else:
-        table(sys.argv[2])
+        table(sys.argv[2], [f"{kernel} m={m} {shape}" for kernel, m, shape in CASES])

@@ -41,7 +41,8 @@ def add_ceiling_args(p: argparse.ArgumentParser, gemm: bool = False) -> None:
     p.add_argument("--bandwidth-tbs", type=float, help="memory bandwidth in TB/s for the ceiling (default: measured)")
     if gemm:
         p.add_argument("--gemm-tflops", type=float,
-                       help="matmul rate in TFLOP/s for the roofline (default: measured, 8192^3 in the model dtype)")
+                       help="matmul rate in TFLOP/s for the roofline (default: measured, 8192^3 in the model dtype; "
+                            "float8 under --quantization fp8)")
 
 
 def safetensors_entries(model_dir: Path) -> dict[str, dict]:
@@ -124,6 +125,19 @@ def measure_gemm_tflops(device: torch.device, dtype: torch.dtype, n: int = 8192,
     return 2 * n**3 / seconds / 1e12
 
 
+def measure_fp8_gemm_tflops(device: torch.device, n: int = 8192, reps: int = 10) -> float:
+    """Median rate of an n x n x n float8 e4m3 matmul with row-wise scales and bfloat16 out (torch._scaled_mm,
+    what fp8 W8A8 linears run past the small-M tiles: kernels/fp8_matmul.py), in TFLOP/s."""
+    a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)  # [N, K] row-major: b.t() is column-major
+    scale_a, scale_b = torch.rand(n, 1, device=device) + 0.5, torch.rand(1, n, device=device) + 0.5
+    seconds = _median_seconds(lambda: torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b,
+                                                       out_dtype=torch.bfloat16), reps)
+    a = b = None
+    torch.cuda.empty_cache()
+    return 2 * n**3 / seconds / 1e12
+
+
 def bandwidth(args: argparse.Namespace, device: torch.device) -> dict:
     """{"bandwidth_tbs", "source"}: the flag, else measured on a GPU, else None."""
     if args.bandwidth_tbs:
@@ -136,14 +150,19 @@ def bandwidth(args: argparse.Namespace, device: torch.device) -> dict:
 
 def device_ceilings(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> dict:
     """bandwidth() plus {"gemm_tflops", "gemm_source"}: --gemm-tflops, else measured on a GPU, else None.
-    Run it before the engine's KV cache takes the free memory."""
+    The matmul rate is that of the linears the engine runs: float8's under --quantization fp8 (W8A8: twice
+    bf16's peak; the weight-only schemes dequantize into `dtype` matmuls at large M). Run it before the
+    engine's KV cache takes the free memory."""
     out = bandwidth(args, device)
     if args.gemm_tflops:
         return out | {"gemm_tflops": args.gemm_tflops, "gemm_source": "--gemm-tflops"}
-    if device.type == "cuda":
-        return out | {"gemm_tflops": measure_gemm_tflops(device, dtype),
-                      "gemm_source": f"measured: 8192^3 {str(dtype)[6:]} matmul of random data, median of 10"}
-    return out | {"gemm_tflops": None, "gemm_source": "not measured on CPU"}
+    if device.type != "cuda":
+        return out | {"gemm_tflops": None, "gemm_source": "not measured on CPU"}
+    if getattr(args, "quantization", None) == "fp8":
+        return out | {"gemm_tflops": measure_fp8_gemm_tflops(device), "gemm_source":
+                      "measured: 8192^3 float8 e4m3 torch._scaled_mm, row-wise scales, random data, median of 10"}
+    return out | {"gemm_tflops": measure_gemm_tflops(device, dtype),
+                  "gemm_source": f"measured: 8192^3 {str(dtype)[6:]} matmul of random data, median of 10"}
 
 
 def keys_attended(length: int, window: int) -> int:

@@ -1,10 +1,13 @@
 """The throughput roofline's counts against a token-by-token count, and `bench throughput` printing it."""
 
+import argparse
 import dataclasses
 import random
 
 import pytest
+import torch
 
+from graphllm.bench import roofline
 from graphllm.bench.roofline import keys_attended, schedule_floor, wall_split, workload_roofline
 from graphllm.models.config import ModelConfig
 
@@ -82,3 +85,26 @@ def test_schedule_floor_takes_each_steps_matmuls_or_weight_read_plus_its_kv():
     assert schedule_floor(table, heavy, CONFIG, 10.0, 1.0, 1.0)["matmul_or_weights_s"] == pytest.approx(2e-3)
     assert schedule_floor(table, weights, CONFIG, 10.0, None, 1.0) is None
     assert schedule_floor(table, weights, dataclasses.replace(CONFIG, sliding_window=7), 10.0, 1.0, 1.0) is None
+
+
+def test_ceilings_take_the_matmul_rate_of_the_scheme(monkeypatch):
+    """fp8 W8A8 sets its roofline at the float8 matmul rate (it was set at bf16's, so an fp8 run's share of it
+    was overstated); the weight-only schemes and bf16 at the model dtype's; --gemm-tflops over either."""
+    monkeypatch.setattr(roofline, "measure_bandwidth_tbs", lambda device: 4.0)
+    monkeypatch.setattr(roofline, "measure_gemm_tflops", lambda device, dtype: 700.0)
+    monkeypatch.setattr(roofline, "measure_fp8_gemm_tflops", lambda device: 1300.0)
+    cuda = torch.device("cuda")  # a device object only: nothing runs on it here
+
+    def rate(**flags):
+        args = argparse.Namespace(**{"bandwidth_tbs": None, "gemm_tflops": None, **flags})
+        return roofline.device_ceilings(args, cuda, torch.bfloat16)["gemm_tflops"]
+    assert rate(quantization="fp8") == 1300.0
+    assert rate(quantization="int4") == rate(quantization=None) == rate() == 700.0
+    assert rate(quantization="fp8", gemm_tflops=900.0) == 900.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device")
+def test_fp8_matmul_rate_is_measured_on_the_gpu():
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 matmuls need sm_89+")
+    assert 0 < roofline.measure_fp8_gemm_tflops(torch.device("cuda"), n=1024, reps=2) < float("inf")
