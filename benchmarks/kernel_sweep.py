@@ -301,10 +301,11 @@ def paged_decode_inputs(batch: int, ctx: int, HQ=HQ, HKV=HKV, HEAD_DIM=HEAD_DIM)
 
 
 # paged_decode_attention's knobs timed over the float8 cache: the grid with a sequence's heads side by side,
-# the software pipeline's depth, and 128-key tiles (a bf16 tile's bytes)
+# the software pipeline's depth, 128-key tiles (a bf16 tile's bytes) and 8 warps a program
 FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_stages=2),
                     "stages4": dict(num_stages=4), "block128": dict(block_n=128),
-                    "block128_heads_first": dict(block_n=128, heads_first=True)}
+                    "block128_heads_first": dict(block_n=128, heads_first=True), "warps8": dict(num_warps=8),
+                    "block128_warps8": dict(block_n=128, num_warps=8)}
 
 
 def head_major(cache: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ CASES = [("bf16", 256, 1024, torch.bfloat16, {}), ("fp8", 256, 1024, torch.float
          ("fp8 triton conversion", 256, 1024, torch.float8_e4m3fn, dict(fp8_conversion=FP8_TRITON.value)),
          ("fp8 stages 2", 256, 1024, torch.float8_e4m3fn, dict(num_stages=2)),
          ("fp8 block 128", 256, 1024, torch.float8_e4m3fn, dict(block_n=128)),
+         ("fp8 8 warps", 256, 1024, torch.float8_e4m3fn, dict(num_warps=8)),
          ("bf16", 32, 1024, torch.bfloat16, {}), ("fp8", 32, 1024, torch.float8_e4m3fn, {})]
 
 
