@@ -63,6 +63,7 @@ def runtime_hints(kernel, types: dict[str, str], constexprs: dict) -> dict:
 def build(kernel, types: dict[str, str], constexprs: dict, options: dict, hints: bool) -> bytes:
     if not hints:
         return sm90_compile.compile_sm90(kernel, types, constexprs, options)["cubin"]
+    constexprs = sm90_compile.with_defaults(kernel, constexprs)
     signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in kernel.arg_names}
     source = ASTSource(kernel, signature, constexprs, attrs=runtime_hints(kernel, types, constexprs))
     return triton.compile(source, target=sm90_compile.SM90, options={"num_warps": 4, "num_stages": 3, **options}).asm[

@@ -22,6 +22,8 @@
 #              alone, stopping at the first failure with its traceback;  full1-B / fulltput-B  latency1-B /
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
+#   unfused1-B latency1-B with --no-fuse-rope-decode (rope_store_kv, then the decode kernel: the A/B of the
+#              decode kernel's own rotary + KV write, kernels/rope_decode.py; the same artifact)
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
 #              latency1-B); pdlfam-P  fam-P with --enable-pdl; pdlq-S  qlat-S with --enable-pdl; moe-lat-pdl
 #              moe-lat with --enable-pdl;  pdl-tests  its GPU tests
@@ -174,7 +176,8 @@ for stage in "$@"; do
         tests/runtime/test_sampler.py; do timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest "$f" 2>&1 \
         | grep -v "^\.*$" | tail -6; echo "-- $f: exit ${PIPESTATUS[0]}"; done ;;
     attn-tests) timeout 450 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
-        tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py 2>&1 | tail -8 ;;
+        tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py \
+        tests/kernels/test_rope_decode.py 2>&1 | tail -8 ;;
     rope-teacher) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
         -p no:hypothesispytest tests/gpu -k teacher --no-fuse-rope-attention ;;
     ab-throughput-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench throughput --preset llama-3-8b \
@@ -182,6 +185,8 @@ for stage in "$@"; do
     ab-latency1-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency --preset llama-3-8b \
         --batch-sizes 1,8 --input-len 128 --output-len 256 --attention-backend "${stage#ab-latency1-}" $LIMITS \
         --work $WORK --json "$OUT/r/$stage.json") ;;
+    unfused1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
+        --no-fuse-rope-decode --attention-backend "${stage#unfused1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     latency1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     tests) timeout 540 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \

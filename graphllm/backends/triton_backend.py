@@ -1,6 +1,6 @@
 """Attention with graphllm's own Triton kernels (graphllm/kernels): one store_kv launch (or, for
-graphllm.rope_attention, one rope_store_kv launch that also rotates q and k), then split-KV paged
-decode when every sequence has one new token, split-KV paged verify attention when none has more than
+graphllm.rope_attention, one rope_store_kv launch that also rotates q and k; at decode the split kernel
+does that itself, kernels/rope_decode.py), then split-KV paged decode when every sequence has one new token, split-KV paged verify attention when none has more than
 paged_verify_attention.MAX_TOKENS (speculative decoding's verify steps: the host's plan of the step says
 so; switched off for now: TritonBackend.verify_kernel), else paged prefill. Multi-head latent attention (DeepSeek-V2's
 graphllm.mla_attention) writes its latent entries with index_copy_, then runs kernels/mla_decode.py or
@@ -18,6 +18,7 @@ from graphllm.kernels.mla_reference import write_latent_cache
 from graphllm.kernels.paged_decode_attention import paged_decode_attention
 from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
 from graphllm.kernels.paged_verify_attention import MAX_TOKENS, paged_verify_attention
+from graphllm.kernels.rope_decode import NewTokens
 from graphllm.kernels.rope_store_kv import rope_store_kv
 from graphllm.kernels.store_kv import store_kv
 from graphllm.backends.base import AttentionBackend
@@ -34,6 +35,10 @@ class TritonBackend(AttentionBackend):
     # ran; the kernel passes its GPU tests called directly and in an engine without CUDA graphs. Until
     # the engine path under graphs is proven, those steps take the prefill kernel (benchmarks/RESULTS.md).
     verify_kernel: bool = False
+    # graphllm.rope_attention at decode: the split kernel rotates q and k and stores the new token itself
+    # (kernels/rope_decode.py), one launch a layer fewer than rope_store_kv then the split kernel; off:
+    # EngineConfig.fuse_rope_decode / --no-fuse-rope-decode (the A/B)
+    fuse_rope_decode: bool = True
 
     @property
     def mixed_step_graphs(self) -> bool:
@@ -59,6 +64,11 @@ class TritonBackend(AttentionBackend):
 
     def rope_forward(self, q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens,
                      query_start_loc, scale, sliding_window, logit_softcap=0.0):
+        if self.fuse_rope_decode and q.shape[0] == seq_lens.shape[0]:  # T == B: decode
+            return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
+                                          sliding_window, kv_scales=self.scales_for(kv_cache),
+                                          logit_softcap=logit_softcap,
+                                          new_tokens=NewTokens(k, v, cos, sin, slot_mapping))
         q = rope_store_kv(q, k, v, cos, sin, kv_cache, slot_mapping, self.scales_for(kv_cache))
         return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window,
                             logit_softcap)

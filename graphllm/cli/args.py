@@ -74,6 +74,10 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-pdl", action="store_true",
                         help="GPU (sm_90+): decode graphs launch the decode step's kernels as programmatic "
                              "dependents, each starting while the one before finishes (off by default)")
+    parser.add_argument("--fuse-rope-decode", action=argparse.BooleanOptionalAction, default=True,
+                        help="triton attention: at decode the attention kernel rotates q and k and writes the new "
+                             "token's KV itself, one kernel a layer fewer (on by default; --no-fuse-rope-decode: "
+                             "rope_store_kv, then attention)")
     parser.add_argument("--cudagraph-mode", default=DEFAULT_CUDAGRAPH_MODE, choices=CUDAGRAPH_MODES,
                         help="GPU: which steps replay CUDA graphs: FULL (the default): steps with prompt tokens "
                              "too, up to --max-cudagraph-capture-size tokens (triton attention; other backends "
@@ -106,7 +110,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                           attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
                           async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
                           enable_prefix_caching=args.enable_prefix_caching, enable_pdl=args.enable_pdl,
-                          cudagraph_mode=args.cudagraph_mode,
+                          fuse_rope_decode=args.fuse_rope_decode, cudagraph_mode=args.cudagraph_mode,
                           max_cudagraph_capture_size=args.max_cudagraph_capture_size,
                           calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
                           speculative_config=getattr(args, "speculative_config", None), **pass_switches(args))

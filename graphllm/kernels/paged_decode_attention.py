@@ -34,6 +34,7 @@ from graphllm.kernels.gdc import dependent_start
 from graphllm.kernels.kv_quant import KVScales, dequantize_kv
 from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.reference import soft_cap
+from graphllm.kernels.rope_decode import NewTokens, exact_mul_on, rotate_rows, store_new_token
 
 LOG2E = 1.4426950408889634
 FULL_WAVES = 4  # split until about this many (sequence, KV head, split) programs per SM
@@ -277,7 +278,10 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          block_size: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
                          BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, DIRECT: tl.constexpr,
                          MIXED: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-                         SOFTCAP: tl.constexpr, PDL: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False):
+                         SOFTCAP: tl.constexpr, PDL: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
+                         ROPE: tl.constexpr = False, EXACT_MUL: tl.constexpr = False, k_new_ptr=None, v_new_ptr=None,
+                         cos_ptr=None, sin_ptr=None, slot_ptr=None, stride_kt=0, stride_kh=0, stride_vt=0, stride_vh=0,
+                         stride_ct=0, k_store_scale=1.0, v_store_scale=1.0):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
     if HEADS_FIRST:  # grid (kv heads, sequences, splits): a sequence's heads run side by side
@@ -301,8 +305,18 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     heads = kvh * GROUP + offs_g  # [BLOCK_G]
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
-    q = tl.load(q_ptr + q_row * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_G, BLOCK_D]
+    q_ptrs = q_ptr + q_row * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
+    q_mask = g_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_ptrs, mask=q_mask, other=0.0)  # [BLOCK_G, BLOCK_D]
+    if ROPE:  # rotate q; the program whose range holds the new token rotates and stores it (rope_decode.py)
+        cos = tl.load(cos_ptr + q_row * stride_ct + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + q_row * stride_ct + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        q = rotate_rows(q_ptrs, q, offs_d, q_mask, cos, sin, HEAD_DIM // 2, EXACT_MUL)
+        if (lo <= seq_len - 1) & (seq_len - 1 < hi):
+            store_new_token(k_new_ptr, v_new_ptr, cos, sin, slot_ptr, q_row, kvh, stride_kt, stride_kh, stride_vt,
+                            stride_vh, k_cache_ptr, v_cache_ptr, stride_cb, stride_co, stride_ch, block_size,
+                            k_store_scale, v_store_scale, offs_d, d_mask, HEAD_DIM // 2, KV_FP8, EXACT_MUL)
+        tl.debug_barrier()  # the stores are visible to this program's threads before its key loop reads them
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, m_i = one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                                          stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
@@ -357,7 +371,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            out: torch.Tensor | None = None, num_warps: int = 4,
                            logit_softcap: float = 0.0, maxnreg: int | None = None,
                            fp8_conversion: int | None = None, block_n: int | None = None, num_stages: int = 3,
-                           heads_first: bool = False) -> torch.Tensor:
+                           heads_first: bool = False, new_tokens: NewTokens | None = None) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -382,6 +396,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     decode_block_n), num_stages and heads_first (the grid as (kv heads, sequences, splits), so that the
     programs running together read a token's heads side by side) are kernel_sweep attention's knobs for a
     float8 cache's decode, which at 128+ sequences took as long as bf16's though it reads half the bytes.
+
+    new_tokens (plain decode only): q and new_tokens.k are not yet rotated, and the new keys and values are not
+    yet in the cache; the kernel rotates both and stores them first (rope_decode.py), what rope_store_kv and
+    then this function do, in one launch.
     """
     num_heads, head_dim = q.shape[1:]
     mixed = query_start_loc is not None
@@ -404,6 +422,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     softcap = logit_softcap > 0
+    rope = {} if new_tokens is None else rope_arguments(new_tokens, q, mixed, kv_scales)
     grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
     _decode_split_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, starts, out, part_out, part_lse,
@@ -413,7 +432,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, MIXED=mixed,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        HEADS_FIRST=heads_first, num_warps=num_warps, num_stages=num_stages,
+        HEADS_FIRST=heads_first, num_warps=num_warps, num_stages=num_stages, **rope,
         **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_launch(q.device))
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
@@ -421,3 +440,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, MIXED=mixed,
             num_warps=4 if head_dim >= 128 else 2, **pdl_launch(q.device))
     return out
+
+
+def rope_arguments(new: NewTokens, q: torch.Tensor, mixed: bool, kv_scales: KVScales) -> dict:
+    """_decode_split_kernel's ROPE keywords for the step's new tokens."""
+    assert not mixed, "a mixed step's decode rows read keys rope_store_kv already stored"
+    tokens, _, head_dim = q.shape
+    assert new.k.shape == new.v.shape and new.k.shape[0] == tokens and new.k.shape[2] == head_dim
+    assert new.cos.shape == new.sin.shape == (tokens, head_dim) and new.cos.stride() == new.sin.stride()
+    assert head_dim % 2 == 0 and all(x.stride(-1) == 1 for x in (new.k, new.v, new.cos))
+    return dict(ROPE=True, EXACT_MUL=exact_mul_on(q), k_new_ptr=new.k, v_new_ptr=new.v, cos_ptr=new.cos,
+                sin_ptr=new.sin, slot_ptr=new.slot_mapping, stride_kt=new.k.stride(0), stride_kh=new.k.stride(1),
+                stride_vt=new.v.stride(0), stride_vh=new.v.stride(1), stride_ct=new.cos.stride(0),
+                k_store_scale=kv_scales.k, v_store_scale=kv_scales.v)

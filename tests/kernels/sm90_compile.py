@@ -51,6 +51,12 @@ def variants():
     for direct in (True, False):  # Gemma 2's soft cap (bf16 cache)
         yield decode._decode_split_kernel, pointer_types(False), dict(
             SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=False, SOFTCAP=True), {}
+    for direct, kv_fp8 in itertools.product((True, False), (0, FP8_CVT.value)):  # rotary + KV write inside
+        types = dict(pointer_types(kv_fp8), k_new_ptr="*bf16", v_new_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
+                     slot_ptr="*i64", k_store_scale="fp32", v_store_scale="fp32")
+        yield decode._decode_split_kernel, types, dict(
+            SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=kv_fp8, SOFTCAP=False, ROPE=True,
+            EXACT_MUL=True), {}
     for mixed in (True, False):
         yield decode._decode_reduce_kernel, pointer_types(False), dict(
             HEAD_DIM=128, BLOCK_S=8, BLOCK_D=128, MIXED=mixed), {}
@@ -195,8 +201,15 @@ def pdl_variants():
             {"num_stages": 4, "launch_pdl": True}
 
 
+def with_defaults(kernel: triton.JITFunction, constexprs: dict) -> dict:
+    """constexprs plus the kernel's own defaults for the constexpr parameters they leave out (ASTSource applies
+    none of its own: a left-out one would compile as a runtime int32)."""
+    return {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
+
+
 def compile_sm90(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, options: dict) -> dict:
     """The compiled kernel's assembly (cubin, ptx, ...); arguments not typed are int32 scalars."""
+    constexprs = with_defaults(kernel, constexprs)
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in kernel.arg_names}
     compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=SM90,
                               options={"num_warps": 4, "num_stages": 3, **options})
@@ -204,11 +217,15 @@ def compile_sm90(kernel: triton.JITFunction, types: dict[str, str], constexprs: 
 
 
 def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, options: dict) -> str:
-    """A line on the variant; raises where it does not compile, or where rope_store_kv fuses a product."""
+    """A line on the variant; raises where it does not compile, where rope_store_kv fuses a product or the
+    decode kernel's rotary multiplies otherwise than by its asm."""
     asm = compile_sm90(kernel, types, constexprs, options)
     fused = len(re.findall(r"^\s*fma\.", asm["ptx"], re.M))
     if kernel is rope._rope_store_kv_kernel and fused:
         raise AssertionError(f"{fused} fma instructions: a product's rounding is skipped")
+    if constexprs.get("ROPE") and ("mul.rn.f32" not in asm["ptx"] or re.search(r"(fma|mul)\.rn\.bf16", asm["ptx"])):
+        # the decode kernel's rotary: every product an opaque f32 multiply, none a bfloat16 one nor fused
+        raise AssertionError("the rotary's products are not the asm mul.rn.f32 (rope_decode.py)")
     if constexprs.get("KV_FP8") == FP8_CVT.value and kernel is not prefill._prefill_kernel:
         # converted as loaded: the tile crosses shared memory in float16, not byte by byte (fp8_convert.py; Triton's
         # own conversion reads it back with 96 byte loads in the decode kernel)
@@ -232,7 +249,7 @@ def main() -> int:
     for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants(), *fp8_variants(),
                                                *pdl_variants()):
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
-                                                               "WINDOWED",
+                                                               "WINDOWED", "ROPE",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
                                                                "X_MODE", "PROLOGUE", "PDL")}
         try:

@@ -65,3 +65,4 @@ def test_verify_steps_take_the_verify_kernel_and_the_reference_tokens(arch, tiny
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
     # the prompts (8 and 5 tokens) take it too: every sequence of their prefill step has at most 16 new tokens
     assert 8 in calls and any(2 <= c <= 5 for c in calls) and engine.stats().spec_decode.num_accepted_tokens > 0
+
