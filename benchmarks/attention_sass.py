@@ -27,7 +27,7 @@ from graphllm.kernels import paged_decode_attention as decode  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 ADDRESS = re.compile(r"\s+/\*([0-9a-f]{4,6})\*/")
-FLAGS = ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP", "WINDOWED")
+FLAGS = ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP", "WINDOWED", "ROPE")
 
 
 def sass(cubin: bytes) -> list[str]:

@@ -10,13 +10,11 @@ depth, 128-key tiles, the grid's order nor contiguous pages per head moved it by
 beside bf16's say which of memory, issue, barriers or occupancy bounds it.
 """
 
-import sys
-
 import torch
 
 from graphllm.kernels.fp8_convert import FP8_TRITON
 from graphllm.kernels.paged_decode_attention import paged_decode_attention
-from ncu_table import METRICS, table
+from ncu_table import main
 
 HQ, HKV, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 # (name, sequences, context, cache dtype, paged_decode_attention keywords)
@@ -38,27 +36,15 @@ def inputs(batch: int, ctx: int, dtype: torch.dtype) -> tuple:
     return cache[0], cache[1], tables, lens, q
 
 
-def launch() -> None:
+def calls() -> list:
     torch.manual_seed(0)
-    calls = []
+    out = []
     for _, batch, ctx, dtype, knobs in CASES:
         k, v, tables, lens, q = inputs(batch, ctx, dtype)
-        calls.append(lambda k=k, v=v, t=tables, n=lens, q=q, kw=knobs:
-                     paged_decode_attention(q, k, v, t, n, HEAD_DIM ** -0.5, 0, **kw))
-    for call in calls:  # compile and warm up, not profiled (gpu_run.sh's --launch-skip counts these)
-        call()
-    torch.cuda.synchronize()
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
+        out.append(lambda k=k, v=v, t=tables, n=lens, q=q, kw=knobs:
+                   paged_decode_attention(q, k, v, t, n, HEAD_DIM ** -0.5, 0, **kw))
+    return out
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "launch":
-        launch()
-    elif sys.argv[1] == "count":
-        print(len(CASES))
-    elif sys.argv[1] == "metrics":
-        print(",".join(METRICS))
-    else:
-        table(sys.argv[2], [f"{name} B={batch} ctx={ctx}" for name, batch, ctx, _, _ in CASES])
+    main(calls, [f"{name} B={batch} ctx={ctx}" for name, batch, ctx, _, _ in CASES])

@@ -10,46 +10,31 @@ then prints the table. What it answers: whether a kernel waits on memory (long s
 own instruction issue (issue active near 100%), or on barriers and shared memory between its loads and its dot.
 """
 
-import sys
-
 import torch
 
 from graphllm.kernels import quant_layout as ql
 from graphllm.kernels.fp8_matmul import fp8_matmul_quantized, fp8_quantize_rows
 from graphllm.kernels.int4_matmul import int4_matmul
-from ncu_table import METRICS, table
+from ncu_table import main
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 CASES = [("int4", 16, s) for s in SHAPES] + [("int4", 1, s) for s in SHAPES] + [("fp8q", 1, s) for s in SHAPES]
-def launch() -> None:
+def calls() -> list:
     torch.manual_seed(0)
-    calls = []
+    out = []
     for kernel, m, shape in CASES:
         n, k = SHAPES[shape]
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         if kernel == "int4":
             q = ql.quantize_int4_weight(w, 128)
-            calls.append(lambda x=x, q=q: int4_matmul(x, q[0], q[1], q[2]))
+            out.append(lambda x=x, q=q: int4_matmul(x, q[0], q[1], q[2]))
         else:
             w8, ws = ql.quantize_fp8_weight(w)
             xq, xs = fp8_quantize_rows(x)
-            calls.append(lambda xq=xq, xs=xs, w8=w8, ws=ws: fp8_matmul_quantized(xq, xs, w8, ws, None, torch.bfloat16))
-    for call in calls:  # compile and warm up, not profiled (gpu_run.sh's --launch-skip counts these)
-        call()
-    torch.cuda.synchronize()
-    print(f"warm-up launches: {len(calls)}", flush=True)
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
+            out.append(lambda xq=xq, xs=xs, w8=w8, ws=ws: fp8_matmul_quantized(xq, xs, w8, ws, None, torch.bfloat16))
+    return out
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "launch":
-        launch()
-    elif sys.argv[1] == "count":
-        print(len(CASES))
-    elif sys.argv[1] == "metrics":
-        print(",".join(METRICS))
-    else:
-        table(sys.argv[2], [f"{kernel} m={m} {shape}" for kernel, m, shape in CASES])
+    main(calls, [f"{kernel} m={m} {shape}" for kernel, m, shape in CASES])

@@ -5,6 +5,8 @@ What a line answers: whether a kernel waits on memory (long scoreboard, low DRAM
 """
 
 import csv
+import sys
+from typing import Callable
 
 STALLS = ["long_scoreboard", "short_scoreboard", "barrier", "wait", "mio_throttle", "lg_throttle",
           "math_pipe_throttle", "not_selected", "selected", "dispatch_stall", "no_instruction", "membar",
@@ -52,3 +54,26 @@ def table(path: str, cases: list[str]) -> None:
               f"{num('launch__occupancy_limit_shared_mem'):.0f} | {num('launch__grid_size'):.0f} | {top}")
 
 
+def launch_twice(calls: list[Callable]) -> None:
+    """Each call once to compile and warm up (not profiled: gpu_run.sh's --launch-skip counts these), then once
+    more for ncu."""
+    import torch
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    print(f"warm-up launches: {len(calls)}", flush=True)
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+
+
+def main(make_calls: Callable[[], list[Callable]], names: list[str]) -> None:
+    """An ncu_* script's command line: launch (under ncu), count, metrics, or table CSV."""
+    if sys.argv[1] == "launch":
+        launch_twice(make_calls())
+    elif sys.argv[1] == "count":
+        print(len(names))
+    elif sys.argv[1] == "metrics":
+        print(",".join(METRICS))
+    else:
+        table(sys.argv[2], names)

@@ -204,8 +204,8 @@ def rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo
     CAUSAL: the tiles every row sees whole (from the latest first key of any row, WINDOWED, to the earliest last
     one, below hi) run without masks, in a loop of their own; the tiles before them (a window's start) and after
     them (the causal diagonal, a partial last tile) with masks. Rows the caller will not store may only narrow
-    that range, never widen it. (The prefill kernel's unmasked loop is 584 sm_90 instructions a tile, its
-    masked one 813, the single loop before them 767; the decode kernel keeps its one loop: its tiles are all
+    that range, never widen it. (The prefill kernel's unmasked loop is 504 sm_90 instructions a tile, its
+    masked one 761, the single loop before them 767; the decode kernel keeps its one loop: its tiles are all
     whole but the last, and its masks cost less, 372 against 435.)"""
     qk_scale = scale_log2
     if KV_FP8:
