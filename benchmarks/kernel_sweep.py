@@ -305,7 +305,11 @@ def paged_decode_inputs(batch: int, ctx: int, HQ=HQ, HKV=HKV, HEAD_DIM=HEAD_DIM)
 FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_stages=2),
                     "stages4": dict(num_stages=4), "block128": dict(block_n=128),
                     "block128_heads_first": dict(block_n=128, heads_first=True), "warps8": dict(num_warps=8),
-                    "block128_warps8": dict(block_n=128, num_warps=8)}
+                    "block128_warps8": dict(block_n=128, num_warps=8), "warps2": dict(num_warps=2),
+                    # fewer warps a program, so that each warp's softmax needs fewer cross-warp reductions, and
+                    # smaller tiles, so that more programs fit an SM's shared memory
+                    "warps1_block32": dict(num_warps=1, block_n=32, num_stages=2),
+                    "warps2_block32": dict(num_warps=2, block_n=32)}
 
 
 def head_major(cache: torch.Tensor) -> torch.Tensor:

@@ -203,3 +203,30 @@ MISSED = "issue 5's 99% target is not met on this random model (0.979-0.987 meas
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_bf16_teacher_forced_agreement(backend, bf16_model, histories_and_reference, fuse_rope_attention):
     assert compiled_agreement(backend, bf16_model, histories_and_reference, fuse_rope_attention) >= 0.99
+
+
+
+def test_bf16_graphs_with_rope_in_the_decode_kernel_give_the_same_rows(bf16_model, histories_and_reference,
+                                                                       fuse_rope_attention, monkeypatch):
+    """fuse_rope_decode: at decode the triton split kernel rotates q and k and writes the new token's KV itself
+    (kernels/rope_decode.py) instead of rope_store_kv before it. Bit-equal arithmetic (eager's rounding through
+    its asm products), so every teacher-forced top-1 row, one sequence at a time and eight together, is the one
+    the unfused path gives; only the fused engine hands the decode kernel the new tokens."""
+    if not fuse_rope_attention:
+        pytest.skip("--no-fuse-rope-attention: the step calls graphllm.attention, with no rotary to fuse")
+    import graphllm.backends.triton_backend as tb
+    histories, _ = histories_and_reference
+    art = compile_cached(bf16_config(bf16_model, fuse_rope_attention), bf16_model)
+    fused_launches, real = [], tb.paged_decode_attention
+    monkeypatch.setattr(tb, "paged_decode_attention", lambda *a, **kw: fused_launches.append(
+        kw.get("new_tokens") is not None) or real(*a, **kw))
+    rows, fused = {}, {}
+    for fuse in (False, True):
+        fused_launches.clear()
+        engine = Engine.load(art, attention_backend="triton", async_scheduling=False, fuse_rope_decode=fuse)
+        rows[fuse] = ([row for history in histories[:8] for row in teacher_forced_top1(engine, [history])],
+                      teacher_forced_top1(engine, histories[:8]))
+        fused[fuse] = sum(fused_launches)  # at the decode graphs' capture (and any eager decode)
+        del engine
+    assert rows[True] == rows[False]
+    assert fused[True] > 0 and fused[False] == 0
