@@ -11,7 +11,9 @@
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager); 540 s: with a
 #              cold Triton cache tests/kernels alone took most of the old 330 s limit on 2026-11-24
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
-#   profile-B  bench latency at batch 1 with --profile, backend B;  profile8-B  the same at batch 8
+#   profile-B  bench latency at batch 1 with --profile, backend B;  profile8-B  the same at batch 8;
+#              profile256-B  at batch 256 over 512-token prompts (a throughput run's decode steps: where their
+#              ~4 ms beyond the kernels' rates goes)
 #   throughput graphllm bench throughput, 8B shape, 1,024 requests, with --compare transformers
 #   throughput-B  the same without the comparison, backend B
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
@@ -198,6 +200,8 @@ for stage in "$@"; do
         --attention-backend "${stage#throughput-}" --json "$OUT/r/$stage.json" ;;
     latency-*) bench latency --preset llama-3-8b --batch-sizes 1,8,32,128,256 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --plot "$OUT/r/$stage.png" ;;
+    profile256-*) bench latency --preset llama-3-8b --batch-sizes 256 --input-len 512 --output-len 64 \
+        --attention-backend "${stage#profile256-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     profile8-*) bench latency --preset llama-3-8b --batch-sizes 8 --input-len 128 --output-len 64 \
         --attention-backend "${stage#profile8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     profile-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 \
