@@ -12,8 +12,8 @@
 #              cold Triton cache tests/kernels alone took most of the old 330 s limit on 2026-11-24
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
 #   profile-B  bench latency at batch 1 with --profile, backend B;  profile8-B  the same at batch 8;
-#              profile256-B  at batch 256 over 512-token prompts (a throughput run's decode steps: where their
-#              ~4 ms beyond the kernels' rates goes)
+#              profile256-B  at batch 256 over 512-token prompts (a throughput run's decode steps: how much of
+#              each is GEMMs and KV reads, and what the rest is)
 #   throughput graphllm bench throughput, 8B shape, 1,024 requests, with --compare transformers
 #   throughput-B  the same without the comparison, backend B
 #   teacher    the bf16 teacher-forcing tests alone;  f32-K  float32 GPU tests matching K, CUDA_LAUNCH_BLOCKING=1
