@@ -44,6 +44,8 @@ from graphllm.kernels.fp8_convert import FP8_TRITON
 from graphllm.kernels.paged_decode_attention import default_num_splits, paged_decode_attention
 from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
 from graphllm.kernels.rms_norm import rms_norm
+from graphllm.kernels.rope_decode import NewTokens
+from graphllm.kernels.rope_store_kv import rope_store_kv
 from graphllm.kernels.silu_and_mul import gelu_tanh_and_mul, silu_and_mul
 from graphllm.kernels.skinny_matmul import default_config, rms_norm_matmul, silu_mul_matmul, skinny_matmul
 from graphllm.ops.linear import add_rms_norm_linear, linear, silu_and_mul_linear
@@ -312,6 +314,30 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     "warps2_block32": dict(num_warps=2, block_n=32)}
 
 
+def decode_launch_fusions(caches, tables, lens, q, scale, splits: int) -> dict:
+    """us per call of a decode layer's attention launches, bf16, each fusion against what it replaces: the reduce
+    kernel against the last split program merging (fused_merge; only where the default splits > 1), and
+    rope_store_kv then the decode kernel against the decode kernel rotating and storing the new token itself
+    (new_tokens, kernels/rope_decode.py)."""
+    batch = q.shape[0]
+    k, v = (torch.randn(batch, HKV, HEAD_DIM, device="cuda", dtype=DTYPE) for _ in range(2))
+    angles = torch.rand(batch, HEAD_DIM // 2, device="cuda") * 6
+    cos, sin = (torch.cat([f(angles)] * 2, 1).to(DTYPE) for f in (torch.cos, torch.sin))
+    last = lens - 1
+    slots = tables.gather(1, (last // BLOCK_SIZE)[:, None])[:, 0] * BLOCK_SIZE + last % BLOCK_SIZE
+    out = {}
+    if splits > 1:
+        out["bf16_fused_merge_us"] = 1e6 * graph_seconds([
+            lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, fused_merge=True) for c in caches])
+    out["rope_then_decode_us"] = 1e6 * graph_seconds([
+        lambda c=c: paged_decode_attention(rope_store_kv(q, k, v, cos, sin, c, slots), c[0], c[1], tables, lens, scale,
+                                           0) for c in caches])
+    out["rope_in_decode_us"] = 1e6 * graph_seconds([
+        lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0,
+                                           new_tokens=NewTokens(k, v, cos, sin, slots)) for c in caches])
+    return out
+
+
 def head_major(cache: torch.Tensor) -> torch.Tensor:
     """A copy of a [2, blocks, block_size, Hkv, D] cache stored as [2, blocks, Hkv, block_size, D], viewed back in
     the kernel's index order (it reads any strides): how much an fp8 decode gains from contiguous pages per head."""
@@ -353,6 +379,7 @@ def sweep_attention() -> list[dict]:
         s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, heads_first=True)
                            for c in caches])
         row["bf16_heads_first_us"] = s * 1e6
+        row.update(decode_launch_fusions(caches, tables, lens, q, scale, default))
         for name, layers, knobs in (("bf16", caches, {}), ("fp8", fp8_caches, {}),
                                     ("fp8_block128", fp8_caches, dict(block_n=128))):
             major = [head_major(c) for c in layers]  # a page's tokens of one head contiguous: 16 x 128 B in fp8
@@ -511,7 +538,7 @@ def main() -> None:
         cells = " ".join(f"{k.removesuffix('_tb_s')}={v:.2f}" for k, v in r.items() if k.endswith("_tb_s"))
         print(f"attention B={r['batch']} ctx={r['context']} default splits {r['default_splits']}: TB/s {cells}")
         knobs = " ".join(f"{k.removesuffix('_us')}={v:.1f}" for k, v in r.items()
-                         if k.endswith("_us") and (k.startswith("fp8") or k.startswith("bf16")))
+                         if k.endswith("_us") and k.startswith(("fp8", "bf16", "rope")))
         print(f"    us: {knobs}")
     for r in report.get("prologue", []):
         c = r["best_config"]

@@ -209,3 +209,41 @@ def test_decode_reads_a_cache_stored_head_major():
     want = paged_decode_attention_reference(q, kv_cache[0], kv_cache[1], tables, lens, head_dim ** -0.5, window,
                                             kv_scales=FP8_SCALES)
     assert_close(got, want)
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 8])
+@pytest.mark.parametrize("case", [SMALL[0], SMALL[2], SMALL[3], SMALL[4]])
+def test_fused_merge_equals_the_reduce_kernel(case, num_splits, monkeypatch):
+    """fused_merge: the last split program of each (sequence, KV head) merges the partials (split_merge.py),
+    bit for bit what the reduce kernel gives, and leaves the counters at 0 for the next launch (run twice). The
+    partial buffers start as NaN: a merge before every split stored its partial shows."""
+    from graphllm.kernels import split_merge
+    real_buffers = decode_module.split_buffers
+    monkeypatch.setattr(decode_module, "split_buffers",
+                        lambda *a: tuple(t.fill_(float("nan")) if t.dtype == torch.float32 and t.dim() >= 3 - i
+                                         else t for i, t in enumerate(real_buffers(*a))))
+    num_heads, num_kv_heads, head_dim, block_size, seq_lens, window = case
+    kv_cache, tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, torch.float32, 0)
+    q = randn((len(seq_lens), num_heads, head_dim), torch.float32, 1)
+    lens = torch.tensor(seq_lens, device=q.device)
+    args = (q, kv_cache[0], kv_cache[1], tables, lens, head_dim ** -0.5, window, num_splits)
+    want = paged_decode_attention(*args)
+    for _ in range(2):
+        got = paged_decode_attention(*args, fused_merge=True)
+        assert torch.equal(got, want)
+    counters = split_merge.merge_counters(q.device, len(seq_lens) * num_kv_heads)
+    assert not counters.any()
+
+
+def test_fused_merge_launches_no_reduce_kernel(monkeypatch):
+    calls = []
+    real = decode_module._decode_reduce_kernel
+    monkeypatch.setattr(decode_module, "_decode_reduce_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: calls.append(grid) or real[grid]})())
+    num_heads, num_kv_heads, head_dim, block_size, seq_lens, window = SMALL[1]
+    kv_cache, tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, torch.float32, 0)
+    q = randn((len(seq_lens), num_heads, head_dim), torch.float32, 1)
+    args = (q, kv_cache[0], kv_cache[1], tables, torch.tensor(seq_lens, device=q.device), 0.125, window, 3)
+    paged_decode_attention(*args)
+    paged_decode_attention(*args, fused_merge=True)
+    assert len(calls) == 1
