@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.paged_decode_attention import one_token_attention, paged_decode_attention, rows_attention
+from graphllm.kernels.attention_loop import one_token_attention, rows_attention
+from graphllm.kernels.paged_decode_attention import paged_decode_attention
 from graphllm.kernels.fp8_convert import kv_fp8_mode
 from graphllm.kernels.kv_quant import KVScales, dequantize_kv
 from graphllm.kernels.reference import soft_cap

@@ -7,7 +7,7 @@ once for all of them, over its share of the keys. Token t of a sequence with n n
 p = seq_len - n + t and sees keys 0..p (p - sliding_window + 1..p with a window): the mask is per row. The
 keys are cut into num_splits tile-aligned chunks on device; splits write a normalised partial output and
 its log2-sum-exp2 per (token, head), and the decode kernel's merge kernel merges them. The loop over the keys
-is the prefill kernel's (paged_decode_attention.rows_attention). The grid depends on shapes only, so a
+is the prefill kernel's (attention_loop.rows_attention). The grid depends on shapes only, so a
 verify step captures into a CUDA graph.
 
 Why not the prefill kernel: it gives a sequence's query tile one program per KV head that walks every key,
@@ -21,8 +21,8 @@ import triton.language as tl
 
 from graphllm.kernels.fp8_convert import kv_fp8_mode
 from graphllm.kernels.kv_quant import KVScales
-from graphllm.kernels.paged_decode_attention import (LOG2E, _decode_reduce_kernel, default_num_splits, rows_attention,
-                                                     split_buffers)
+from graphllm.kernels.attention_loop import rows_attention
+from graphllm.kernels.paged_decode_attention import LOG2E, _decode_reduce_kernel, default_num_splits, split_buffers
 
 MAX_TOKENS = 16  # new tokens per sequence this kernel takes (k + 1 of speculative decoding)
 
