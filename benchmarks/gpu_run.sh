@@ -24,7 +24,7 @@
 #              alone, stopping at the first failure with its traceback;  full1-B / fulltput-B  latency1-B /
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
-#   unfused1-B latency1-B with --no-fuse-rope-decode (rope_store_kv, then the decode kernel: the A/B of the
+#   fused1-B   latency1-B with --fuse-rope-decode (the decode kernel rotating and storing the new token: the A/B of the
 #              decode kernel's own rotary + KV write, kernels/rope_decode.py; the same artifact)
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
 #              latency1-B); pdlfam-P  fam-P with --enable-pdl; pdlq-S  qlat-S with --enable-pdl; moe-lat-pdl
@@ -187,8 +187,8 @@ for stage in "$@"; do
     ab-latency1-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency --preset llama-3-8b \
         --batch-sizes 1,8 --input-len 128 --output-len 256 --attention-backend "${stage#ab-latency1-}" $LIMITS \
         --work $WORK --json "$OUT/r/$stage.json") ;;
-    unfused1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
-        --no-fuse-rope-decode --attention-backend "${stage#unfused1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    fused1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
+        --fuse-rope-decode --attention-backend "${stage#fused1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     latency1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     tests) timeout 540 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \

@@ -62,8 +62,9 @@ class EngineConfig:
     # (CompileConfig.inductor_pdl). Off by default until a GPU A/B says it is faster
     enable_pdl: bool = False
     # triton attention at decode: the split kernel rotates q and k and stores the new token's KV itself
-    # (graphllm/kernels/rope_decode.py), instead of rope_store_kv's launch before it; changes no value
-    fuse_rope_decode: bool = True
+    # (graphllm/kernels/rope_decode.py), instead of rope_store_kv's launch before it; changes no value. Off
+    # until a GPU run has verified it (its tests and its A/B: benchmarks/RESULTS.md)
+    fuse_rope_decode: bool = False
     # auto: triton on CUDA (measured faster than flashinfer), else flashinfer; torch (the reference) on CPU
     attention_backend: str = "auto"
     # decode steps run back to back per schedule when every row is plain greedy, each feeding its

@@ -37,9 +37,9 @@ class TritonBackend(AttentionBackend):
     # the engine path under graphs is proven, those steps take the prefill kernel (benchmarks/RESULTS.md).
     verify_kernel: bool = False
     # graphllm.rope_attention at decode: the split kernel rotates q and k and stores the new token itself
-    # (kernels/rope_decode.py), one launch a layer fewer than rope_store_kv then the split kernel; off:
-    # EngineConfig.fuse_rope_decode / --no-fuse-rope-decode (the A/B)
-    fuse_rope_decode: bool = True
+    # (kernels/rope_decode.py), one launch a layer fewer than rope_store_kv then the split kernel; on:
+    # EngineConfig.fuse_rope_decode / --fuse-rope-decode (off until a GPU run has verified it)
+    fuse_rope_decode: bool = False
 
     @property
     def mixed_step_graphs(self) -> bool:
