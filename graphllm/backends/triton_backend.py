@@ -1,9 +1,9 @@
 """Attention with graphllm's own Triton kernels (graphllm/kernels): one store_kv launch (or, for
-graphllm.rope_attention, one rope_store_kv launch that also rotates q and k; at decode the split kernel
-does that itself, kernels/rope_decode.py), then split-KV paged decode when every sequence has one new
-token, split-KV paged verify attention when none has more than paged_verify_attention.MAX_TOKENS
-(speculative decoding's verify steps: the host's plan of the step says so; switched off for now:
-TritonBackend.verify_kernel), else paged prefill. Multi-head latent attention (DeepSeek-V2's
+graphllm.rope_attention, one rope_store_kv launch that also rotates q and k; at decode, with
+fuse_rope_decode, the split kernel does that itself, kernels/rope_decode.py), then split-KV paged decode
+when every sequence has one new token, split-KV paged verify attention when none has more than
+paged_verify_attention.MAX_TOKENS (speculative decoding's verify steps: the host's plan of the step says
+so; switched off for now: TritonBackend.verify_kernel), else paged prefill. Multi-head latent attention (DeepSeek-V2's
 graphllm.mla_attention) writes its latent entries with index_copy_, then runs kernels/mla_decode.py or
 kernels/mla_prefill.py on the same rule (interpreter-tested; not yet run on a GPU).
 
