@@ -170,6 +170,6 @@ def mla_decode_attention(q: torch.Tensor, cache: torch.Tensor, block_tables: tor
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, starts, out, out.stride(0), out.stride(1), num_splits,
-            HEAD_DIM=kv_lora_rank, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_l, MIXED=mixed,
+            HEAD_DIM=kv_lora_rank, BLOCK_D=block_l, MIXED=mixed,
             num_warps=4)
     return out

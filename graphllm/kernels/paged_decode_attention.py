@@ -149,7 +149,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          ROPE: tl.constexpr = False, EXACT_MUL: tl.constexpr = False, k_new_ptr=None, v_new_ptr=None,
                          cos_ptr=None, sin_ptr=None, slot_ptr=None, stride_kt=0, stride_kh=0, stride_vt=0, stride_vh=0,
                          stride_ct=0, k_store_scale=1.0, v_store_scale=1.0, FUSED_MERGE: tl.constexpr = False,
-                         FENCE: tl.constexpr = False, BLOCK_S: tl.constexpr = 1, counter_ptr=None):
+                         FENCE: tl.constexpr = False, counter_ptr=None):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
     if HEADS_FIRST:  # grid (kv heads, sequences, splits): a sequence's heads run side by side
@@ -206,12 +206,12 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
         if FUSED_MERGE:  # the last split program of (b, kvh) merges its heads (split_merge.py)
             merge_if_last(part_out_ptr, part_lse_ptr, counter_ptr + b * num_kv_heads + kvh, out_ptr, q_row,
                           (b * (GROUP * num_kv_heads) + kvh * GROUP).to(tl.int64) * num_splits, num_splits,
-                          stride_ob, stride_oh, kvh * GROUP, GROUP, HEAD_DIM, BLOCK_S, BLOCK_D, FENCE)
+                          stride_ob, stride_oh, kvh * GROUP, GROUP, HEAD_DIM, BLOCK_D, FENCE)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, query_start_loc_ptr, out_ptr, stride_ob, stride_oh,
-                          num_splits, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+                          num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                           MIXED: tl.constexpr, PDL: tl.constexpr = False):
     if PDL:
         dependent_start()
@@ -221,7 +221,7 @@ def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, query_start_loc_ptr, out_p
         if q_row < 0:  # its partials were never written
             return
     row = (b * tl.num_programs(1) + h).to(tl.int64) * num_splits  # first split of (b, h)
-    out = merge_splits(part_out_ptr, part_lse_ptr, row, num_splits, HEAD_DIM, BLOCK_S, BLOCK_D, False)
+    out = merge_splits(part_out_ptr, part_lse_ptr, row, num_splits, HEAD_DIM, BLOCK_D, "")
     offs_d = tl.arange(0, BLOCK_D)
     tl.store(out_ptr + q_row * stride_ob + h * stride_oh + offs_d,
              out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
@@ -293,7 +293,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     extra = {} if new_tokens is None else rope_arguments(new_tokens, q, mixed, kv_scales)
     merge = fused_merge and not direct and not mixed
     if merge:
-        extra.update(FUSED_MERGE=True, FENCE=q.is_cuda, BLOCK_S=triton.next_power_of_2(num_splits),
+        extra.update(FUSED_MERGE=True, FENCE=q.is_cuda,
                     counter_ptr=merge_counters(q.device, batch * num_kv_heads))
     grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
     _decode_split_kernel[grid](
@@ -309,7 +309,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if not direct and not merge:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, starts, out, out.stride(0), out.stride(1), num_splits,
-            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, MIXED=mixed,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, MIXED=mixed,
             num_warps=4 if head_dim >= 128 else 2, **pdl_launch(q.device))
     return out
 

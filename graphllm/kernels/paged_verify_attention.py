@@ -125,6 +125,6 @@ def paged_verify_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         # the decode kernel's merge, one program per (token, head): part rows are laid out as its (b, head)
         _decode_reduce_kernel[(num_tokens, num_heads)](
             part_out, part_lse, query_start_loc, out, out.stride(0), out.stride(1), num_splits,
-            HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, MIXED=False,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, MIXED=False,
             num_warps=4 if head_dim >= 128 else 2)
     return out

@@ -37,46 +37,48 @@ def fence_gpu(x):
 
 
 @triton.jit
-def merge_splits(part_out_ptr, part_lse_ptr, row, num_splits, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
-                 BLOCK_D: tl.constexpr, L2_ONLY: tl.constexpr):
+def merge_splits(part_out_ptr, part_lse_ptr, row, num_splits, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                 CACHE: tl.constexpr):
     """The merged output [BLOCK_D] (float32) of one query head whose num_splits partials start at `row` of part_out
-    [rows, D] and part_lse [rows]; L2_ONLY: loads that bypass L1 (partials other programs wrote this launch)."""
-    offs_s = tl.arange(0, BLOCK_S)
+    [rows, D] and part_lse [rows]; CACHE: the loads' cache_modifier ("" or ".cg", which bypasses L1: partials
+    other programs wrote this launch). The splits are summed one after another in split order, so the sum is the
+    same bits whatever the launching kernel's warps and layout (a tree sum over a [splits, D] tile is not: on the
+    H200 the split kernel's 4-warp merge and the reduce kernel's 2-warp one differed from 3 splits on)."""
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < num_splits
     d_mask = offs_d < HEAD_DIM
-    lse_ptrs = part_lse_ptr + row + offs_s
-    part_ptrs = part_out_ptr + (row + offs_s)[:, None] * HEAD_DIM + offs_d[None, :]
-    part_mask = s_mask[:, None] & d_mask[None, :]
-    if L2_ONLY:
-        lse = tl.load(lse_ptrs, mask=s_mask, other=float("-inf"), cache_modifier=".cg")
-        parts = tl.load(part_ptrs, mask=part_mask, other=0.0, cache_modifier=".cg")
-    else:
-        lse = tl.load(lse_ptrs, mask=s_mask, other=float("-inf"))  # [BLOCK_S]
-        parts = tl.load(part_ptrs, mask=part_mask, other=0.0)  # [BLOCK_S, BLOCK_D]
-    m = tl.max(lse, 0)
-    w = tl.where(lse > float("-inf"), tl.exp2(lse - tl.where(m > float("-inf"), m, 0.0)), 0.0)
-    total = tl.sum(w, 0)
-    return tl.sum(parts * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    m = tl.load(part_lse_ptr + row, cache_modifier=CACHE)
+    for s in range(1, num_splits):
+        m = tl.maximum(m, tl.load(part_lse_ptr + row + s, cache_modifier=CACHE))
+    m = tl.where(m > float("-inf"), m, 0.0)  # every split empty: lse -inf everywhere, zeros out
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    total = tl.sum(acc, 0)
+    for s in range(num_splits):
+        lse = tl.load(part_lse_ptr + row + s, cache_modifier=CACHE)
+        w = tl.where(lse > float("-inf"), tl.exp2(lse - m), 0.0)
+        part = tl.load(part_out_ptr + (row + s) * HEAD_DIM + offs_d, mask=d_mask, other=0.0, cache_modifier=CACHE)
+        acc += part * w
+        total += w
+    return acc / tl.where(total > 0, total, 1.0)
 
 
 @triton.jit
 def merge_if_last(part_out_ptr, part_lse_ptr, counter_ptr, out_ptr, q_row, first_row, num_splits, stride_ob,
-                  stride_oh, first_head, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr,
+                  stride_oh, first_head, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
                   BLOCK_D: tl.constexpr, FENCE: tl.constexpr):
     """Count this split program in at counter_ptr; the last of its num_splits merges the GROUP query heads from
     first_head (whose partials start at first_row, num_splits rows a head) into out's row q_row, and zeroes the
     counter."""
     if FENCE:  # every thread's partial stores visible GPU-wide before the count says they are there
         fence_gpu(tl.zeros([1], dtype=tl.int32))
+    tl.debug_barrier()  # every thread has fenced before the one thread that counts does
     arrived = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
     if arrived == num_splits - 1:
         if FENCE:
             fence_gpu(tl.zeros([1], dtype=tl.int32))
         offs_d = tl.arange(0, BLOCK_D)
         for g in tl.static_range(GROUP):
-            out = merge_splits(part_out_ptr, part_lse_ptr, first_row + g * num_splits, num_splits, HEAD_DIM, BLOCK_S,
-                               BLOCK_D, True)
+            out = merge_splits(part_out_ptr, part_lse_ptr, first_row + g * num_splits, num_splits, HEAD_DIM, BLOCK_D,
+                               ".cg")
             tl.store(out_ptr + q_row * stride_ob + (first_head + g) * stride_oh + offs_d,
                      out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
         tl.atomic_xchg(counter_ptr, 0, sem="relaxed", scope="gpu")

@@ -60,10 +60,10 @@ def variants():
     for kv_fp8 in (0, FP8_CVT.value):  # the last split program merges (split_merge.py)
         yield decode._decode_split_kernel, dict(pointer_types(kv_fp8), counter_ptr="*i32"), dict(
             SHAPE, BLOCK_G=16, DIRECT=False, MIXED=False, KV_FP8=kv_fp8, SOFTCAP=False, FUSED_MERGE=True,
-            FENCE=True, BLOCK_S=8), {}
+            FENCE=True), {}
     for mixed in (True, False):
         yield decode._decode_reduce_kernel, pointer_types(False), dict(
-            HEAD_DIM=128, BLOCK_S=8, BLOCK_D=128, MIXED=mixed), {}
+            HEAD_DIM=128, BLOCK_D=128, MIXED=mixed), {}
     for one_token_rows, kv_fp8, softcap in itertools.product((True, False), KV_MODES, (False, True)):
         if kv_fp8 and softcap:
             continue
@@ -100,7 +100,7 @@ def mla_variants():
             MLA_SHAPE, BLOCK_H=mla_decode.BLOCK_H, BLOCK_N=mla_decode.mla_block_n(576), DIRECT=direct,
             MIXED=mixed), {"num_stages": 2}
     for mixed in (True, False):
-        yield decode._decode_reduce_kernel, types, dict(HEAD_DIM=512, BLOCK_S=8, BLOCK_D=512, MIXED=mixed), {}
+        yield decode._decode_reduce_kernel, types, dict(HEAD_DIM=512, BLOCK_D=512, MIXED=mixed), {}
     tiles = mla_prefill.mla_prefill_tiles(16, 576)
     options = {"num_warps": tiles.pop("num_warps"), "num_stages": tiles.pop("num_stages")}
     for one_token_rows in (True, False):
@@ -178,7 +178,7 @@ def pdl_variants():
                                                              BLOCK_N=fused_moe.SUM_COLUMNS, PDL=True), pdl
     yield decode._decode_split_kernel, pointer_types(False), dict(
         SHAPE, BLOCK_G=16, DIRECT=False, MIXED=False, KV_FP8=False, SOFTCAP=False, PDL=True), pdl
-    yield decode._decode_reduce_kernel, pointer_types(False), dict(HEAD_DIM=128, BLOCK_S=8, BLOCK_D=128, MIXED=False,
+    yield decode._decode_reduce_kernel, pointer_types(False), dict(HEAD_DIM=128, BLOCK_D=128, MIXED=False,
                                                                    PDL=True), pdl
     types = dict(pointer_types(False), k_ptr="*bf16", v_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
                  q_out_ptr="*bf16", slot_ptr="*i64", k_scale="fp32")

@@ -66,3 +66,24 @@ def test_verify_steps_take_the_verify_kernel_and_the_reference_tokens(arch, tiny
     # the prompts (8 and 5 tokens) take it too: every sequence of their prefill step has at most 16 new tokens
     assert 8 in calls and any(2 <= c <= 5 for c in calls) and engine.stats().spec_decode.num_accepted_tokens > 0
 
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_decode_fusions_give_the_reference_tokens(arch, tiny_model_dir, monkeypatch):
+    """fuse_rope_decode and fuse_split_merge together (the decode kernel rotating and storing the new token, and
+    its last split program merging, kernels/rope_decode.py and split_merge.py): the reference tokens, with the
+    reduce kernel never launched at decode. Three splits at every decode step, as a long context would take."""
+    import graphllm.kernels.paged_decode_attention as decode
+    path, _ = tiny_model_dir(arch)
+    options = dict(dtype="float32", device=DEVICE.type, cuda_graphs=False, max_num_batched_tokens=8)
+    expected = Engine.from_pretrained(path, attention_backend="torch", **options).generate(PROMPTS, GREEDY)
+    monkeypatch.setattr(decode, "decode_num_splits", lambda *shapes: 3)
+    merges, real_split = [], decode._decode_split_kernel
+    monkeypatch.setattr(decode, "_decode_split_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
+        lambda *a, **kw: merges.append(kw.get("FUSED_MERGE", False) and grid[2] == 3) or real_split[grid](*a, **kw))})())
+    monkeypatch.setattr(decode, "_decode_reduce_kernel", None)  # a launch would fail
+    engine = Engine.from_pretrained(path, attention_backend="triton", fuse_rope_decode=True, fuse_split_merge=True,
+                                    **options)
+    got = engine.generate(PROMPTS, GREEDY)
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+    assert merges and all(merges)
