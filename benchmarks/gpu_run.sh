@@ -24,7 +24,7 @@
 #              alone, stopping at the first failure with its traceback;  full1-B / fulltput-B  latency1-B /
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
-#   fused1-B   latency1-B with --fuse-rope-decode (the decode kernel rotating and storing the new token: the A/B of the
+#   unfused1-B latency1-B with --no-fuse-rope-decode (rope_store_kv before the decode kernel again: the A/B of the
 #              decode kernel's own rotary + KV write, kernels/rope_decode.py; the same artifact)
 #   fusedm1-B  fused1-B with --fuse-split-merge too (the decode kernel's last split program merging: split_merge.py)
 #   fusion-tests  the decode kernel tests, its rotary and merge tests and the engines with both on (GPU rows)
@@ -197,8 +197,8 @@ for stage in "$@"; do
         tests/kernels/test_triton_backend.py::test_decode_fusions_give_the_reference_tokens \
         "tests/gpu/test_attention_backends.py::test_bf16_graphs_with_rope_in_the_decode_kernel_give_the_same_rows" \
         2>&1 | grep -v "^\.*$" | tail -30 ;;
-    fused1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
-        --fuse-rope-decode --attention-backend "${stage#fused1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    unfused1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
+        --no-fuse-rope-decode --attention-backend "${stage#unfused1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     latency1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     tests) timeout 540 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \

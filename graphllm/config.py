@@ -62,9 +62,9 @@ class EngineConfig:
     # (CompileConfig.inductor_pdl). Off by default until a GPU A/B says it is faster
     enable_pdl: bool = False
     # triton attention at decode: the split kernel rotates q and k and stores the new token's KV itself
-    # (graphllm/kernels/rope_decode.py), instead of rope_store_kv's launch before it; changes no value. Off
-    # until a GPU run has verified it (its tests and its A/B: benchmarks/RESULTS.md)
-    fuse_rope_decode: bool = False
+    # (graphllm/kernels/rope_decode.py), instead of rope_store_kv's launch before it; changes no value (the GPU
+    # tests: the same teacher-forced rows) and measured 1.0% faster at batch 1 and 8 (benchmarks/RESULTS.md, s22)
+    fuse_rope_decode: bool = True
     # triton attention at decode over several KV splits: the last split program of each (sequence, KV head) merges
     # the partials itself (graphllm/kernels/split_merge.py), instead of the reduce kernel's launch after it; the
     # same bits. Off until a GPU run has verified it

@@ -1,6 +1,6 @@
 """Attention with graphllm's own Triton kernels (graphllm/kernels): one store_kv launch (or, for
-graphllm.rope_attention, one rope_store_kv launch that also rotates q and k; at decode, with
-fuse_rope_decode, the split kernel does that itself, kernels/rope_decode.py), then split-KV paged decode
+graphllm.rope_attention, one rope_store_kv launch that also rotates q and k; at decode, unless
+fuse_rope_decode is off, the split kernel does that itself, kernels/rope_decode.py), then split-KV paged decode
 when every sequence has one new token, split-KV paged verify attention when none has more than
 paged_verify_attention.MAX_TOKENS (speculative decoding's verify steps: the host's plan of the step says
 so; switched off for now: TritonBackend.verify_kernel), else paged prefill. Multi-head latent attention (DeepSeek-V2's
@@ -38,8 +38,8 @@ class TritonBackend(AttentionBackend):
     verify_kernel: bool = False
     # graphllm.rope_attention at decode: the split kernel rotates q and k and stores the new token itself
     # (kernels/rope_decode.py), one launch a layer fewer than rope_store_kv then the split kernel; on:
-    # EngineConfig.fuse_rope_decode / --fuse-rope-decode (off until a GPU run has verified it)
-    fuse_rope_decode: bool = False
+    # EngineConfig.fuse_rope_decode (on by default; --no-fuse-rope-decode: rope_store_kv, then the split kernel)
+    fuse_rope_decode: bool = True
     # decode over several KV splits: the last split program of each (sequence, KV head) merges the partials
     # (kernels/split_merge.py), one launch a layer fewer than the reduce kernel; on: EngineConfig.fuse_split_merge /
     # --fuse-split-merge (off until a GPU run has verified it)

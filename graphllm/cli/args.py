@@ -74,9 +74,9 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-pdl", action="store_true",
                         help="GPU (sm_90+): decode graphs launch the decode step's kernels as programmatic "
                              "dependents, each starting while the one before finishes (off by default)")
-    parser.add_argument("--fuse-rope-decode", action=argparse.BooleanOptionalAction, default=False,
+    parser.add_argument("--fuse-rope-decode", action=argparse.BooleanOptionalAction, default=True,
                         help="triton attention: at decode the attention kernel rotates q and k and writes the new "
-                             "token's KV itself, one kernel a layer fewer (off by default until verified on a GPU: "
+                             "token's KV itself, one kernel a layer fewer (the default; --no-fuse-rope-decode: "
                              "rope_store_kv, then attention)")
     parser.add_argument("--fuse-split-merge", action=argparse.BooleanOptionalAction, default=False,
                         help="triton attention: at decode the last program of each split-KV group merges the "
