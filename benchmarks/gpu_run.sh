@@ -26,8 +26,7 @@
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
 #   unfused1-B latency1-B with --no-fuse-rope-decode (rope_store_kv before the decode kernel again: the A/B of the
 #              decode kernel's own rotary + KV write, kernels/rope_decode.py; the same artifact)
-#   fusedm1-B  fused1-B with --fuse-split-merge too (the decode kernel's last split program merging: split_merge.py)
-#   fusion-tests  the decode kernel tests, its rotary and merge tests and the engines with both on (GPU rows)
+#   fusion-tests  the decode kernel tests, its rotary tests and the engines with it on (GPU rows)
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
 #              latency1-B); pdlfam-P  fam-P with --enable-pdl; pdlq-S  qlat-S with --enable-pdl; moe-lat-pdl
 #              moe-lat with --enable-pdl;  pdl-tests  its GPU tests
@@ -189,12 +188,9 @@ for stage in "$@"; do
     ab-latency1-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency --preset llama-3-8b \
         --batch-sizes 1,8 --input-len 128 --output-len 256 --attention-backend "${stage#ab-latency1-}" $LIMITS \
         --work $WORK --json "$OUT/r/$stage.json") ;;
-    fusedm1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
-        --fuse-rope-decode --fuse-split-merge --attention-backend "${stage#fusedm1-}" $LIMITS --work $WORK \
-        --json "$OUT/r/$stage.json" ;;
     fusion-tests) timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_rope_decode.py tests/kernels/test_paged_decode_attention.py \
-        tests/kernels/test_triton_backend.py::test_decode_fusions_give_the_reference_tokens \
+        tests/kernels/test_triton_backend.py::test_decode_rope_fusion_over_splits_gives_the_reference_tokens \
         "tests/gpu/test_attention_backends.py::test_bf16_graphs_with_rope_in_the_decode_kernel_give_the_same_rows" \
         2>&1 | grep -v "^\.*$" | tail -30 ;;
     unfused1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \

@@ -314,9 +314,8 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     "warps2_block32": dict(num_warps=2, block_n=32)}
 
 
-def decode_launch_fusions(caches, tables, lens, q, scale, splits: int) -> dict:
-    """us per call of a decode layer's attention launches, bf16, each fusion against what it replaces: the reduce
-    kernel against the last split program merging (fused_merge; only where the default splits > 1), and
+def decode_launch_fusions(caches, tables, lens, q, scale) -> dict:
+    """us per call of a decode layer's attention launches, bf16, the fusion against what it replaces:
     rope_store_kv then the decode kernel against the decode kernel rotating and storing the new token itself
     (new_tokens, kernels/rope_decode.py)."""
     batch = q.shape[0]
@@ -326,9 +325,6 @@ def decode_launch_fusions(caches, tables, lens, q, scale, splits: int) -> dict:
     last = lens - 1
     slots = tables.gather(1, (last // BLOCK_SIZE)[:, None])[:, 0] * BLOCK_SIZE + last % BLOCK_SIZE
     out = {}
-    if splits > 1:
-        out["bf16_fused_merge_us"] = 1e6 * graph_seconds([
-            lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, fused_merge=True) for c in caches])
     out["rope_then_decode_us"] = 1e6 * graph_seconds([
         lambda c=c: paged_decode_attention(rope_store_kv(q, k, v, cos, sin, c, slots), c[0], c[1], tables, lens, scale,
                                            0) for c in caches])
@@ -379,7 +375,7 @@ def sweep_attention() -> list[dict]:
         s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, heads_first=True)
                            for c in caches])
         row["bf16_heads_first_us"] = s * 1e6
-        row.update(decode_launch_fusions(caches, tables, lens, q, scale, default))
+        row.update(decode_launch_fusions(caches, tables, lens, q, scale))
         for name, layers, knobs in (("bf16", caches, {}), ("fp8", fp8_caches, {}),
                                     ("fp8_block128", fp8_caches, dict(block_n=128))):
             major = [head_major(c) for c in layers]  # a page's tokens of one head contiguous: 16 x 128 B in fp8

@@ -65,10 +65,6 @@ class EngineConfig:
     # (graphllm/kernels/rope_decode.py), instead of rope_store_kv's launch before it; changes no value (the GPU
     # tests: the same teacher-forced rows) and measured 1.0% faster at batch 1 and 8 (benchmarks/RESULTS.md, s22)
     fuse_rope_decode: bool = True
-    # triton attention at decode over several KV splits: the last split program of each (sequence, KV head) merges
-    # the partials itself (graphllm/kernels/split_merge.py), instead of the reduce kernel's launch after it; the
-    # same bits. Off until a GPU run has verified it
-    fuse_split_merge: bool = False
     # auto: triton on CUDA (measured faster than flashinfer), else flashinfer; torch (the reference) on CPU
     attention_backend: str = "auto"
     # decode steps run back to back per schedule when every row is plain greedy, each feeding its

@@ -40,10 +40,6 @@ class TritonBackend(AttentionBackend):
     # (kernels/rope_decode.py), one launch a layer fewer than rope_store_kv then the split kernel; on:
     # EngineConfig.fuse_rope_decode (on by default; --no-fuse-rope-decode: rope_store_kv, then the split kernel)
     fuse_rope_decode: bool = True
-    # decode over several KV splits: the last split program of each (sequence, KV head) merges the partials
-    # (kernels/split_merge.py), one launch a layer fewer than the reduce kernel; on: EngineConfig.fuse_split_merge /
-    # --fuse-split-merge (off until a GPU run has verified it)
-    fuse_split_merge: bool = False
 
     @property
     def mixed_step_graphs(self) -> bool:
@@ -72,7 +68,7 @@ class TritonBackend(AttentionBackend):
         if self.fuse_rope_decode and q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
                                           sliding_window, kv_scales=self.scales_for(kv_cache),
-                                          logit_softcap=logit_softcap, fused_merge=self.fuse_split_merge,
+                                          logit_softcap=logit_softcap,
                                           new_tokens=NewTokens(k, v, cos, sin, slot_mapping))
         q = rope_store_kv(q, k, v, cos, sin, kv_cache, slot_mapping, self.scales_for(kv_cache))
         return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window,
@@ -90,7 +86,7 @@ class TritonBackend(AttentionBackend):
         if q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
                                           sliding_window, kv_scales=self.scales_for(kv_cache),
-                                          logit_softcap=logit_softcap, fused_merge=self.fuse_split_merge)
+                                          logit_softcap=logit_softcap)
         most = self._max_new_tokens(q, seq_lens)
         if self.verify_kernel and most is not None and 1 < most <= MAX_TOKENS:
             return paged_verify_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,

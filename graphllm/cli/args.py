@@ -78,10 +78,6 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                         help="triton attention: at decode the attention kernel rotates q and k and writes the new "
                              "token's KV itself, one kernel a layer fewer (the default; --no-fuse-rope-decode: "
                              "rope_store_kv, then attention)")
-    parser.add_argument("--fuse-split-merge", action=argparse.BooleanOptionalAction, default=False,
-                        help="triton attention: at decode the last program of each split-KV group merges the "
-                             "partial outputs itself, one kernel a layer fewer (off by default until verified on a "
-                             "GPU: the reduce kernel)")
     parser.add_argument("--cudagraph-mode", default=DEFAULT_CUDAGRAPH_MODE, choices=CUDAGRAPH_MODES,
                         help="GPU: which steps replay CUDA graphs: FULL (the default): steps with prompt tokens "
                              "too, up to --max-cudagraph-capture-size tokens (triton attention; other backends "
@@ -114,8 +110,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                           attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
                           async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
                           enable_prefix_caching=args.enable_prefix_caching, enable_pdl=args.enable_pdl,
-                          fuse_rope_decode=args.fuse_rope_decode,
-                          fuse_split_merge=args.fuse_split_merge, cudagraph_mode=args.cudagraph_mode,
+                          fuse_rope_decode=args.fuse_rope_decode, cudagraph_mode=args.cudagraph_mode,
                           max_cudagraph_capture_size=args.max_cudagraph_capture_size,
                           calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
                           speculative_config=getattr(args, "speculative_config", None), **pass_switches(args))

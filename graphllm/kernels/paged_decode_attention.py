@@ -36,7 +36,7 @@ from graphllm.kernels.kv_quant import KVScales, dequantize_kv
 from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.reference import soft_cap
 from graphllm.kernels.rope_decode import NewTokens, exact_mul_on, rotate_rows, store_new_token
-from graphllm.kernels.split_merge import merge_counters, merge_if_last, merge_splits
+from graphllm.kernels.split_merge import merge_splits
 
 LOG2E = 1.4426950408889634
 FULL_WAVES = 4  # split until about this many (sequence, KV head, split) programs per SM
@@ -148,8 +148,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          SOFTCAP: tl.constexpr, PDL: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
                          ROPE: tl.constexpr = False, EXACT_MUL: tl.constexpr = False, k_new_ptr=None, v_new_ptr=None,
                          cos_ptr=None, sin_ptr=None, slot_ptr=None, stride_kt=0, stride_kh=0, stride_vt=0, stride_vh=0,
-                         stride_ct=0, k_store_scale=1.0, v_store_scale=1.0, FUSED_MERGE: tl.constexpr = False,
-                         FENCE: tl.constexpr = False, counter_ptr=None):
+                         stride_ct=0, k_store_scale=1.0, v_store_scale=1.0):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
     if HEADS_FIRST:  # grid (kv heads, sequences, splits): a sequence's heads run side by side
@@ -203,10 +202,6 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
         tl.store(part_out_ptr + row[:, None] * HEAD_DIM + offs_d[None, :], out, mask=o_mask)
         lse = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))
         tl.store(part_lse_ptr + row, lse, mask=g_mask)
-        if FUSED_MERGE:  # the last split program of (b, kvh) merges its heads (split_merge.py)
-            merge_if_last(part_out_ptr, part_lse_ptr, counter_ptr + b * num_kv_heads + kvh, out_ptr, q_row,
-                          (b * (GROUP * num_kv_heads) + kvh * GROUP).to(tl.int64) * num_splits, num_splits,
-                          stride_ob, stride_oh, kvh * GROUP, GROUP, HEAD_DIM, BLOCK_D, FENCE)
 
 
 @triton.jit(do_not_specialize=["num_splits"])
@@ -221,7 +216,7 @@ def _decode_reduce_kernel(part_out_ptr, part_lse_ptr, query_start_loc_ptr, out_p
         if q_row < 0:  # its partials were never written
             return
     row = (b * tl.num_programs(1) + h).to(tl.int64) * num_splits  # first split of (b, h)
-    out = merge_splits(part_out_ptr, part_lse_ptr, row, num_splits, HEAD_DIM, BLOCK_D, "")
+    out = merge_splits(part_out_ptr, part_lse_ptr, row, num_splits, HEAD_DIM, BLOCK_D)
     offs_d = tl.arange(0, BLOCK_D)
     tl.store(out_ptr + q_row * stride_ob + h * stride_oh + offs_d,
              out.to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
@@ -234,8 +229,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            out: torch.Tensor | None = None, num_warps: int = 4,
                            logit_softcap: float = 0.0, maxnreg: int | None = None,
                            fp8_conversion: int | None = None, block_n: int | None = None, num_stages: int = 3,
-                           heads_first: bool = False, new_tokens: NewTokens | None = None,
-                           fused_merge: bool = False) -> torch.Tensor:
+                           heads_first: bool = False, new_tokens: NewTokens | None = None) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -264,10 +258,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     new_tokens (plain decode only): q and new_tokens.k are not yet rotated, and the new keys and values are not
     yet in the cache; the kernel rotates both and stores them first (rope_decode.py), what rope_store_kv and
     then this function do, in one launch.
-
-    fused_merge (plain decode, more than one split): the last split program of each (sequence, KV head) merges the
-    partials (split_merge.py) instead of the reduce kernel; off by default until a GPU run measures it
-    (kernel_sweep attention times both).
     """
     num_heads, head_dim = q.shape[1:]
     mixed = query_start_loc is not None
@@ -291,10 +281,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     softcap = logit_softcap > 0
     extra = {} if new_tokens is None else rope_arguments(new_tokens, q, mixed, kv_scales)
-    merge = fused_merge and not direct and not mixed
-    if merge:
-        extra.update(FUSED_MERGE=True, FENCE=q.is_cuda,
-                    counter_ptr=merge_counters(q.device, batch * num_kv_heads))
     grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
     _decode_split_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, starts, out, part_out, part_lse,
@@ -306,7 +292,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
         HEADS_FIRST=heads_first, num_warps=num_warps, num_stages=num_stages, **extra,
         **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_launch(q.device))
-    if not direct and not merge:
+    if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, starts, out, out.stride(0), out.stride(1), num_splits,
             HEAD_DIM=head_dim, BLOCK_D=block_d, MIXED=mixed,

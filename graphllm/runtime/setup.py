@@ -336,9 +336,8 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     # the largest scales for a cache no layer claims (none in practice: the step hands each layer's own)
     widest = KVScales(*(max(s) for s in zip(*layer_kv_scales))) if layer_kv_scales else KVScales()
     backend = select_backend(config.attention_backend, shape, dtype, device, limits.block_size, kv_dtype, widest)
-    if backend.name == "triton":  # its decode kernel can take rope_store_kv's and the reduce kernel's work
+    if backend.name == "triton":  # its decode kernel can take rope_store_kv's work (TritonBackend.fuse_rope_decode)
         backend.fuse_rope_decode = config.fuse_rope_decode
-        backend.fuse_split_merge = config.fuse_split_merge
     if layer_kv_scales is not None:
         backend.bind_layer_scales(kv_caches, layer_kv_scales)
     logger.info("attention backend: %s", backend.name)

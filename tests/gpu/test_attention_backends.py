@@ -208,12 +208,10 @@ def test_bf16_teacher_forced_agreement(backend, bf16_model, histories_and_refere
 
 def test_bf16_graphs_with_rope_in_the_decode_kernel_give_the_same_rows(bf16_model, histories_and_reference,
                                                                        fuse_rope_attention, monkeypatch):
-    """fuse_rope_decode and fuse_split_merge: at decode the triton split kernel rotates q and k and writes the new
-    token's KV itself (kernels/rope_decode.py) instead of rope_store_kv before it, and its last split program
-    merges the partials (kernels/split_merge.py) instead of the reduce kernel after it. Bit-equal arithmetic
-    (eager's rounding through its asm products; the merge's splits summed in order), so every teacher-forced
-    top-1 row, one sequence at a time and eight together, is the one the unfused path gives; only the fused
-    engine hands the decode kernel the new tokens and the merge."""
+    """fuse_rope_decode: at decode the triton split kernel rotates q and k and writes the new token's KV itself
+    (kernels/rope_decode.py) instead of rope_store_kv before it. Bit-equal arithmetic (eager's rounding through
+    its asm products), so every teacher-forced top-1 row, one sequence at a time and eight together, is the one
+    the unfused path gives; only the fused engine hands the decode kernel the new tokens."""
     if not fuse_rope_attention:
         pytest.skip("--no-fuse-rope-attention: the step calls graphllm.attention, with no rotary to fuse")
     import graphllm.backends.triton_backend as tb
@@ -221,12 +219,11 @@ def test_bf16_graphs_with_rope_in_the_decode_kernel_give_the_same_rows(bf16_mode
     art = compile_cached(bf16_config(bf16_model, fuse_rope_attention), bf16_model)
     fused_launches, real = [], tb.paged_decode_attention
     monkeypatch.setattr(tb, "paged_decode_attention", lambda *a, **kw: fused_launches.append(
-        kw.get("new_tokens") is not None and kw.get("fused_merge")) or real(*a, **kw))
+        kw.get("new_tokens") is not None) or real(*a, **kw))
     rows, fused = {}, {}
     for fuse in (False, True):
         fused_launches.clear()
-        engine = Engine.load(art, attention_backend="triton", async_scheduling=False, fuse_rope_decode=fuse,
-                             fuse_split_merge=fuse)
+        engine = Engine.load(art, attention_backend="triton", async_scheduling=False, fuse_rope_decode=fuse)
         rows[fuse] = ([row for history in histories[:8] for row in teacher_forced_top1(engine, [history])],
                       teacher_forced_top1(engine, histories[:8]))
         fused[fuse] = sum(fused_launches)  # at the decode graphs' capture (and any eager decode)

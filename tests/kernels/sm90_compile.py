@@ -57,10 +57,6 @@ def variants():
         yield decode._decode_split_kernel, types, dict(
             SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=kv_fp8, SOFTCAP=False, ROPE=True,
             EXACT_MUL=True), {}
-    for kv_fp8 in (0, FP8_CVT.value):  # the last split program merges (split_merge.py)
-        yield decode._decode_split_kernel, dict(pointer_types(kv_fp8), counter_ptr="*i32"), dict(
-            SHAPE, BLOCK_G=16, DIRECT=False, MIXED=False, KV_FP8=kv_fp8, SOFTCAP=False, FUSED_MERGE=True,
-            FENCE=True), {}
     for mixed in (True, False):
         yield decode._decode_reduce_kernel, pointer_types(False), dict(
             HEAD_DIM=128, BLOCK_D=128, MIXED=mixed), {}
@@ -230,9 +226,6 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
     if constexprs.get("ROPE") and ("mul.rn.f32" not in asm["ptx"] or re.search(r"(fma|mul)\.rn\.bf16", asm["ptx"])):
         # the decode kernel's rotary: every product an opaque f32 multiply, none a bfloat16 one nor fused
         raise AssertionError("the rotary's products are not the asm mul.rn.f32 (rope_decode.py)")
-    if constexprs.get("FUSED_MERGE") and not ("fence.acq_rel.gpu" in asm["ptx"]
-                                              and re.search(r"atom\.[\w.]*acq_rel[\w.]*\.add", asm["ptx"])):
-        raise AssertionError("the fused merge lacks its fences or its acq_rel counter (split_merge.py)")
     if constexprs.get("KV_FP8") == FP8_CVT.value and kernel is not prefill._prefill_kernel:
         # converted as loaded: the tile crosses shared memory in float16, not byte by byte (fp8_convert.py; Triton's
         # own conversion reads it back with 96 byte loads in the decode kernel)
@@ -256,7 +249,7 @@ def main() -> int:
     for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants(), *fp8_variants(),
                                                *pdl_variants()):
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
-                                                               "WINDOWED", "ROPE", "FUSED_MERGE",
+                                                               "WINDOWED", "ROPE",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
                                                                "X_MODE", "PROLOGUE", "PDL")}
         try:

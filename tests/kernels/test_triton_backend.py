@@ -67,23 +67,28 @@ def test_verify_steps_take_the_verify_kernel_and_the_reference_tokens(arch, tiny
     assert 8 in calls and any(2 <= c <= 5 for c in calls) and engine.stats().spec_decode.num_accepted_tokens > 0
 
 
-
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])
-def test_decode_fusions_give_the_reference_tokens(arch, tiny_model_dir, monkeypatch):
-    """fuse_rope_decode and fuse_split_merge together (the decode kernel rotating and storing the new token, and
-    its last split program merging, kernels/rope_decode.py and split_merge.py): the reference tokens, with the
-    reduce kernel never launched at decode. Three splits at every decode step, as a long context would take."""
+def test_decode_rope_fusion_over_splits_gives_the_reference_tokens(arch, tiny_model_dir, tmp_path, monkeypatch):
+    """fuse_rope_decode over several KV splits: the decode kernel rotates and stores the new token itself
+    (kernels/rope_decode.py) and the reduce kernel merges the splits; the reference tokens, with every launch of
+    the split kernel rotating. The step is compiled with the fuse_rope_attention pass forced on (on CPU too), which
+    hands the backend graphllm.rope_attention. Three splits at every decode step, as a long context would take."""
     import graphllm.kernels.paged_decode_attention as decode
+    from graphllm.compiler.pipeline import compile_model
+    from graphllm.config import CompileConfig
+    from graphllm.passes.fusion.fuse_rope_attention import FuseRopeAttention
     path, _ = tiny_model_dir(arch)
-    options = dict(dtype="float32", device=DEVICE.type, cuda_graphs=False, max_num_batched_tokens=8)
-    expected = Engine.from_pretrained(path, attention_backend="torch", **options).generate(PROMPTS, GREEDY)
+    options = dict(device=DEVICE.type, cuda_graphs=False, max_num_batched_tokens=8)
+    expected = Engine.from_pretrained(path, attention_backend="torch", dtype="float32", **options).generate(
+        PROMPTS, GREEDY)
+    monkeypatch.setattr(FuseRopeAttention, "devices", ("cpu", "cuda"))  # what the pass manager reads
+    compile_model(path, tmp_path / "art", CompileConfig(dtype="float32", max_num_seqs=4, max_num_batched_tokens=64),
+                  DEVICE.type, show_progress=False)
     monkeypatch.setattr(decode, "decode_num_splits", lambda *shapes: 3)
-    merges, real_split = [], decode._decode_split_kernel
+    rotating, real_split = [], decode._decode_split_kernel
     monkeypatch.setattr(decode, "_decode_split_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
-        lambda *a, **kw: merges.append(kw.get("FUSED_MERGE", False) and grid[2] == 3) or real_split[grid](*a, **kw))})())
-    monkeypatch.setattr(decode, "_decode_reduce_kernel", None)  # a launch would fail
-    engine = Engine.from_pretrained(path, attention_backend="triton", fuse_rope_decode=True, fuse_split_merge=True,
-                                    **options)
+        lambda *a, **kw: rotating.append(kw.get("ROPE", False) and grid[2] == 3) or real_split[grid](*a, **kw))})())
+    engine = Engine.load(tmp_path / "art", attention_backend="triton", fuse_rope_decode=True, **options)
     got = engine.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
-    assert merges and all(merges)
+    assert rotating and all(rotating)
