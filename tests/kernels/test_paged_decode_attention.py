@@ -86,6 +86,19 @@ def test_decode_tuning_knobs_compute_the_same(case, knobs):
     run_case(case, torch.float32, 3, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, **knobs)
 
 
+@pytest.mark.parametrize("cache_dtype, num_splits, tile", [(FP8_KV_DTYPE, 1, 128), (FP8_KV_DTYPE, 3, 64),
+                                                           (None, 1, 64)])
+def test_decode_tile_is_128_keys_for_a_float8_cache_in_one_split(cache_dtype, num_splits, tile, monkeypatch):
+    """decode_block_n: a float8 cache read by one program per (sequence, KV head) takes 128-key tiles (faster
+    on the H200 at 192-256 sequences), and still computes the reference; split, or bf16, it keeps 64."""
+    tiles, real = [], decode_module._decode_split_kernel
+    monkeypatch.setattr(decode_module, "_decode_split_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
+        lambda *a, **kw: tiles.append(kw["BLOCK_N"]) or real[grid](*a, **kw))})())
+    run_case(SMALL[1], torch.float32, num_splits, cache_dtype=cache_dtype,
+             kv_scales=FP8_SCALES if cache_dtype else KVScales())
+    assert tiles == [tile]
+
+
 def test_decode_fp8_cache_unit_scales():
     run_case(SMALL[4], torch.float32, num_splits=None, cache_dtype=FP8_KV_DTYPE)
 
