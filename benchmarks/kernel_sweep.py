@@ -303,7 +303,8 @@ def paged_decode_inputs(batch: int, ctx: int, HQ=HQ, HKV=HKV, HEAD_DIM=HEAD_DIM)
 
 
 # paged_decode_attention's knobs timed over the float8 cache: the grid with a sequence's heads side by side,
-# the software pipeline's depth, 128-key tiles (a bf16 tile's bytes) and 8 warps a program
+# the software pipeline's depth, 128-key tiles (a bf16 tile's bytes; the default at one split since s22) and 8 warps
+# a program
 FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_stages=2),
                     "stages4": dict(num_stages=4), "block128": dict(block_n=128),
                     "block128_heads_first": dict(block_n=128, heads_first=True), "warps8": dict(num_warps=8),
@@ -311,7 +312,11 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     # fewer warps a program, so that each warp's softmax needs fewer cross-warp reductions, and
                     # smaller tiles, so that more programs fit an SM's shared memory
                     "warps1_block32": dict(num_warps=1, block_n=32, num_stages=2),
-                    "warps2_block32": dict(num_warps=2, block_n=32)}
+                    "warps2_block32": dict(num_warps=2, block_n=32),
+                    # the 64-key tile that was the default at one split until s22 (now 128: decode_block_n), and
+                    # the 128-key default with a shallower pipeline (less shared memory: more programs an SM)
+                    "block64": dict(block_n=64), "block128_stages2": dict(block_n=128, num_stages=2),
+                    "warps2_block64_stages2": dict(num_warps=2, block_n=64, num_stages=2)}
 
 
 def decode_launch_fusions(caches, tables, lens, q, scale) -> dict:
