@@ -316,7 +316,10 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     # the 64-key tile that was the default at one split until s22 (now 128: decode_block_n), and
                     # the 128-key default with a shallower pipeline (less shared memory: more programs an SM)
                     "block64": dict(block_n=64), "block128_stages2": dict(block_n=128, num_stages=2),
-                    "warps2_block64_stages2": dict(num_warps=2, block_n=64, num_stages=2)}
+                    "warps2_block64_stages2": dict(num_warps=2, block_n=64, num_stages=2),
+                    # registers set the occupancy (offline sm_90 build, s22): 112 a thread at 64-key tiles (4
+                    # programs, 16 warps an SM), 141 at 128 (3 programs, 12 warps); capped, a few bytes spill
+                    "block64_maxnreg96": dict(block_n=64, maxnreg=96), "block128_maxnreg128": dict(block_n=128, maxnreg=128)}
 
 
 def decode_launch_fusions(caches, tables, lens, q, scale) -> dict:
