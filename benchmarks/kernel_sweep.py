@@ -319,7 +319,8 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     "warps2_block64_stages2": dict(num_warps=2, block_n=64, num_stages=2),
                     # registers set the occupancy (offline sm_90 build, s22): 112 a thread at 64-key tiles (4
                     # programs, 16 warps an SM), 141 at 128 (3 programs, 12 warps); capped, a few bytes spill
-                    "block64_maxnreg96": dict(block_n=64, maxnreg=96), "block128_maxnreg128": dict(block_n=128, maxnreg=128)}
+                    "block64_maxnreg96": dict(block_n=64, maxnreg=96),
+                    "block128_maxnreg128": dict(block_n=128, maxnreg=128)}
 
 
 def decode_launch_fusions(caches, tables, lens, q, scale) -> dict:
