@@ -320,7 +320,12 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     # registers set the occupancy (offline sm_90 build, s22): 112 a thread at 64-key tiles (4
                     # programs, 16 warps an SM), 141 at 128 (3 programs, 12 warps); capped, a few bytes spill
                     "block64_maxnreg96": dict(block_n=64, maxnreg=96),
-                    "block128_maxnreg128": dict(block_n=128, maxnreg=128)}
+                    "block128_maxnreg128": dict(block_n=128, maxnreg=128),
+                    # the dots over the head's two halves (one_token_attention's HALVES): 90 registers at 64-key
+                    # tiles (5 programs, 20 warps an SM) and 363 instructions a tile against 112 and 393
+                    "halves_block64": dict(head_halves=True, block_n=64),
+                    "halves_block64_stages2": dict(head_halves=True, block_n=64, num_stages=2),
+                    "halves_block128_stages2": dict(head_halves=True, block_n=128, num_stages=2)}
 
 
 def decode_launch_fusions(caches, tables, lens, q, scale) -> dict:

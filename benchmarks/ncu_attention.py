@@ -21,6 +21,7 @@ HQ, HKV, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 CASES = [("bf16", 256, 1024, torch.bfloat16, {}), ("fp8", 256, 1024, torch.float8_e4m3fn, {}),
          ("fp8 triton conversion", 256, 1024, torch.float8_e4m3fn, dict(fp8_conversion=FP8_TRITON.value)),
          ("fp8 stages 2", 256, 1024, torch.float8_e4m3fn, dict(num_stages=2)),
+         ("fp8 head halves", 256, 1024, torch.float8_e4m3fn, dict(head_halves=True, block_n=64)),
          ("fp8 block 64", 256, 1024, torch.float8_e4m3fn, dict(block_n=64)),  # the default until s22 (now 128)
          ("fp8 8 warps", 256, 1024, torch.float8_e4m3fn, dict(num_warps=8)),
          ("bf16", 32, 1024, torch.bfloat16, {}), ("fp8", 32, 1024, torch.float8_e4m3fn, {})]

@@ -78,6 +78,20 @@ def _kv_tile(acc, l_i, m_i, q, q_pos, q_min_key, tile_n, hi, k_cache_ptr, v_cach
 
 
 @triton.jit
+def _query_for_dots(q, scale_log2, KV_FP8: tl.constexpr):
+    """(q, the scores' scale) as the dots take them. A float8 cache with bfloat16 q: dots in float16 (float8 ->
+    float16 is one conversion a pair on sm_90, and a float16 -> bfloat16 one each more, a quarter-rate F2F: 128 of
+    the decode loop's 911 instructions; 702 without them). q is scaled first (|q| * scale_log2 within float16's
+    range), rounded to float16's finer mantissa; the probabilities p round to float16 for the P.V dot."""
+    qk_scale = scale_log2
+    if KV_FP8:
+        if q.dtype == tl.bfloat16:  # constexpr branches: q may change type
+            q = (q.to(tl.float32) * scale_log2).to(tl.float16)
+            qk_scale = 1.0
+    return q, qk_scale
+
+
+@triton.jit
 def rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                    stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2, BLOCK_M: tl.constexpr,
                    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
@@ -97,14 +111,7 @@ def rows_attention(q, q_pos, q_min_key, k_cache_ptr, v_cache_ptr, table, kvh, lo
     that range, never widen it. (The prefill kernel's unmasked loop is 504 sm_90 instructions a tile, its
     masked one 761, the single loop before them 767; the decode kernel keeps its one loop: its tiles are all
     whole but the last, and its masks cost less, 372 against 435.)"""
-    qk_scale = scale_log2
-    if KV_FP8:
-        if q.dtype == tl.bfloat16:  # dots in float16: float8 -> float16 is one conversion a pair on sm_90, and a
-            # float16 -> bfloat16 one each more (a quarter-rate F2F: 128 of the decode loop's 911 instructions; 702
-            # without them). q is scaled first (|q| * scale_log2 within float16's range), rounded to float16's finer
-            # mantissa; the probabilities p round to float16 for the P.V dot
-            q = (q.to(tl.float32) * scale_log2).to(tl.float16)
-            qk_scale = 1.0
+    q, qk_scale = _query_for_dots(q, scale_log2, KV_FP8)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -140,9 +147,77 @@ def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_s
                          stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-                         SOFTCAP: tl.constexpr):
+                         SOFTCAP: tl.constexpr, HALVES: tl.constexpr = False):
     """rows_attention of one token's query heads of KV head kvh (q: [BLOCK_G, BLOCK_D]) over the keys at
-    positions lo..hi-1, all visible. Shared by the decode kernel and the prefill kernel's one-token rows."""
+    positions lo..hi-1, all visible. Shared by the decode kernel and the prefill kernel's one-token rows.
+
+    HALVES: each tile's dots over the two halves of the head's dims in turn (q.K as two accumulating dots, P.V into
+    two accumulators), so that only half a K or V tile's operand is live at once: at 64-key tiles over 2 stages,
+    92 registers a thread against 99 whole (offline sm_90 build of the loop at the 8B heads, 2026-12-02), one
+    more 4-warp program an SM. The same sums in the same order."""
+    if HALVES:
+        q, qk_scale = _query_for_dots(q, scale_log2, KV_FP8)
+        q_lo, q_hi = tl.split(tl.permute(tl.reshape(q, [BLOCK_G, 2, BLOCK_D // 2]), [0, 2, 1]))
+        acc_lo, acc_hi, l_i, m_i = _half_tiles_attention(
+            q_lo, q_hi, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb, stride_co, stride_ch,
+            qk_scale, softcap_log2, BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
+        acc = tl.reshape(tl.permute(tl.join(acc_lo, acc_hi), [0, 2, 1]), [BLOCK_G, BLOCK_D])
+        if KV_FP8:
+            acc = acc * v_scale
+        return acc, l_i, m_i
     return rows_attention(q, lo, lo, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb, stride_co,
                           stride_ch, scale_log2, v_scale, softcap_log2, BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N,
                           PRECISION, KV_FP8, SOFTCAP, False)
+
+
+@triton.jit
+def _kv_half(cache_ptr, pages, k_pos, k_valid, kvh, first_d, block_size, stride_cb, stride_co, stride_ch,
+             dtype: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr):
+    """Dims first_d .. first_d + BLOCK_H - 1 of the tile's keys (or values), [BLOCK_N, BLOCK_H] in dtype (a float8
+    cache's converted as _kv_tile converts them); keys past hi and dims past HEAD_DIM read as 0."""
+    d = first_d + tl.arange(0, BLOCK_H)
+    off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] + d[None, :]
+    mask = k_valid[:, None] & (d < HEAD_DIM)[None, :]
+    if KV_FP8 == FP8_CVT:
+        return fp8_to_f16(tl.load(cache_ptr.to(tl.pointer_type(tl.uint8)) + off, mask=mask, other=0))
+    return tl.load(cache_ptr + off, mask=mask, other=0.0).to(dtype)
+
+
+@triton.jit
+def _half_tiles_attention(q_lo, q_hi, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb,
+                          stride_co, stride_ch, qk_scale, softcap_log2, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
+                          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+                          KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr):
+    """one_token_attention's HALVES loop: (acc over the first half of the dims, over the second, l, m), acc
+    unnormalised and not yet times v_scale."""
+    BLOCK_H: tl.constexpr = BLOCK_D // 2
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc_lo = tl.zeros([BLOCK_G, BLOCK_H], tl.float32)
+    acc_hi = tl.zeros([BLOCK_G, BLOCK_H], tl.float32)
+    for tile_n in range(lo, hi, BLOCK_N):
+        k_pos = tile_n + tl.arange(0, BLOCK_N)
+        k_valid = k_pos < hi
+        pages = tl.load(table + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
+        k_lo = _kv_half(k_cache_ptr, pages, k_pos, k_valid, kvh, 0, block_size, stride_cb, stride_co, stride_ch,
+                        q_lo.dtype, BLOCK_H, HEAD_DIM, KV_FP8)
+        k_hi = _kv_half(k_cache_ptr, pages, k_pos, k_valid, kvh, BLOCK_H, block_size, stride_cb, stride_co,
+                        stride_ch, q_lo.dtype, BLOCK_H, HEAD_DIM, KV_FP8)
+        s = tl.dot(q_lo, tl.trans(k_lo), input_precision=PRECISION)
+        s = tl.dot(q_hi, tl.trans(k_hi), s, input_precision=PRECISION) * qk_scale  # [BLOCK_G, BLOCK_N]
+        if SOFTCAP:
+            s = soft_cap_log2(s, softcap_log2)
+        s = tl.where(k_valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a valid key
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v_lo = _kv_half(v_cache_ptr, pages, k_pos, k_valid, kvh, 0, block_size, stride_cb, stride_co, stride_ch,
+                        q_lo.dtype, BLOCK_H, HEAD_DIM, KV_FP8)
+        v_hi = _kv_half(v_cache_ptr, pages, k_pos, k_valid, kvh, BLOCK_H, block_size, stride_cb, stride_co,
+                        stride_ch, q_lo.dtype, BLOCK_H, HEAD_DIM, KV_FP8)
+        p = p.to(q_lo.dtype)
+        acc_lo = acc_lo * alpha[:, None] + tl.dot(p, v_lo, input_precision=PRECISION)
+        acc_hi = acc_hi * alpha[:, None] + tl.dot(p, v_hi, input_precision=PRECISION)
+        m_i = m_new
+    return acc_lo, acc_hi, l_i, m_i

@@ -154,7 +154,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          SOFTCAP: tl.constexpr, PDL: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
                          ROPE: tl.constexpr = False, EXACT_MUL: tl.constexpr = False, k_new_ptr=None, v_new_ptr=None,
                          cos_ptr=None, sin_ptr=None, slot_ptr=None, stride_kt=0, stride_kh=0, stride_vt=0, stride_vh=0,
-                         stride_ct=0, k_store_scale=1.0, v_store_scale=1.0):
+                         stride_ct=0, k_store_scale=1.0, v_store_scale=1.0, HALVES: tl.constexpr = False):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
     if HEADS_FIRST:  # grid (kv heads, sequences, splits): a sequence's heads run side by side
@@ -193,7 +193,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, m_i = one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                                          stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
-                                         BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
+                                         BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP, HALVES)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # l_i = 0: empty range, zeros and lse -inf
     out = acc / l_safe[:, None]
@@ -235,7 +235,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            out: torch.Tensor | None = None, num_warps: int = 4,
                            logit_softcap: float = 0.0, maxnreg: int | None = None,
                            fp8_conversion: int | None = None, block_n: int | None = None, num_stages: int = 3,
-                           heads_first: bool = False, new_tokens: NewTokens | None = None) -> torch.Tensor:
+                           heads_first: bool = False, new_tokens: NewTokens | None = None,
+                           head_halves: bool = False) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -259,7 +260,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     (None: fp8_convert.kv_fp8_mode; kernel_sweep attention times both conversions). block_n (None:
     decode_block_n), num_stages and heads_first (the grid as (kv heads, sequences, splits), so that the
     programs running together read a token's heads side by side) are kernel_sweep attention's knobs for a
-    float8 cache's decode, which at 128+ sequences took as long as bf16's though it reads half the bytes.
+    float8 cache's decode, which at 128+ sequences took as long as bf16's though it reads half the bytes;
+    head_halves too (one_token_attention's HALVES: fewer live registers, so more programs an SM; not measured).
 
     new_tokens (plain decode only): q and new_tokens.k are not yet rotated, and the new keys and values are not
     yet in the cache; the kernel rotates both and stores them first (rope_decode.py), what rope_store_kv and
@@ -296,7 +298,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, MIXED=mixed,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        HEADS_FIRST=heads_first, num_warps=num_warps, num_stages=num_stages, **extra,
+        HEADS_FIRST=heads_first, HALVES=head_halves, num_warps=num_warps, num_stages=num_stages, **extra,
         **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_launch(q.device))
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](

@@ -57,6 +57,9 @@ def variants():
         yield decode._decode_split_kernel, types, dict(
             SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=kv_fp8, SOFTCAP=False, ROPE=True,
             EXACT_MUL=True), {}
+    for direct in (True, False):  # the dots over the two halves of the head (one_token_attention's HALVES)
+        yield decode._decode_split_kernel, pointer_types(FP8_CVT.value), dict(
+            SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=FP8_CVT.value, SOFTCAP=False, HALVES=True), {}
     for mixed in (True, False):
         yield decode._decode_reduce_kernel, pointer_types(False), dict(
             HEAD_DIM=128, BLOCK_D=128, MIXED=mixed), {}
@@ -249,7 +252,7 @@ def main() -> int:
     for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants(), *fp8_variants(),
                                                *pdl_variants()):
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
-                                                               "WINDOWED", "ROPE",
+                                                               "WINDOWED", "ROPE", "HALVES",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
                                                                "X_MODE", "PROLOGUE", "PDL")}
         try:
