@@ -2,6 +2,10 @@
 
     python benchmarks/attention_sass.py [--runtime-hints]   # no GPU needed: Triton's front end, ptxas and cuobjdump
 
+With the GPU image's Triton on the path first (`pip install --no-deps --target DIR triton==3.6.0`, then
+PYTHONPATH=DIR), the counts are the GPU's compiler's: they differ from newer Triton's (2026-12-02: the fp8
+decode loop 436 instructions and 128 registers under 3.6, 393 and 112 under 3.9).
+
 Builds every variant tests/kernels/sm90_compile.py builds for the paged decode, prefill and verify kernels and the
 MLA decode and prefill kernels, disassembles the cubin, and counts the SASS instructions of each of its loops
 (from a backward branch's target to the branch): what one KV tile of a program costs to issue (the prefill and
@@ -27,7 +31,7 @@ from graphllm.kernels import paged_decode_attention as decode  # noqa: E402
 
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 ADDRESS = re.compile(r"\s+/\*([0-9a-f]{4,6})\*/")
-FLAGS = ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP", "WINDOWED", "ROPE")
+FLAGS = ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP", "WINDOWED", "ROPE", "HALVES")
 
 
 def sass(cubin: bytes) -> list[str]:
@@ -37,6 +41,15 @@ def sass(cubin: bytes) -> list[str]:
         f.flush()
         text = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True, check=True).stdout
     return [line for line in text.splitlines() if ADDRESS.match(line)]
+
+
+def registers(cubin: bytes) -> str:
+    """cuobjdump's resource usage of a cubin: registers a thread, stack (spills), shared memory."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return " ".join(re.findall(r"REG:\d+|STACK:\d+", text))
 
 
 def loops(lines: list[str], at_least: int = 50) -> list[int]:
@@ -75,9 +88,11 @@ def main() -> int:
     for kernel, types, constexprs, options in (*sm90_compile.variants(), *sm90_compile.mla_variants()):
         if kernel is decode._decode_reduce_kernel or "rope" in kernel.__name__:
             continue  # no KV loop
-        lines = sass(build(kernel, types, constexprs, options, hints))
+        cubin = build(kernel, types, constexprs, options, hints)
+        lines = sass(cubin)
         flags = {k: v for k, v in constexprs.items() if k in FLAGS}
-        print(f"{kernel.__name__} {flags}: loops {loops(lines)} of {len(lines)} instructions", flush=True)
+        print(f"{kernel.__name__} {flags}: loops {loops(lines)} of {len(lines)} instructions, {registers(cubin)}",
+              flush=True)
     return 0
 
 
