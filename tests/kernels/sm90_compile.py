@@ -60,6 +60,11 @@ def variants():
     for direct in (True, False):  # the dots over the two halves of the head (one_token_attention's HALVES)
         yield decode._decode_split_kernel, pointer_types(FP8_CVT.value), dict(
             SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=FP8_CVT.value, SOFTCAP=False, HALVES=True), {}
+    rope_types = dict(pointer_types(FP8_CVT.value), k_new_ptr="*bf16", v_new_ptr="*bf16", cos_ptr="*bf16",
+                      sin_ptr="*bf16", slot_ptr="*i64", k_store_scale="fp32", v_store_scale="fp32")
+    yield decode._decode_split_kernel, rope_types, dict(  # and with the rotary inside (the engine's decode)
+        SHAPE, BLOCK_G=16, DIRECT=True, MIXED=False, KV_FP8=FP8_CVT.value, SOFTCAP=False, ROPE=True, EXACT_MUL=True,
+        HALVES=True), {}
     for mixed in (True, False):
         yield decode._decode_reduce_kernel, pointer_types(False), dict(
             HEAD_DIM=128, BLOCK_D=128, MIXED=mixed), {}

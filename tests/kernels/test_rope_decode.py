@@ -46,15 +46,15 @@ def step_inputs(case, dtype, cache_dtype, seed=0):
     return q, k, v, cos, sin, kv_cache.to(cache_dtype or dtype), tables, lens, slots
 
 
-def both_paths(case, dtype, num_splits, cache_dtype=None, kv_scales=KVScales()):
+def both_paths(case, dtype, num_splits, cache_dtype=None, kv_scales=KVScales(), **knobs):
     q, k, v, cos, sin, kv_cache, tables, lens, slots = step_inputs(case, dtype, cache_dtype)
     window, scale = case[5], 1 / math.sqrt(case[2])
     unfused_cache, fused_cache = kv_cache.clone(), kv_cache.clone()
     q_rot = rope_store_kv(q, k, v, cos, sin, unfused_cache, slots, kv_scales)
     unfused = paged_decode_attention(q_rot, unfused_cache[0], unfused_cache[1], tables, lens, scale, window,
-                                     num_splits, kv_scales)
+                                     num_splits, kv_scales, **knobs)
     fused = paged_decode_attention(q, fused_cache[0], fused_cache[1], tables, lens, scale, window, num_splits,
-                                   kv_scales, new_tokens=NewTokens(k, v, cos, sin, slots))
+                                   kv_scales, new_tokens=NewTokens(k, v, cos, sin, slots), **knobs)
     return unfused, fused, unfused_cache, fused_cache
 
 
@@ -68,6 +68,12 @@ def assert_same(unfused, fused, unfused_cache, fused_cache):
 @pytest.mark.parametrize("case", CASES)
 def test_fused_rope_decode_equals_rope_store_kv_then_decode_fp32(case, num_splits):
     assert_same(*both_paths(case, torch.float32, num_splits))
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_fused_rope_decode_over_the_heads_halves(num_splits):
+    """The rotary with head_halves (the key loop over the two halves of the head's dims): the same rows."""
+    assert_same(*both_paths(CASES[1], torch.float32, num_splits, head_halves=True))
 
 
 @pytest.mark.parametrize("case", CASES[1:4])
