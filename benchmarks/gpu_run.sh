@@ -32,8 +32,10 @@
 #              moe-lat with --enable-pdl;  pdl-tests  its GPU tests
 #   kernels    rope_store_kv, the triton backend, the rope pass and the sampler tests, one pytest per file
 #   fp8lat-B / fp8tput-B  latency1-B / throughput-B with --kv-cache-dtype fp8;  gpu-async  tests/gpu/test_cuda_graphs.py
-#   attn-tests the paged decode / prefill attention kernel tests (450 s: 189 s on 2026-12-01, before the prefill
-#              kernel's second loop doubled its JIT time);  rope-teacher  teacher with pytest --no-fuse-rope-attention
+#   attn-tests the paged decode / prefill attention kernel tests (560 s: 189 s on 2026-12-01; on 2026-12-02 163 of
+#              191 in 450 s with a cold Triton cache, the prefill file the slow part); prefill-tests  the prefill and
+#              verify kernel tests alone (fusion-tests has the decode ones);  rope-teacher  teacher with pytest
+#              --no-fuse-rope-attention
 #   ab-throughput-B / ab-latency1-B  throughput-B / latency1-B from the tree in .ab/ (a checkout of an earlier
 #              commit, carried beside this one: a same-run A/B; it shares the preset and the artifact cache)
 #   soak-start soak-S soak-stop  (issue 17) `graphllm serve` of the 8B preset as a daemon (setsid: it outlives
@@ -178,9 +180,12 @@ for stage in "$@"; do
     kernels) for f in tests/kernels/test_rope_store_kv.py tests/kernels/test_triton_backend.py tests/passes/test_fuse_rope_attention.py \
         tests/runtime/test_sampler.py; do timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest "$f" 2>&1 \
         | grep -v "^\.*$" | tail -6; echo "-- $f: exit ${PIPESTATUS[0]}"; done ;;
-    attn-tests) timeout 450 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
+    attn-tests) timeout 560 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py \
-        tests/kernels/test_rope_decode.py 2>&1 | tail -8 ;;
+        tests/kernels/test_rope_decode.py 2>&1 | grep -v "^\.*$" | tail -20 ;;
+    prefill-tests) timeout 450 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_paged_prefill_attention.py tests/kernels/test_paged_verify_attention.py 2>&1 \
+        | grep -v "^\.*$" | tail -20 ;;
     rope-teacher) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
         -p no:hypothesispytest tests/gpu -k teacher --no-fuse-rope-attention ;;
     ab-throughput-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench throughput --preset llama-3-8b \
