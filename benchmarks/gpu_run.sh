@@ -123,7 +123,7 @@ for stage in "$@"; do
   esac
   case $stage in
     sweep) timeout 400 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
-    sweep-*) timeout 300 python3 benchmarks/kernel_sweep.py "$OUT/r/$stage.json" ${stage#sweep-} ;;
+    sweep-*) timeout 420 python3 benchmarks/kernel_sweep.py "$OUT/r/$stage.json" ${stage#sweep-} ;;
     fp8-engine-tests) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_store_kv.py tests/kernels/test_triton_backend.py tests/ops/test_kv_quant.py \
         tests/runtime/test_kv_cache_dtype.py 2>&1 | grep -v DEBUG | tail -40 ;;

@@ -325,7 +325,10 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     # tiles (5 programs, 20 warps an SM) and 363 instructions a tile against 112 and 393
                     "halves_block64": dict(head_halves=True, block_n=64),
                     "halves_block64_stages2": dict(head_halves=True, block_n=64, num_stages=2),
-                    "halves_block128_stages2": dict(head_halves=True, block_n=128, num_stages=2)}
+                    "halves_block128_stages2": dict(head_halves=True, block_n=128, num_stages=2),
+                    # 24 warps an SM under Triton 3.6: 32-key tiles (80 registers, 6 programs) or 8 warps (71, 3)
+                    "halves_block32": dict(head_halves=True, block_n=32),
+                    "halves_block64_warps8": dict(head_halves=True, block_n=64, num_warps=8)}
 
 
 def decode_launch_fusions(caches, tables, lens, q, scale) -> dict:
