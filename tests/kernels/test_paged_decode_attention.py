@@ -93,7 +93,8 @@ def test_decode_fp8_cache_half_queries(case):
 
 @pytest.mark.parametrize("knobs", [dict(heads_first=True), dict(block_n=128), dict(num_stages=2),
                                    dict(block_n=128, heads_first=True), dict(block_n=32, num_warps=1),
-                                   dict(head_halves=True, block_n=64, num_stages=2)])
+                                   dict(head_halves=True, block_n=64, num_stages=2),
+                                   dict(head_halves=True, block_n=32, num_warps=8)])
 @pytest.mark.parametrize("case", [SMALL[1], SMALL[3]])
 def test_decode_tuning_knobs_compute_the_same(case, knobs):
     """kernel_sweep attention's knobs (the grid's order, the tile, the pipeline) change no output, with a
