@@ -43,6 +43,9 @@ FULL_WAVES = 4  # split until about this many (sequence, KV head, split) program
 MAX_SPLITS = 8
 LATENCY_SPLITS = 4  # when even MAX_SPLITS leaves SMs idle
 MIN_TILES_PER_SPLIT = 4  # on the longest possible sequence (M pages)
+# a float8 cache read in one split by this many (sequence, KV head) programs or more takes 128-key tiles
+# (decode_block_n): 192 sequences at 8 KV heads, the fewest where they measured faster
+FP8_WIDE_TILE_PROGRAMS = 1536
 CPU_SM_COUNT = 8  # stand-in for the interpreter
 
 
@@ -102,15 +105,16 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: 
     return max(1, min(splits, cap))
 
 
-def decode_block_n(head_dim: int, fp8_one_split: bool = False) -> int:
+def decode_block_n(head_dim: int, fp8_wide: bool = False) -> int:
     """Keys per tile of _decode_split_kernel: 64, or 32 for heads wider than 128 (registers). 128 for a float8
-    cache that one program per (sequence, KV head) reads (one split: from 64 sequences at the 8B shape), where
-    64-key tiles took as long as bf16's though they read half the bytes. kernel_sweep attention on the H200
-    (2026-12-01, 8B heads, us per call): 256 x 1,024 keys 227.0 against 245.3; 192 x 850, 147.6 against 164.5; at
-    32 x 1,024 (two splits) 128-key tiles were slower, 43.2 against 37.9."""
+    cache read in one split by FP8_WIDE_TILE_PROGRAMS programs or more (fp8_wide), where 64-key tiles took as
+    long as bf16's though they read half the bytes. kernel_sweep attention on the H200 (2026-12-01, 8B heads, us
+    per call): 256 x 1,024 keys 227.0 against 245.3; 192 x 850, 147.6 against 164.5; at 32 x 1,024 (two splits)
+    128-key tiles were slower, 43.2 against 37.9. Between 64 and 191 sequences (one split) not measured: 128-key
+    tiles fit 3 programs an SM against 4, so fewer programs fill fewer waves."""
     if head_dim > 128:
         return 32
-    return 128 if fp8_one_split else 64
+    return 128 if fp8_wide else 64
 
 
 def decode_num_splits(batch: int, num_kv_heads: int, max_tokens: int, head_dim: int, device: torch.device) -> int:
@@ -284,7 +288,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_d = triton.next_power_of_2(head_dim)
     kv_fp8 = kv_fp8_mode(k_cache.dtype, q)
     kv_fp8 = fp8_conversion if kv_fp8 and fp8_conversion is not None else kv_fp8
-    block_n = block_n or decode_block_n(head_dim, bool(kv_fp8) and direct)
+    block_n = block_n or decode_block_n(head_dim, bool(kv_fp8) and direct
+                                        and batch * num_kv_heads >= FP8_WIDE_TILE_PROGRAMS)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     softcap = logit_softcap > 0

@@ -105,8 +105,10 @@ def test_decode_tuning_knobs_compute_the_same(case, knobs):
 @pytest.mark.parametrize("cache_dtype, num_splits, tile", [(FP8_KV_DTYPE, 1, 128), (FP8_KV_DTYPE, 3, 64),
                                                            (None, 1, 64)])
 def test_decode_tile_is_128_keys_for_a_float8_cache_in_one_split(cache_dtype, num_splits, tile, monkeypatch):
-    """decode_block_n: a float8 cache read by one program per (sequence, KV head) takes 128-key tiles (faster
-    on the H200 at 192-256 sequences), and still computes the reference; split, or bf16, it keeps 64."""
+    """decode_block_n: a float8 cache read in one split by FP8_WIDE_TILE_PROGRAMS (sequence, KV head) programs or
+    more takes 128-key tiles (faster on the H200 at 192-256 sequences), and still computes the reference; split,
+    or bf16, it keeps 64. (SMALL[1]'s 2 x 2 programs stand in for 192 x 8.)"""
+    monkeypatch.setattr(decode_module, "FP8_WIDE_TILE_PROGRAMS", 4)
     tiles, real = [], decode_module._decode_split_kernel
     monkeypatch.setattr(decode_module, "_decode_split_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
         lambda *a, **kw: tiles.append(kw["BLOCK_N"]) or real[grid](*a, **kw))})())
@@ -238,3 +240,12 @@ def test_decode_reads_a_cache_stored_head_major():
     want = paged_decode_attention_reference(q, kv_cache[0], kv_cache[1], tables, lens, head_dim ** -0.5, window,
                                             kv_scales=FP8_SCALES)
     assert_close(got, want)
+
+
+def test_decode_tile_stays_64_keys_below_the_wide_programs(monkeypatch):
+    monkeypatch.setattr(decode_module, "FP8_WIDE_TILE_PROGRAMS", 5)  # SMALL[1] has 4
+    tiles, real = [], decode_module._decode_split_kernel
+    monkeypatch.setattr(decode_module, "_decode_split_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
+        lambda *a, **kw: tiles.append(kw["BLOCK_N"]) or real[grid](*a, **kw))})())
+    run_case(SMALL[1], torch.float32, 1, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+    assert tiles == [64]
