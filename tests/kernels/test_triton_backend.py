@@ -67,7 +67,7 @@ def test_verify_steps_take_the_verify_kernel_and_the_reference_tokens(arch, tiny
     assert 8 in calls and any(2 <= c <= 5 for c in calls) and engine.stats().spec_decode.num_accepted_tokens > 0
 
 
-@pytest.mark.parametrize("arch", ["llama"])  # one model: ~20 s on CPU (a compile)
+@pytest.mark.parametrize("arch", ["llama"])  # one model: ~12 s on CPU (a compile)
 def test_decode_rope_fusion_over_splits_gives_the_reference_tokens(arch, tiny_model_dir, tmp_path, monkeypatch):
     """fuse_rope_decode over several KV splits: the decode kernel rotates and stores the new token itself
     (kernels/rope_decode.py) and the reduce kernel merges the splits; the reference tokens, with every launch of
