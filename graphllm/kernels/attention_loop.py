@@ -21,6 +21,16 @@ def soft_cap_log2(s, softcap_log2):
 
 
 @triton.jit
+def _kv_load(cache_ptr, off, mask, dtype: tl.constexpr, KV_FP8: tl.constexpr):
+    """Keys or values at offsets off of a layer's cache, in dtype (the dots' operand type; a float8 cache's
+    converted as loaded under FP8_CVT, fp8_convert.py; the conversion is exact: float8 e4m3 fits in float16,
+    bfloat16 and float32), masked entries 0."""
+    if KV_FP8 == FP8_CVT:
+        return fp8_to_f16(tl.load(cache_ptr.to(tl.pointer_type(tl.uint8)) + off, mask=mask, other=0))
+    return tl.load(cache_ptr + off, mask=mask, other=0.0).to(dtype)
+
+
+@triton.jit
 def _kv_tile(acc, l_i, m_i, q, q_pos, q_min_key, tile_n, hi, k_cache_ptr, v_cache_ptr, table, kvh, block_size,
              stride_cb, stride_co, stride_ch, qk_scale, softcap_log2, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
              BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr,
@@ -45,10 +55,7 @@ def _kv_tile(acc, l_i, m_i, q, q_pos, q_min_key, tile_n, hi, k_cache_ptr, v_cach
         kv_mask = k_valid[:, None] & d_mask[None, :]
     else:
         kv_mask = d_mask[None, :]
-    if KV_FP8 == FP8_CVT:  # converted as loaded (fp8_convert.py)
-        k = fp8_to_f16(tl.load(k_cache_ptr.to(tl.pointer_type(tl.uint8)) + kv_off, mask=kv_mask, other=0))
-    else:
-        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0).to(q.dtype)
+    k = _kv_load(k_cache_ptr, kv_off, kv_mask, q.dtype, KV_FP8)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
     if SOFTCAP:
         s = soft_cap_log2(s, softcap_log2)
@@ -67,12 +74,7 @@ def _kv_tile(acc, l_i, m_i, q, q_pos, q_min_key, tile_n, hi, k_cache_ptr, v_cach
     p = tl.exp2(s - m_safe[:, None])
     alpha = tl.exp2(m_i - m_safe)
     l_i = l_i * alpha + tl.sum(p, 1)
-    if KV_FP8 == FP8_CVT:
-        v = fp8_to_f16(tl.load(v_cache_ptr.to(tl.pointer_type(tl.uint8)) + kv_off, mask=kv_mask, other=0))
-    else:
-        v = tl.load(v_cache_ptr + kv_off, mask=kv_mask, other=0.0)
-        if KV_FP8:  # exact: float8 e4m3 fits in float16, bfloat16 and float32
-            v = v.to(q.dtype)
+    v = _kv_load(v_cache_ptr, kv_off, kv_mask, q.dtype, KV_FP8)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, l_i, m_new
 
@@ -178,10 +180,7 @@ def _kv_half(cache_ptr, pages, k_pos, k_valid, kvh, first_d, block_size, stride_
     cache's converted as _kv_tile converts them); keys past hi and dims past HEAD_DIM read as 0."""
     d = first_d + tl.arange(0, BLOCK_H)
     off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] + d[None, :]
-    mask = k_valid[:, None] & (d < HEAD_DIM)[None, :]
-    if KV_FP8 == FP8_CVT:
-        return fp8_to_f16(tl.load(cache_ptr.to(tl.pointer_type(tl.uint8)) + off, mask=mask, other=0))
-    return tl.load(cache_ptr + off, mask=mask, other=0.0).to(dtype)
+    return _kv_load(cache_ptr, off, k_valid[:, None] & (d < HEAD_DIM)[None, :], dtype, KV_FP8)
 
 
 @triton.jit
