@@ -78,3 +78,12 @@ def make_paged_kv(seq_lens: list[int], block_size: int, num_kv_heads: int, head_
         kv_cache.view(2, -1, num_kv_heads, head_dim)[:, slots] = torch.randn(
             (2, n, num_kv_heads, head_dim), generator=gen)
     return kv_cache.to(device=DEVICE, dtype=dtype), tables.to(DEVICE)
+
+
+def record_split_launches(monkeypatch) -> list[tuple[tuple, dict]]:
+    """Every launch of paged_decode_attention's split kernel from now on, as (grid, keywords), still run."""
+    import graphllm.kernels.paged_decode_attention as decode
+    launches, real = [], decode._decode_split_kernel
+    monkeypatch.setattr(decode, "_decode_split_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
+        lambda *a, **kw: launches.append((grid, kw)) or real[grid](*a, **kw))})())
+    return launches

@@ -13,7 +13,7 @@ from graphllm.kernels.paged_decode_attention import (  # noqa: E402
     decode_num_splits, default_num_splits, paged_decode_attention, paged_decode_attention_reference)
 from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
 from tests.kernels.conftest import (  # noqa: E402
-    LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
+    LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn, record_split_launches)
 
 FP8_SCALES = KVScales(k=0.37, v=1.9)  # not 1.0: a dropped or swapped scale shows
 SOFTCAP = 0.7  # below most |scaled scores| here (randn q, k): a dropped or misplaced cap shows
@@ -102,19 +102,18 @@ def test_decode_tuning_knobs_compute_the_same(case, knobs):
     run_case(case, torch.float32, 3, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, **knobs)
 
 
-@pytest.mark.parametrize("cache_dtype, num_splits, tile", [(FP8_KV_DTYPE, 1, 128), (FP8_KV_DTYPE, 3, 64),
-                                                           (None, 1, 64)])
-def test_decode_tile_is_128_keys_for_a_float8_cache_in_one_split(cache_dtype, num_splits, tile, monkeypatch):
+@pytest.mark.parametrize("cache_dtype, num_splits, wide, tile", [
+    (FP8_KV_DTYPE, 1, 4, 128), (FP8_KV_DTYPE, 3, 4, 64), (None, 1, 4, 64), (FP8_KV_DTYPE, 1, 5, 64)])
+def test_decode_tile_is_128_keys_for_a_float8_cache_in_one_split(cache_dtype, num_splits, wide, tile, monkeypatch):
     """decode_block_n: a float8 cache read in one split by FP8_WIDE_TILE_PROGRAMS (sequence, KV head) programs or
     more takes 128-key tiles (faster on the H200 at 192-256 sequences), and still computes the reference; split,
-    or bf16, it keeps 64. (SMALL[1]'s 2 x 2 programs stand in for 192 x 8.)"""
-    monkeypatch.setattr(decode_module, "FP8_WIDE_TILE_PROGRAMS", 4)
-    tiles, real = [], decode_module._decode_split_kernel
-    monkeypatch.setattr(decode_module, "_decode_split_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
-        lambda *a, **kw: tiles.append(kw["BLOCK_N"]) or real[grid](*a, **kw))})())
+    bf16, or fewer programs, it keeps 64. (SMALL[1]'s 2 x 2 programs stand in for 192 x 8: wide 4 takes them,
+    5 does not.)"""
+    monkeypatch.setattr(decode_module, "FP8_WIDE_TILE_PROGRAMS", wide)
+    launches = record_split_launches(monkeypatch)
     run_case(SMALL[1], torch.float32, num_splits, cache_dtype=cache_dtype,
              kv_scales=FP8_SCALES if cache_dtype else KVScales())
-    assert tiles == [tile]
+    assert [kw["BLOCK_N"] for _, kw in launches] == [tile]
 
 
 def test_decode_fp8_cache_unit_scales():
@@ -241,11 +240,3 @@ def test_decode_reads_a_cache_stored_head_major():
                                             kv_scales=FP8_SCALES)
     assert_close(got, want)
 
-
-def test_decode_tile_stays_64_keys_below_the_wide_programs(monkeypatch):
-    monkeypatch.setattr(decode_module, "FP8_WIDE_TILE_PROGRAMS", 5)  # SMALL[1] has 4
-    tiles, real = [], decode_module._decode_split_kernel
-    monkeypatch.setattr(decode_module, "_decode_split_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
-        lambda *a, **kw: tiles.append(kw["BLOCK_N"]) or real[grid](*a, **kw))})())
-    run_case(SMALL[1], torch.float32, 1, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
-    assert tiles == [64]

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm import Engine, SamplingParams  # noqa: E402
-from tests.kernels.conftest import DEVICE, ON_GPU  # noqa: E402
+from tests.kernels.conftest import DEVICE, ON_GPU, record_split_launches  # noqa: E402
 from tests.kernels.test_store_kv import INTERPRETER_FP8_ROUNDING  # noqa: E402
 
 PROMPTS = [[1, 5, 9, 17, 33], [1, 42], list(range(3, 24))]
@@ -86,10 +86,8 @@ def test_decode_rope_fusion_over_splits_gives_the_reference_tokens(arch, tiny_mo
                                                         lowering="inductor"),  # AOTInductor's build: 3x the time
                   DEVICE.type, show_progress=False)
     monkeypatch.setattr(decode, "decode_num_splits", lambda *shapes: 3)
-    rotating, real_split = [], decode._decode_split_kernel
-    monkeypatch.setattr(decode, "_decode_split_kernel", type("Spy", (), {"__getitem__": lambda self, grid: (
-        lambda *a, **kw: rotating.append(kw.get("ROPE", False) and grid[2] == 3) or real_split[grid](*a, **kw))})())
+    launches = record_split_launches(monkeypatch)
     engine = Engine.load(tmp_path / "art", attention_backend="triton", fuse_rope_decode=True, **options)
     got = engine.generate(PROMPTS, GREEDY)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
-    assert rotating and all(rotating)
+    assert launches and all(kw.get("ROPE", False) and grid[2] == 3 for grid, kw in launches)
