@@ -387,8 +387,9 @@ def sweep_attention() -> list[dict]:
         row["fp8_triton_conversion_tb_s"] = kv_bytes / 2 / s / 1e12
         # why an fp8 cache's decode is no faster at 128+ sequences (from 32: below, the default splits)
         for name, knobs in FP8_DECODE_KNOBS.items() if batch >= 32 else ():
-            s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, **knobs)
-                               for c in fp8_caches])
+            knobs = {"head_halves": False, "num_stages": 3, **knobs}  # the rest as before decode_tiling
+            s = graph_seconds([lambda c=c, kw=knobs: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0,
+                                                                            **kw) for c in fp8_caches])
             row[f"fp8_{name}_us"] = s * 1e6
         s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, heads_first=True)
                            for c in caches])

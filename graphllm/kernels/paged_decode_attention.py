@@ -24,6 +24,7 @@ c = cap * log2(e), behind a constexpr so that uncapped launches keep their instr
 """
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -43,9 +44,12 @@ FULL_WAVES = 4  # split until about this many (sequence, KV head, split) program
 MAX_SPLITS = 8
 LATENCY_SPLITS = 4  # when even MAX_SPLITS leaves SMs idle
 MIN_TILES_PER_SPLIT = 4  # on the longest possible sequence (M pages)
-# a float8 cache read in one split by this many (sequence, KV head) programs or more takes 128-key tiles
-# (decode_block_n): 192 sequences at 8 KV heads, the fewest where they measured faster
-FP8_WIDE_TILE_PROGRAMS = 1536
+# a float8 cache's decode tiles (decode_tiling), from kernel_sweep attention on the H200 (2026-12-02, 8B heads):
+# read by this many (sequence, KV head) programs or more, its key loop runs over the head's two halves
+# (32 sequences at 8 KV heads and up, where they measured faster); in one split by FP8_WIDE_TILE_PROGRAMS or more,
+# over 128-key tiles in a 2-stage pipeline too (128 sequences and up)
+FP8_HALVES_PROGRAMS = 256
+FP8_WIDE_TILE_PROGRAMS = 1024
 CPU_SM_COUNT = 8  # stand-in for the interpreter
 
 
@@ -105,16 +109,38 @@ def default_num_splits(batch: int, num_kv_heads: int, max_tokens: int, block_n: 
     return max(1, min(splits, cap))
 
 
-def decode_block_n(head_dim: int, fp8_wide: bool = False) -> int:
-    """Keys per tile of _decode_split_kernel: 64, or 32 for heads wider than 128 (registers). 128 for a float8
-    cache read in one split by FP8_WIDE_TILE_PROGRAMS programs or more (fp8_wide), where 64-key tiles took as
-    long as bf16's though they read half the bytes. kernel_sweep attention on the H200 (2026-12-01, 8B heads, us
-    per call): 256 x 1,024 keys 227.0 against 245.3; 192 x 850, 147.6 against 164.5; at 32 x 1,024 (two splits)
-    128-key tiles were slower, 43.2 against 37.9. Between 64 and 191 sequences (one split) not measured: 128-key
-    tiles fit 3 programs an SM against 4, so fewer programs fill fewer waves."""
-    if head_dim > 128:
-        return 32
-    return 128 if fp8_wide else 64
+def decode_block_n(head_dim: int) -> int:
+    """Keys per tile of _decode_split_kernel: 64, or 32 for heads wider than 128 (registers); decode_tiling may
+    widen a float8 cache's."""
+    return 32 if head_dim > 128 else 64
+
+
+@dataclass(frozen=True)
+class DecodeTiling:
+    """How _decode_split_kernel walks the keys: tile (BLOCK_N), pipeline depth, and one_token_attention's HALVES."""
+    block_n: int
+    num_stages: int = 3
+    head_halves: bool = False
+
+
+def decode_tiling(head_dim: int, fp8: bool, direct: bool, programs: int) -> DecodeTiling:
+    """paged_decode_attention's default tiling. A bf16 cache, or a float8 one read by few programs: decode_block_n's
+    tile over 3 stages. A float8 cache read by FP8_HALVES_PROGRAMS (sequence, KV head) programs or more: the key
+    loop over the two halves of the head (88 registers a thread against 128 under Triton 3.6: 5 programs an SM
+    against 4); in one split (direct) by FP8_WIDE_TILE_PROGRAMS or more, 128-key tiles over 2 stages as well.
+
+    kernel_sweep attention on the H200 (2026-12-02, 8B heads, us per call; the earlier default beside each):
+    256 x 1,024 keys 203.5 against 227.6 (128-key tiles), 192 x 850 128.6 against 147.3, 128 x 1,024 108.7 against
+    126.8 (64-key tiles; their halves 114.9), 32 x 1,024 (two splits) 34.4 against 38.0 with 64-key halves (128-key
+    halves 37.9). ncu at 256 x 1,024: DRAM 52% busy against 48%, the warps stalled mostly on shared memory (the
+    tiles go from shared memory to registers, are converted, and go back for the MMAs). Heads wider than 128 keep
+    their 32-key tiles: not measured."""
+    tile = decode_block_n(head_dim)
+    if not fp8 or head_dim > 128 or programs < FP8_HALVES_PROGRAMS:
+        return DecodeTiling(tile)
+    if direct and programs >= FP8_WIDE_TILE_PROGRAMS:
+        return DecodeTiling(128, num_stages=2, head_halves=True)
+    return DecodeTiling(tile, head_halves=True)
 
 
 def decode_num_splits(batch: int, num_kv_heads: int, max_tokens: int, head_dim: int, device: torch.device) -> int:
@@ -238,9 +264,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            kv_scales: KVScales = KVScales(), query_start_loc: torch.Tensor | None = None,
                            out: torch.Tensor | None = None, num_warps: int = 4,
                            logit_softcap: float = 0.0, maxnreg: int | None = None,
-                           fp8_conversion: int | None = None, block_n: int | None = None, num_stages: int = 3,
-                           heads_first: bool = False, new_tokens: NewTokens | None = None,
-                           head_halves: bool = False) -> torch.Tensor:
+                           fp8_conversion: int | None = None, block_n: int | None = None,
+                           num_stages: int | None = None, heads_first: bool = False,
+                           new_tokens: NewTokens | None = None, head_halves: bool | None = None) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -261,11 +287,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     --runtime-hints, triton 3.9) the 4-warp kernel takes 109 registers and spills nothing (an fp8
     cache's: 108 converted as loaded, fp8_convert.FP8_CVT; 149 with Triton's conversion); maxnreg caps
     them (kernel_sweep attention times the fp8 kernel at 128). fp8_conversion: a float8 cache's KV_FP8
-    (None: fp8_convert.kv_fp8_mode; kernel_sweep attention times both conversions). block_n (None:
-    decode_block_n), num_stages and heads_first (the grid as (kv heads, sequences, splits), so that the
-    programs running together read a token's heads side by side) are kernel_sweep attention's knobs for a
-    float8 cache's decode, which at 128+ sequences took as long as bf16's though it reads half the bytes;
-    head_halves too (one_token_attention's HALVES: fewer live registers, so more programs an SM; not measured).
+    (None: fp8_convert.kv_fp8_mode; kernel_sweep attention times both conversions). block_n, num_stages and
+    head_halves (one_token_attention's HALVES: fewer live registers, so more programs an SM), each None:
+    decode_tiling's; they and heads_first (the grid as (kv heads, sequences, splits), so that the programs
+    running together read a token's heads side by side) are kernel_sweep attention's knobs for a float8 cache's
+    decode, which at 128+ sequences reads half bf16's bytes in 0.8-0.9x its time.
 
     new_tokens (plain decode only): q and new_tokens.k are not yet rotated, and the new keys and values are not
     yet in the cache; the kernel rotates both and stores them first (rope_decode.py), what rope_store_kv and
@@ -288,8 +314,10 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_d = triton.next_power_of_2(head_dim)
     kv_fp8 = kv_fp8_mode(k_cache.dtype, q)
     kv_fp8 = fp8_conversion if kv_fp8 and fp8_conversion is not None else kv_fp8
-    block_n = block_n or decode_block_n(head_dim, bool(kv_fp8) and direct
-                                        and batch * num_kv_heads >= FP8_WIDE_TILE_PROGRAMS)
+    tiling = decode_tiling(head_dim, bool(kv_fp8), direct, batch * num_kv_heads)
+    block_n = block_n or tiling.block_n
+    num_stages = tiling.num_stages if num_stages is None else num_stages
+    head_halves = tiling.head_halves if head_halves is None else head_halves
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     softcap = logit_softcap > 0

@@ -60,9 +60,14 @@ def variants():
         yield decode._decode_split_kernel, types, dict(
             SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=kv_fp8, SOFTCAP=False, ROPE=True,
             EXACT_MUL=True), {}
-    for direct in (True, False):  # the dots over the two halves of the head (one_token_attention's HALVES)
+    # the dots over the two halves of the head (one_token_attention's HALVES; decode_tiling's for a float8 cache at
+    # 32+ sequences, in plain and mixed steps), and 128-key tiles over 2 stages (one split, 128+ sequences)
+    for direct, mixed in itertools.product((True, False), (True, False)):
         yield decode._decode_split_kernel, pointer_types(FP8_CVT.value), dict(
-            SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=FP8_CVT.value, SOFTCAP=False, HALVES=True), {}
+            SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=mixed, KV_FP8=FP8_CVT.value, SOFTCAP=False, HALVES=True), {}
+    yield decode._decode_split_kernel, pointer_types(FP8_CVT.value), dict(
+        SHAPE, BLOCK_G=16, BLOCK_N=128, DIRECT=True, MIXED=False, KV_FP8=FP8_CVT.value, SOFTCAP=False,
+        HALVES=True), {"num_stages": 2}
     rope_types = dict(pointer_types(FP8_CVT.value), k_new_ptr="*bf16", v_new_ptr="*bf16", cos_ptr="*bf16",
                       sin_ptr="*bf16", slot_ptr="*i64", k_store_scale="fp32", v_store_scale="fp32")
     yield decode._decode_split_kernel, rope_types, dict(  # and with the rotary inside (the engine's decode)

@@ -102,18 +102,31 @@ def test_decode_tuning_knobs_compute_the_same(case, knobs):
     run_case(case, torch.float32, 3, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, **knobs)
 
 
-@pytest.mark.parametrize("cache_dtype, num_splits, wide, tile", [
-    (FP8_KV_DTYPE, 1, 4, 128), (FP8_KV_DTYPE, 3, 4, 64), (None, 1, 4, 64), (FP8_KV_DTYPE, 1, 5, 64)])
-def test_decode_tile_is_128_keys_for_a_float8_cache_in_one_split(cache_dtype, num_splits, wide, tile, monkeypatch):
-    """decode_block_n: a float8 cache read in one split by FP8_WIDE_TILE_PROGRAMS (sequence, KV head) programs or
-    more takes 128-key tiles (faster on the H200 at 192-256 sequences), and still computes the reference; split,
-    bf16, or fewer programs, it keeps 64. (SMALL[1]'s 2 x 2 programs stand in for 192 x 8: wide 4 takes them,
-    5 does not.)"""
+@pytest.mark.parametrize("cache_dtype, num_splits, halves, wide, tiling", [
+    (FP8_KV_DTYPE, 1, 4, 4, (128, 2, True)), (FP8_KV_DTYPE, 3, 4, 4, (64, 3, True)), (None, 1, 4, 4, (64, 3, False)),
+    (FP8_KV_DTYPE, 1, 4, 5, (64, 3, True)), (FP8_KV_DTYPE, 1, 5, 5, (64, 3, False))])
+def test_decode_tiling_of_a_float8_cache(cache_dtype, num_splits, halves, wide, tiling, monkeypatch):
+    """decode_tiling: a float8 cache read by FP8_HALVES_PROGRAMS (sequence, KV head) programs or more runs its key
+    loop over the head's halves, and in one split by FP8_WIDE_TILE_PROGRAMS or more over 128-key tiles in 2 stages
+    (faster on the H200 from 32 and 128 sequences), and still computes the reference; a bf16 cache, or fewer
+    programs, keeps 64-key tiles over 3 stages. (SMALL[1]'s 2 x 2 programs stand in for 128 x 8: a threshold of 4
+    takes them, 5 does not.)"""
+    monkeypatch.setattr(decode_module, "FP8_HALVES_PROGRAMS", halves)
     monkeypatch.setattr(decode_module, "FP8_WIDE_TILE_PROGRAMS", wide)
     launches = record_split_launches(monkeypatch)
     run_case(SMALL[1], torch.float32, num_splits, cache_dtype=cache_dtype,
              kv_scales=FP8_SCALES if cache_dtype else KVScales())
-    assert [kw["BLOCK_N"] for _, kw in launches] == [tile]
+    assert [(kw["BLOCK_N"], kw["num_stages"], kw["HALVES"]) for _, kw in launches] == [tiling]
+
+
+def test_decode_tiling_keywords_override_it(monkeypatch):
+    """An explicit block_n, num_stages or head_halves wins over decode_tiling's (kernel_sweep's knobs)."""
+    monkeypatch.setattr(decode_module, "FP8_HALVES_PROGRAMS", 1)
+    monkeypatch.setattr(decode_module, "FP8_WIDE_TILE_PROGRAMS", 1)
+    launches = record_split_launches(monkeypatch)
+    run_case(SMALL[1], torch.float32, 1, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, block_n=32, num_stages=3,
+             head_halves=False)
+    assert [(kw["BLOCK_N"], kw["num_stages"], kw["HALVES"]) for _, kw in launches] == [(32, 3, False)]
 
 
 def test_decode_fp8_cache_unit_scales():
@@ -197,25 +210,34 @@ def test_default_num_splits_keeps_tiles_per_split():
     assert default_num_splits(1, 1, 16, 64, cpu) == 1
 
 
+@pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_mixed_mode_computes_only_one_token_rows(num_splits):
+def test_decode_mixed_mode_computes_only_one_token_rows(num_splits, fp8, monkeypatch):
     """Mixed step: q holds all new tokens; rows of sequences with one new token equal the reference,
-    every other row of `out` is left as it was (here NaN), with and without the split merge."""
+    every other row of `out` is left as it was (here NaN), with and without the split merge. fp8: over a float8
+    cache in decode_tiling's tiles of many programs (the head's halves; 128-key tiles in one split)."""
     num_heads, num_kv_heads, head_dim, block_size, window = 8, 2, 64, 16, 0
     seq_lens, new = [70, 40, 5, 300, 33], [1, 12, 1, 0, 1]  # decodes, a prefill chunk, no tokens
-    kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, torch.float32, 0)
+    scales = FP8_SCALES if fp8 else KVScales()
+    if fp8:
+        monkeypatch.setattr(decode_module, "FP8_HALVES_PROGRAMS", 1)
+        monkeypatch.setattr(decode_module, "FP8_WIDE_TILE_PROGRAMS", 1)
+    kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim,
+                                           FP8_KV_DTYPE if fp8 else torch.float32, 0)
+    launches = record_split_launches(monkeypatch)
     starts = torch.tensor([0] + new).cumsum(0).to(kv_cache.device)  # [B + 1]
     q = randn((int(starts[-1]), num_heads, head_dim), torch.float32, 1)
     out = torch.full_like(q, float("nan"))
     lens = torch.tensor(seq_lens, device=q.device)
     scale = 1 / math.sqrt(head_dim)
     got = paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, lens, scale, window,
-                                 num_splits=num_splits, query_start_loc=starts, out=out)
+                                 num_splits=num_splits, query_start_loc=starts, out=out, kv_scales=scales)
     assert got is out
+    assert [kw["HALVES"] for _, kw in launches] == [fp8]
     rows = starts[:-1][torch.tensor(new) == 1]  # [3] rows of the decoding sequences
     one = torch.tensor(new, device=q.device) == 1
     expected = paged_decode_attention_reference(q[rows], kv_cache[0], kv_cache[1], block_tables[one], lens[one],
-                                                scale, window)
+                                                scale, window, kv_scales=scales)
     assert_close(got[rows], expected)
     others = torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
     others[rows] = False

@@ -81,10 +81,12 @@ def test_fused_rope_decode_equals_rope_store_kv_then_decode_half(case):
     assert_same(*both_paths(case, LOW_DTYPE, 2))
 
 
-@pytest.mark.parametrize("num_splits", [1, 2])  # one split: the 128-key tiles of decode_block_n, as at 192+ sequences
+# decode_tiling's, as at 128+ sequences: one split, the 128-key tiles over the head's halves; two, 64-key halves
+@pytest.mark.parametrize("num_splits", [1, 2])
 @pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[4]])
 def test_fused_rope_decode_over_a_float8_cache(case, num_splits, monkeypatch):
     import graphllm.kernels.paged_decode_attention as decode
+    monkeypatch.setattr(decode, "FP8_HALVES_PROGRAMS", 1)
     monkeypatch.setattr(decode, "FP8_WIDE_TILE_PROGRAMS", 1)
     assert_same(*both_paths(case, torch.float32, num_splits, FP8_KV_DTYPE, KVScales(k=0.37, v=1.9)))
 
