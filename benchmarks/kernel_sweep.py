@@ -328,12 +328,7 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     "halves_block128_stages2": dict(head_halves=True, block_n=128, num_stages=2),
                     # 24 warps an SM under Triton 3.6: 32-key tiles (80 registers, 6 programs) or 8 warps (71, 3)
                     "halves_block32": dict(head_halves=True, block_n=32),
-                    "halves_block64_warps8": dict(head_halves=True, block_n=64, num_warps=8),
-                    # the halves with the tiles loaded one ahead into registers, not through shared memory (PREFETCH;
-                    # s23's ncu: the fp8 warps wait on shared memory). Triton 3.6 offline: 172 registers at 32 keys,
-                    # 255 and 48 bytes spilled at 64
-                    "halves_prefetch_block32": dict(head_halves=True, prefetch=True, block_n=32),
-                    "halves_prefetch_block64": dict(head_halves=True, prefetch=True, block_n=64)}
+                    "halves_block64_warps8": dict(head_halves=True, block_n=64, num_warps=8)}
 
 
 def decode_launch_fusions(caches, tables, lens, q, scale) -> dict:

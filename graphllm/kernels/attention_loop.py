@@ -21,31 +21,13 @@ def soft_cap_log2(s, softcap_log2):
 
 
 @triton.jit
-def _kv_raw(cache_ptr, off, mask, KV_FP8: tl.constexpr):
-    """Keys or values at offsets off of a layer's cache as stored (a float8 cache's as bytes under FP8_CVT),
-    masked entries 0: what _kv_convert takes."""
-    if KV_FP8 == FP8_CVT:  # a constexpr branch: the two types never meet
-        raw = tl.load(cache_ptr.to(tl.pointer_type(tl.uint8)) + off, mask=mask, other=0)
-    else:
-        raw = tl.load(cache_ptr + off, mask=mask, other=0.0)
-    return raw
-
-
-@triton.jit
-def _kv_convert(raw, dtype: tl.constexpr, KV_FP8: tl.constexpr):
-    """_kv_raw's tile in dtype, the dots' operand type (a float8 cache's by fp8_convert.py's cvt under FP8_CVT;
-    exact: float8 e4m3 fits in float16, bfloat16 and float32)."""
-    if KV_FP8 == FP8_CVT:
-        x = fp8_to_f16(raw)
-    else:
-        x = raw.to(dtype)
-    return x
-
-
-@triton.jit
 def _kv_load(cache_ptr, off, mask, dtype: tl.constexpr, KV_FP8: tl.constexpr):
-    """Keys or values at offsets off of a layer's cache, in dtype, converted as loaded; masked entries 0."""
-    return _kv_convert(_kv_raw(cache_ptr, off, mask, KV_FP8), dtype, KV_FP8)
+    """Keys or values at offsets off of a layer's cache, in dtype (the dots' operand type; a float8 cache's
+    converted as loaded under FP8_CVT, fp8_convert.py; the conversion is exact: float8 e4m3 fits in float16,
+    bfloat16 and float32), masked entries 0."""
+    if KV_FP8 == FP8_CVT:
+        return fp8_to_f16(tl.load(cache_ptr.to(tl.pointer_type(tl.uint8)) + off, mask=mask, other=0))
+    return tl.load(cache_ptr + off, mask=mask, other=0.0).to(dtype)
 
 
 @triton.jit
@@ -167,7 +149,7 @@ def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_s
                          stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-                         SOFTCAP: tl.constexpr, HALVES: tl.constexpr = False, PREFETCH: tl.constexpr = False):
+                         SOFTCAP: tl.constexpr, HALVES: tl.constexpr = False):
     """rows_attention of one token's query heads of KV head kvh (q: [BLOCK_G, BLOCK_D]) over the keys at
     positions lo..hi-1, all visible. Shared by the decode kernel and the prefill kernel's one-token rows.
 
@@ -175,23 +157,13 @@ def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_s
     two accumulators), so that only half a K or V tile's operand is live at once. At 64-key float8 tiles the
     decode kernel takes 88 registers a thread against 128 under Triton 3.6, the GPU image's (offline sm_90 build
     at the 8B heads, 2026-12-02): five 4-warp programs an SM against four. The same products and sums, up to the
-    order of q.K's float32 additions.
-
-    PREFETCH (with HALVES): each tile's keys and values are loaded into registers one tile ahead, as stored, and
-    converted where the dots take them, so that they do not go through the shared-memory pipeline that Triton
-    builds for loads feeding dots (a float8 tile crossed shared memory twice there: ncu at 256 sequences, s23,
-    found its warps waiting on shared memory at half the DRAM bandwidth). The same products and sums as HALVES."""
+    order of q.K's float32 additions."""
     if HALVES:
         q, qk_scale = _query_for_dots(q, scale_log2, KV_FP8)
         q_lo, q_hi = tl.split(tl.permute(tl.reshape(q, [BLOCK_G, 2, BLOCK_D // 2]), [0, 2, 1]))
-        if PREFETCH:
-            acc_lo, acc_hi, l_i, m_i = _half_tiles_prefetched(
-                q_lo, q_hi, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb, stride_co,
-                stride_ch, qk_scale, softcap_log2, BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
-        else:
-            acc_lo, acc_hi, l_i, m_i = _half_tiles_attention(
-                q_lo, q_hi, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb, stride_co,
-                stride_ch, qk_scale, softcap_log2, BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
+        acc_lo, acc_hi, l_i, m_i = _half_tiles_attention(
+            q_lo, q_hi, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb, stride_co, stride_ch,
+            qk_scale, softcap_log2, BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
         acc = tl.reshape(tl.permute(tl.join(acc_lo, acc_hi), [0, 2, 1]), [BLOCK_G, BLOCK_D])
         if KV_FP8:
             acc = acc * v_scale
@@ -202,84 +174,13 @@ def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_s
 
 
 @triton.jit
-def _kv_half_raw(cache_ptr, pages, k_pos, k_valid, kvh, first_d, block_size, stride_cb, stride_co, stride_ch,
-                 BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr):
-    """Dims first_d .. first_d + BLOCK_H - 1 of the tile's keys (or values), [BLOCK_N, BLOCK_H] as stored
-    (_kv_raw); keys past hi and dims past HEAD_DIM read as 0."""
-    d = first_d + tl.arange(0, BLOCK_H)
-    off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] + d[None, :]
-    return _kv_raw(cache_ptr, off, k_valid[:, None] & (d < HEAD_DIM)[None, :], KV_FP8)
-
-
-@triton.jit
 def _kv_half(cache_ptr, pages, k_pos, k_valid, kvh, first_d, block_size, stride_cb, stride_co, stride_ch,
              dtype: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr):
-    """_kv_half_raw's half tile in dtype (a float8 cache's converted as _kv_tile converts them)."""
-    return _kv_convert(_kv_half_raw(cache_ptr, pages, k_pos, k_valid, kvh, first_d, block_size, stride_cb,
-                                    stride_co, stride_ch, BLOCK_H, HEAD_DIM, KV_FP8), dtype, KV_FP8)
-
-
-@triton.jit
-def _tile_pages(table, tile_n, hi, block_size, BLOCK_N: tl.constexpr):
-    """(key positions, which are below hi, their pages) of the tile at tile_n; pages past hi read as 0."""
-    k_pos = tile_n + tl.arange(0, BLOCK_N)
-    k_valid = k_pos < hi
-    return k_pos, k_valid, tl.load(table + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
-
-
-@triton.jit
-def _half_tiles_raw(k_cache_ptr, v_cache_ptr, pages, k_pos, k_valid, kvh, block_size, stride_cb, stride_co,
-                    stride_ch, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, KV_FP8: tl.constexpr):
-    """A tile's (keys' first half, second half, values' first half, second half) as stored."""
-    k_lo = _kv_half_raw(k_cache_ptr, pages, k_pos, k_valid, kvh, 0, block_size, stride_cb, stride_co, stride_ch,
-                        BLOCK_H, HEAD_DIM, KV_FP8)
-    k_hi = _kv_half_raw(k_cache_ptr, pages, k_pos, k_valid, kvh, BLOCK_H, block_size, stride_cb, stride_co,
-                        stride_ch, BLOCK_H, HEAD_DIM, KV_FP8)
-    v_lo = _kv_half_raw(v_cache_ptr, pages, k_pos, k_valid, kvh, 0, block_size, stride_cb, stride_co, stride_ch,
-                        BLOCK_H, HEAD_DIM, KV_FP8)
-    v_hi = _kv_half_raw(v_cache_ptr, pages, k_pos, k_valid, kvh, BLOCK_H, block_size, stride_cb, stride_co,
-                        stride_ch, BLOCK_H, HEAD_DIM, KV_FP8)
-    return k_lo, k_hi, v_lo, v_hi
-
-
-@triton.jit
-def _half_tiles_prefetched(q_lo, q_hi, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb,
-                           stride_co, stride_ch, qk_scale, softcap_log2, BLOCK_G: tl.constexpr,
-                           BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
-                           PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr):
-    """_half_tiles_attention with each tile's keys and values loaded one tile ahead into registers, as stored, and
-    the pages two tiles ahead (one_token_attention's PREFETCH). Loads past hi are masked: they read nothing."""
-    BLOCK_H: tl.constexpr = BLOCK_D // 2
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc_lo = tl.zeros([BLOCK_G, BLOCK_H], tl.float32)
-    acc_hi = tl.zeros([BLOCK_G, BLOCK_H], tl.float32)
-    k_pos, k_valid, pages = _tile_pages(table, lo, hi, block_size, BLOCK_N)
-    k_lo, k_hi, v_lo, v_hi = _half_tiles_raw(k_cache_ptr, v_cache_ptr, pages, k_pos, k_valid, kvh, block_size,
-                                             stride_cb, stride_co, stride_ch, BLOCK_H, HEAD_DIM, KV_FP8)
-    n_pos, n_valid, n_pages = _tile_pages(table, lo + BLOCK_N, hi, block_size, BLOCK_N)  # the next tile's
-    for tile_n in range(lo, hi, BLOCK_N):
-        k_valid = tile_n + tl.arange(0, BLOCK_N) < hi
-        # the next tile's keys and values, and the pages of the one after it, in flight during this tile's dots
-        nk_lo, nk_hi, nv_lo, nv_hi = _half_tiles_raw(k_cache_ptr, v_cache_ptr, n_pages, n_pos, n_valid, kvh,
-                                                     block_size, stride_cb, stride_co, stride_ch, BLOCK_H, HEAD_DIM,
-                                                     KV_FP8)
-        n_pos, n_valid, n_pages = _tile_pages(table, tile_n + 2 * BLOCK_N, hi, block_size, BLOCK_N)
-        s = tl.dot(q_lo, tl.trans(_kv_convert(k_lo, q_lo.dtype, KV_FP8)), input_precision=PRECISION)
-        s = tl.dot(q_hi, tl.trans(_kv_convert(k_hi, q_lo.dtype, KV_FP8)), s, input_precision=PRECISION) * qk_scale
-        if SOFTCAP:
-            s = soft_cap_log2(s, softcap_log2)
-        s = tl.where(k_valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every tile has a valid key
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        p = p.to(q_lo.dtype)
-        acc_lo = acc_lo * alpha[:, None] + tl.dot(p, _kv_convert(v_lo, q_lo.dtype, KV_FP8), input_precision=PRECISION)
-        acc_hi = acc_hi * alpha[:, None] + tl.dot(p, _kv_convert(v_hi, q_lo.dtype, KV_FP8), input_precision=PRECISION)
-        m_i = m_new
-        k_lo, k_hi, v_lo, v_hi = nk_lo, nk_hi, nv_lo, nv_hi
-    return acc_lo, acc_hi, l_i, m_i
+    """Dims first_d .. first_d + BLOCK_H - 1 of the tile's keys (or values), [BLOCK_N, BLOCK_H] in dtype (a float8
+    cache's converted as _kv_tile converts them); keys past hi and dims past HEAD_DIM read as 0."""
+    d = first_d + tl.arange(0, BLOCK_H)
+    off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] + d[None, :]
+    return _kv_load(cache_ptr, off, k_valid[:, None] & (d < HEAD_DIM)[None, :], dtype, KV_FP8)
 
 
 @triton.jit

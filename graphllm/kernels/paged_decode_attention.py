@@ -184,8 +184,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          SOFTCAP: tl.constexpr, PDL: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
                          ROPE: tl.constexpr = False, EXACT_MUL: tl.constexpr = False, k_new_ptr=None, v_new_ptr=None,
                          cos_ptr=None, sin_ptr=None, slot_ptr=None, stride_kt=0, stride_kh=0, stride_vt=0, stride_vh=0,
-                         stride_ct=0, k_store_scale=1.0, v_store_scale=1.0, HALVES: tl.constexpr = False,
-                         PREFETCH: tl.constexpr = False):
+                         stride_ct=0, k_store_scale=1.0, v_store_scale=1.0, HALVES: tl.constexpr = False):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
     if HEADS_FIRST:  # grid (kv heads, sequences, splits): a sequence's heads run side by side
@@ -224,8 +223,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, m_i = one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                                          stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
-                                         BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP, HALVES,
-                                         PREFETCH)
+                                         BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP, HALVES)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # l_i = 0: empty range, zeros and lse -inf
     out = acc / l_safe[:, None]
@@ -268,8 +266,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            logit_softcap: float = 0.0, maxnreg: int | None = None,
                            fp8_conversion: int | None = None, block_n: int | None = None,
                            num_stages: int | None = None, heads_first: bool = False,
-                           new_tokens: NewTokens | None = None, head_halves: bool | None = None,
-                           prefetch: bool = False) -> torch.Tensor:
+                           new_tokens: NewTokens | None = None, head_halves: bool | None = None) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -294,8 +291,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     head_halves (one_token_attention's HALVES: fewer live registers, so more programs an SM), each None:
     decode_tiling's; they and heads_first (the grid as (kv heads, sequences, splits), so that the programs
     running together read a token's heads side by side) are kernel_sweep attention's knobs for a float8 cache's
-    decode, which at 128+ sequences reads half bf16's bytes in 0.8-0.9x its time. prefetch (with the halves):
-    one_token_attention's PREFETCH, the tiles loaded one ahead into registers instead of through shared memory.
+    decode, which at 128+ sequences reads half bf16's bytes in 0.8-0.9x its time.
 
     new_tokens (plain decode only): q and new_tokens.k are not yet rotated, and the new keys and values are not
     yet in the cache; the kernel rotates both and stores them first (rope_decode.py), what rope_store_kv and
@@ -322,7 +318,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_n = block_n or tiling.block_n
     num_stages = tiling.num_stages if num_stages is None else num_stages
     head_halves = tiling.head_halves if head_halves is None else head_halves
-    assert head_halves or not prefetch, "prefetch is a loop over the head's halves"
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     softcap = logit_softcap > 0
@@ -336,8 +331,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, MIXED=mixed,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        HEADS_FIRST=heads_first, HALVES=head_halves, PREFETCH=prefetch, num_warps=num_warps, num_stages=num_stages,
-        **extra, **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_launch(q.device))
+        HEADS_FIRST=heads_first, HALVES=head_halves, num_warps=num_warps, num_stages=num_stages, **extra,
+        **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_launch(q.device))
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](
             part_out, part_lse, starts, out, out.stride(0), out.stride(1), num_splits,

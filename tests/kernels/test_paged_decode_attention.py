@@ -55,23 +55,18 @@ def test_decode_matches_reference_fp32(case, num_splits):
     run_case(case, torch.float32, num_splits)
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("case", SMALL)
-def test_decode_over_head_halves_matches_reference(case, num_splits, prefetch):
+def test_decode_over_head_halves_matches_reference(case, num_splits):
     """head_halves: each tile's dots over the two halves of the head's dims (one_token_attention's HALVES), over
-    every shape (a window, padding rows, group 8, 128-wide heads) and a float8 cache; prefetch: with the tiles
-    loaded one ahead (PREFETCH: a split's first and last tiles, and ranges of one tile, are its edge cases)."""
-    run_case(case, torch.float32, num_splits, head_halves=True, prefetch=prefetch)
-    run_case(case, torch.float32, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, head_halves=True,
-             prefetch=prefetch)
+    every shape (a window, padding rows, group 8, 128-wide heads) and a float8 cache."""
+    run_case(case, torch.float32, num_splits, head_halves=True)
+    run_case(case, torch.float32, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, head_halves=True)
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_decode_over_head_halves_half_queries_soft_cap(prefetch):
-    run_case(SMALL[2], LOW_DTYPE, 2, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, head_halves=True,
-             prefetch=prefetch)
-    run_case(SMALL[3], LOW_DTYPE, 1, logit_softcap=SOFTCAP, head_halves=True, prefetch=prefetch)
+def test_decode_over_head_halves_half_queries_soft_cap():
+    run_case(SMALL[2], LOW_DTYPE, 2, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, head_halves=True)
+    run_case(SMALL[3], LOW_DTYPE, 1, logit_softcap=SOFTCAP, head_halves=True)
 
 
 @pytest.mark.parametrize("case", SMALL)
@@ -99,9 +94,7 @@ def test_decode_fp8_cache_half_queries(case):
 @pytest.mark.parametrize("knobs", [dict(heads_first=True), dict(block_n=128), dict(num_stages=2),
                                    dict(block_n=128, heads_first=True), dict(block_n=32, num_warps=1),
                                    dict(head_halves=True, block_n=64, num_stages=2),
-                                   dict(head_halves=True, block_n=32, num_warps=8),
-                                   dict(head_halves=True, prefetch=True, block_n=32),
-                                   dict(head_halves=True, prefetch=True, block_n=64)])
+                                   dict(head_halves=True, block_n=32, num_warps=8)])
 @pytest.mark.parametrize("case", [SMALL[1], SMALL[3]])
 def test_decode_tuning_knobs_compute_the_same(case, knobs):
     """kernel_sweep attention's knobs (the grid's order, the tile, the pipeline) change no output, with a
