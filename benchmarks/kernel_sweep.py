@@ -328,7 +328,14 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     "halves_block128_stages2": dict(head_halves=True, block_n=128, num_stages=2),
                     # 24 warps an SM under Triton 3.6: 32-key tiles (80 registers, 6 programs) or 8 warps (71, 3)
                     "halves_block32": dict(head_halves=True, block_n=32),
-                    "halves_block64_warps8": dict(head_halves=True, block_n=64, num_warps=8)}
+                    "halves_block64_warps8": dict(head_halves=True, block_n=64, num_warps=8),
+                    # q.K in float8 with the keys on the MMA's M side (fp8_qk: sm_90's float8 wgmma reads the key
+                    # tile from shared memory; q rounded per head). Triton 3.6 offline: 431 instructions a 64-key
+                    # tile over 3 stages (116 registers, 45.5 KB), 384 over 2 (104, 45 KB), 572 a 128-key tile over
+                    # 2 (142, 88 KB: 2 programs an SM)
+                    "fp8qk_block64": dict(fp8_qk=True, block_n=64),
+                    "fp8qk_block64_stages2": dict(fp8_qk=True, block_n=64, num_stages=2),
+                    "fp8qk_block128_stages2": dict(fp8_qk=True, block_n=128, num_stages=2)}
 
 
 def decode_launch_fusions(caches, tables, lens, q, scale) -> dict:

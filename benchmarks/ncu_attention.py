@@ -12,19 +12,22 @@ beside bf16's say which of memory, issue, barriers or occupancy bounds it.
 
 import torch
 
-from graphllm.kernels.fp8_convert import FP8_TRITON
 from graphllm.kernels.paged_decode_attention import paged_decode_attention
 from ncu_table import main
 
 HQ, HKV, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 # (name, sequences, context, cache dtype, paged_decode_attention keywords)
-CASES = [("bf16", 256, 1024, torch.bfloat16, {}), ("fp8", 256, 1024, torch.float8_e4m3fn, {}),
-         ("fp8 triton conversion", 256, 1024, torch.float8_e4m3fn, dict(fp8_conversion=FP8_TRITON.value)),
-         ("fp8 stages 2", 256, 1024, torch.float8_e4m3fn, dict(num_stages=2)),
-         ("fp8 head halves", 256, 1024, torch.float8_e4m3fn, dict(head_halves=True, block_n=64)),
-         ("fp8 block 64", 256, 1024, torch.float8_e4m3fn, dict(block_n=64)),  # the default until s22 (now 128)
-         ("fp8 8 warps", 256, 1024, torch.float8_e4m3fn, dict(num_warps=8)),
-         ("bf16", 32, 1024, torch.bfloat16, {}), ("fp8", 32, 1024, torch.float8_e4m3fn, {})]
+CASES = [("bf16", 256, 1024, torch.bfloat16, {}),
+         ("fp8 (decode_tiling: halves, 128 keys, 2 stages)", 256, 1024, torch.float8_e4m3fn, {}),
+         ("fp8 s22 (128 keys, 3 stages)", 256, 1024, torch.float8_e4m3fn,
+          dict(block_n=128, num_stages=3, head_halves=False)),
+         ("fp8 halves, 64 keys", 256, 1024, torch.float8_e4m3fn, dict(head_halves=True, block_n=64, num_stages=3)),
+         ("fp8 q.K in float8, 64 keys, 2 stages", 256, 1024, torch.float8_e4m3fn,
+          dict(fp8_qk=True, block_n=64, num_stages=2)),
+         ("fp8 q.K in float8, 128 keys, 2 stages", 256, 1024, torch.float8_e4m3fn,
+          dict(fp8_qk=True, block_n=128, num_stages=2)),
+         ("bf16", 32, 1024, torch.bfloat16, {}), ("fp8", 32, 1024, torch.float8_e4m3fn, {}),
+         ("fp8 q.K in float8", 32, 1024, torch.float8_e4m3fn, dict(fp8_qk=True, block_n=64, num_stages=2))]
 
 
 def inputs(batch: int, ctx: int, dtype: torch.dtype) -> tuple:

@@ -149,7 +149,7 @@ def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_s
                          stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-                         SOFTCAP: tl.constexpr, HALVES: tl.constexpr = False):
+                         SOFTCAP: tl.constexpr, HALVES: tl.constexpr = False, FP8_QK: tl.constexpr = False):
     """rows_attention of one token's query heads of KV head kvh (q: [BLOCK_G, BLOCK_D]) over the keys at
     positions lo..hi-1, all visible. Shared by the decode kernel and the prefill kernel's one-token rows.
 
@@ -157,7 +157,15 @@ def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_s
     two accumulators), so that only half a K or V tile's operand is live at once. At 64-key float8 tiles the
     decode kernel takes 88 registers a thread against 128 under Triton 3.6, the GPU image's (offline sm_90 build
     at the 8B heads, 2026-12-02): five 4-warp programs an SM against four. The same products and sums, up to the
-    order of q.K's float32 additions."""
+    order of q.K's float32 additions.
+
+    FP8_QK (a float8 cache; not with HALVES): q.K in float8 on the MMA, the keys on its M side (_fp8_qk_attention).
+    q is rounded to float8 per head first, so this computes attention of quantize_query_heads(q)."""
+    if FP8_QK:
+        acc, l_i, m_i = _fp8_qk_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb,
+                                          stride_co, stride_ch, scale_log2, softcap_log2, BLOCK_G, BLOCK_D, HEAD_DIM,
+                                          BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
+        return acc * v_scale, l_i, m_i
     if HALVES:
         q, qk_scale = _query_for_dots(q, scale_log2, KV_FP8)
         q_lo, q_hi = tl.split(tl.permute(tl.reshape(q, [BLOCK_G, 2, BLOCK_D // 2]), [0, 2, 1]))
@@ -221,3 +229,76 @@ def _half_tiles_attention(q_lo, q_hi, k_cache_ptr, v_cache_ptr, table, kvh, lo, 
         acc_hi = acc_hi * alpha[:, None] + tl.dot(p, v_hi, input_precision=PRECISION)
         m_i = m_new
     return acc_lo, acc_hi, l_i, m_i
+
+
+FP8_MAX = tl.constexpr(448.0)  # float8 e4m3fn's largest finite value
+FP8_MIN_NORMAL = tl.constexpr(0.015625)  # 2^-6: below it e4m3fn's steps are 2^-9
+ROUND_MAGIC = tl.constexpr(12582912.0)  # 1.5 * 2^23: (t + it) - it rounds |t| < 2^22 to an integer, ties to even
+
+
+@triton.jit
+def _round_to_e4m3(y):
+    """y (float32, |y| <= 448) rounded to the nearest float8 e4m3fn value, ties to even, still in float32: the
+    mantissa cut to 3 bits on the bit pattern (a carry moves into the exponent, as it should), steps of 2^-9 below
+    2^-6 (e4m3fn's subnormals). Exact arithmetic, so that Triton's float32 -> float8 cast of the result rounds
+    nothing: the interpreter's cast is wrong where rounding carries into the exponent (fp8_matmul.py)."""
+    bits = y.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # ~0xFFFFF: keep sign, exponent, 3 mantissa bits
+    normal = bits.to(tl.float32, bitcast=True)
+    t = y * 512.0
+    subnormal = ((t + ROUND_MAGIC) - ROUND_MAGIC) * (1.0 / 512.0)
+    return tl.where(tl.abs(y) >= FP8_MIN_NORMAL, normal, subnormal)
+
+
+@triton.jit
+def quantize_query_heads(q):
+    """(q8, scale [BLOCK_G]): each row (query head) of q [BLOCK_G, BLOCK_D] as float8 e4m3fn times its scale
+    max|row| / 448 (1 for a row of zeros): q8 * scale[:, None] is q rounded to float8 per head, the function
+    paged_decode_attention_reference's fp8_qk computes with."""
+    qf = q.to(tl.float32)
+    amax = tl.max(tl.abs(qf), 1)
+    scale = tl.where(amax > 0, tl.math.div_rn(amax, tl.full(amax.shape, FP8_MAX, tl.float32)), 1.0)
+    y = tl.minimum(tl.maximum(tl.math.div_rn(qf, scale[:, None]), -FP8_MAX), FP8_MAX)
+    return _round_to_e4m3(y).to(tl.float8e4nv), scale
+
+
+@triton.jit
+def _fp8_qk_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb, stride_co, stride_ch,
+                      scale_log2, softcap_log2, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr):
+    """one_token_attention's FP8_QK loop: (acc, l, m), acc unnormalised and not yet times v_scale.
+
+    Each tile's scores come transposed, S^T [BLOCK_N, BLOCK_G] = K . q8^T: a float8 key tile straight from the
+    pipeline's shared memory on the MMA's M side, against q quantized per head (quantize_query_heads; its
+    scales and scale_log2, which holds k_scale, multiply the float32 scores). With 64 or 128 keys a tile, Triton
+    builds it as sm_90's float8 wgmma (a 16-row q on the M side would be float16 MMAs over converted tiles). The
+    softmax runs over the keys (axis 0); P.V takes P back to [BLOCK_G, BLOCK_N] and the values converted to float16
+    (or q's float32), as _kv_tile does."""
+    q8, q_scale = quantize_query_heads(q)
+    q8t = tl.trans(q8)  # [BLOCK_D, BLOCK_G]
+    score_scale = q_scale * scale_log2  # [BLOCK_G]
+    dot_dtype = tl.float32 if q.dtype == tl.float32 else tl.float16
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < HEAD_DIM
+    for tile_n in range(lo, hi, BLOCK_N):
+        k_pos = tile_n + tl.arange(0, BLOCK_N)
+        k_valid = k_pos < hi
+        pages = tl.load(table + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
+        kv_off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] + offs_d[None, :]
+        kv_mask = k_valid[:, None] & d_mask[None, :]
+        k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D] float8, as stored
+        s = tl.dot(k, q8t) * score_scale[None, :]  # [BLOCK_N, BLOCK_G]
+        if SOFTCAP:
+            s = soft_cap_log2(s, softcap_log2)
+        s = tl.where(k_valid[:, None], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 0))  # finite: every tile has a valid key
+        p = tl.exp2(s - m_new[None, :])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        v = _kv_load(v_cache_ptr, kv_off, kv_mask, dot_dtype, KV_FP8)
+        acc = acc * alpha[:, None] + tl.dot(tl.trans(p).to(dot_dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i

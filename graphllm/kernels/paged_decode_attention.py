@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.attention_loop import one_token_attention
+from graphllm.kernels.attention_loop import FP8_MAX, one_token_attention
 from graphllm.kernels.fp8_convert import kv_fp8_mode
 from graphllm.kernels.gdc import dependent_start
 from graphllm.kernels.kv_quant import KVScales, dequantize_kv
@@ -56,11 +56,14 @@ CPU_SM_COUNT = 8  # stand-in for the interpreter
 def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                      block_tables: torch.Tensor, seq_lens: torch.Tensor,
                                      scale: float, sliding_window: int,
-                                     kv_scales: KVScales = KVScales(), logit_softcap: float = 0.0) -> torch.Tensor:
+                                     kv_scales: KVScales = KVScales(), logit_softcap: float = 0.0,
+                                     fp8_qk: bool = False) -> torch.Tensor:
     """The float32 oracle: per sequence, gather its pages, soft-cap, mask the window, softmax. [B, Hq, D].
 
-    A float8 cache is read as float(x) * kv_scales."""
+    A float8 cache is read as float(x) * kv_scales. fp8_qk: with q rounded to float8 per head
+    (quantize_query_heads_reference), what paged_decode_attention's fp8_qk computes."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    queries = quantize_query_heads_reference(q) if fp8_qk else q.float()
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     for b, seq_len in enumerate(seq_lens.tolist()):
         if seq_len == 0:
@@ -70,11 +73,25 @@ def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_c
         values = dequantize_kv(v_cache[pages].flatten(0, 1)[:seq_len], kv_scales.v)
         keys = keys.repeat_interleave(num_heads // num_kv_heads, dim=1)  # [L, Hq, D]
         values = values.repeat_interleave(num_heads // num_kv_heads, dim=1)
-        scores = soft_cap(torch.einsum("hd,lhd->hl", q[b].float(), keys) * scale, logit_softcap)  # [Hq, L]
+        scores = soft_cap(torch.einsum("hd,lhd->hl", queries[b], keys) * scale, logit_softcap)  # [Hq, L]
         if sliding_window > 0:
             scores[:, :max(seq_len - sliding_window, 0)] = float("-inf")
         out[b] = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
     return out.to(q.dtype)
+
+
+def _fp8_dots(device: torch.device) -> bool:
+    """tl.dot takes float8e4nv operands: sm_89+, and the interpreter."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def quantize_query_heads_reference(q: torch.Tensor) -> torch.Tensor:
+    """q [..., D] rounded to float8 e4m3fn per head (its last dim) with the scale max|head| / 448 (1 for a head of
+    zeros), back in float32: the query attention_loop.quantize_query_heads gives fp8_qk's dots."""
+    qf = q.float()
+    amax = qf.abs().amax(-1, keepdim=True)
+    scale = torch.where(amax > 0, amax / FP8_MAX.value, torch.ones_like(amax))
+    return (qf / scale).clamp(-FP8_MAX.value, FP8_MAX.value).to(torch.float8_e4m3fn).float() * scale
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,7 +201,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          SOFTCAP: tl.constexpr, PDL: tl.constexpr = False, HEADS_FIRST: tl.constexpr = False,
                          ROPE: tl.constexpr = False, EXACT_MUL: tl.constexpr = False, k_new_ptr=None, v_new_ptr=None,
                          cos_ptr=None, sin_ptr=None, slot_ptr=None, stride_kt=0, stride_kh=0, stride_vt=0, stride_vh=0,
-                         stride_ct=0, k_store_scale=1.0, v_store_scale=1.0, HALVES: tl.constexpr = False):
+                         stride_ct=0, k_store_scale=1.0, v_store_scale=1.0, HALVES: tl.constexpr = False,
+                         FP8_QK: tl.constexpr = False):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
     if HEADS_FIRST:  # grid (kv heads, sequences, splits): a sequence's heads run side by side
@@ -223,7 +241,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, m_i = one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                                          stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
-                                         BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP, HALVES)
+                                         BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP, HALVES,
+                                         FP8_QK)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # l_i = 0: empty range, zeros and lse -inf
     out = acc / l_safe[:, None]
@@ -266,7 +285,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            logit_softcap: float = 0.0, maxnreg: int | None = None,
                            fp8_conversion: int | None = None, block_n: int | None = None,
                            num_stages: int | None = None, heads_first: bool = False,
-                           new_tokens: NewTokens | None = None, head_halves: bool | None = None) -> torch.Tensor:
+                           new_tokens: NewTokens | None = None, head_halves: bool | None = None,
+                           fp8_qk: bool = False) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -291,7 +311,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     head_halves (one_token_attention's HALVES: fewer live registers, so more programs an SM), each None:
     decode_tiling's; they and heads_first (the grid as (kv heads, sequences, splits), so that the programs
     running together read a token's heads side by side) are kernel_sweep attention's knobs for a float8 cache's
-    decode, which at 128+ sequences reads half bf16's bytes in 0.8-0.9x its time.
+    decode, which at 128+ sequences reads half bf16's bytes in 0.8-0.9x its time. fp8_qk (a float8 cache, sm_89+
+    or the interpreter): one_token_attention's FP8_QK, q.K in float8 with q rounded per head
+    (paged_decode_attention_reference's fp8_qk); not measured on a GPU, so off.
 
     new_tokens (plain decode only): q and new_tokens.k are not yet rotated, and the new keys and values are not
     yet in the cache; the kernel rotates both and stores them first (rope_decode.py), what rope_store_kv and
@@ -317,7 +339,12 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     tiling = decode_tiling(head_dim, bool(kv_fp8), direct, batch * num_kv_heads)
     block_n = block_n or tiling.block_n
     num_stages = tiling.num_stages if num_stages is None else num_stages
-    head_halves = tiling.head_halves if head_halves is None else head_halves
+    if fp8_qk:
+        assert kv_fp8 and _fp8_dots(q.device), "fp8_qk: a float8 cache on sm_89+ (or the interpreter)"
+        assert not head_halves, "fp8_qk has a key loop of its own, without the head's halves"
+        head_halves = False
+    else:
+        head_halves = tiling.head_halves if head_halves is None else head_halves
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     softcap = logit_softcap > 0
@@ -331,7 +358,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, MIXED=mixed,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        HEADS_FIRST=heads_first, HALVES=head_halves, num_warps=num_warps, num_stages=num_stages, **extra,
+        HEADS_FIRST=heads_first, HALVES=head_halves, FP8_QK=fp8_qk, num_warps=num_warps, num_stages=num_stages, **extra,
         **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_launch(q.device))
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](

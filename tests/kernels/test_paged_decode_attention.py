@@ -9,8 +9,13 @@ import torch
 pytest.importorskip("triton")
 
 import graphllm.kernels.paged_decode_attention as decode_module  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from graphllm.kernels.attention_loop import quantize_query_heads  # noqa: E402
 from graphllm.kernels.paged_decode_attention import (  # noqa: E402
-    decode_num_splits, default_num_splits, paged_decode_attention, paged_decode_attention_reference)
+    decode_num_splits, default_num_splits, paged_decode_attention, paged_decode_attention_reference,
+    quantize_query_heads_reference)
 from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
 from tests.kernels.conftest import (  # noqa: E402
     LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn, record_split_launches)
@@ -35,8 +40,8 @@ LARGE = [
 
 
 def run_case(case, dtype, num_splits, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_scales=KVScales(),
-             logit_softcap=0.0, **knobs):
-    """cache_dtype None: q's dtype; knobs: paged_decode_attention's tuning keywords."""
+             logit_softcap=0.0, fp8_qk=False, **knobs):
+    """cache_dtype None: q's dtype; knobs: paged_decode_attention's tuning keywords; fp8_qk: both sides'."""
     num_heads, num_kv_heads, head_dim, block_size, seq_lens, window = case
     kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim,
                                            cache_dtype or dtype, seed)
@@ -45,8 +50,9 @@ def run_case(case, dtype, num_splits, seed=0, index_dtype=torch.int64, cache_dty
     block_tables = block_tables.to(index_dtype)
     args = (q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, 1 / math.sqrt(head_dim), window)
     got = paged_decode_attention(*args, num_splits=num_splits, kv_scales=kv_scales, logit_softcap=logit_softcap,
-                                 **knobs)
-    assert_close(got, paged_decode_attention_reference(*args, kv_scales=kv_scales, logit_softcap=logit_softcap))
+                                 fp8_qk=fp8_qk, **knobs)
+    assert_close(got, paged_decode_attention_reference(*args, kv_scales=kv_scales, logit_softcap=logit_softcap,
+                                                       fp8_qk=fp8_qk))
 
 
 @pytest.mark.parametrize("num_splits", [1, 3, None])
@@ -89,6 +95,57 @@ def test_decode_fp8_cache_matches_reference(case, num_splits):
 @pytest.mark.parametrize("case", SMALL[2:4])
 def test_decode_fp8_cache_half_queries(case):
     run_case(case, LOW_DTYPE, num_splits=2, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+
+
+@pytest.mark.parametrize("block_n", [64, 128])
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("case", SMALL)
+def test_decode_fp8_qk_matches_reference(case, num_splits, block_n):
+    """fp8_qk: q.K in float8 with q rounded per head (keys on the MMA's M side), over every shape (a window,
+    padding rows, group 8, 128-wide heads), against the reference that rounds q the same way."""
+    run_case(case, torch.float32, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, fp8_qk=True,
+             block_n=block_n)
+
+
+def test_decode_fp8_qk_half_queries_soft_cap():
+    run_case(SMALL[2], LOW_DTYPE, 2, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, fp8_qk=True)
+    run_case(SMALL[3], torch.float32, 1, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, fp8_qk=True,
+             logit_softcap=SOFTCAP)
+
+
+@triton.jit
+def _quantize_heads_kernel(q_ptr, out_ptr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):
+    offs = tl.arange(0, BLOCK_G)[:, None] * BLOCK_D + tl.arange(0, BLOCK_D)[None, :]
+    q8, scale = quantize_query_heads(tl.load(q_ptr + offs))
+    tl.store(out_ptr + offs, q8.to(tl.float32) * scale[:, None])
+
+
+def test_quantize_query_heads_rounds_as_torch():
+    """The kernel's per-head float8 rounding of q is torch's, bit for bit: ties to even, carries into the
+    exponent, subnormals (steps of 2^-9 below 2^-6 of the scaled row), the largest value, a row of zeros."""
+    rows = [torch.randn(64) * 3]
+    steps = torch.tensor([1.0 + k / 16 for k in range(16)])  # x.yyy1: halfway between e4m3 neighbours
+    rows.append(torch.cat([448.0 * torch.ones(1), steps, steps / 8, steps * 16, -steps[:15] * 8]))  # scale 1: ties
+    rows.append(torch.cat([448.0 * torch.ones(1), (torch.arange(63) - 31.5) * 2.0 ** -9]))  # subnormal ties
+    rows.append(torch.cat([448.0 * torch.ones(1), torch.arange(63).float() * 2.0 ** -12]))  # tiny: subnormals, 0
+    rows.append(torch.zeros(64))
+    q = torch.stack(rows + [torch.randn(64) * 0.01 for _ in range(11)]).float()  # [16, 64]
+    out = torch.empty_like(q)
+    _quantize_heads_kernel[(1,)](q, out, BLOCK_G=16, BLOCK_D=64)
+    assert torch.equal(out, quantize_query_heads_reference(q))
+
+
+def test_decode_fp8_qk_rounds_q():
+    """The reference's rounding of q is not a no-op here: fp8_qk's output differs from the unrounded reference by
+    more than the float32 tolerance (so the test above sees the kernel round q, and round it as torch does)."""
+    num_heads, num_kv_heads, head_dim, block_size, seq_lens, window = SMALL[1]
+    kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim, FP8_KV_DTYPE, 0)
+    q = randn((len(seq_lens), num_heads, head_dim), torch.float32, 1)
+    args = (q, kv_cache[0], kv_cache[1], block_tables, torch.tensor(seq_lens, device=q.device),
+            1 / math.sqrt(head_dim), window)
+    rounded = paged_decode_attention_reference(*args, kv_scales=FP8_SCALES, fp8_qk=True)
+    plain = paged_decode_attention_reference(*args, kv_scales=FP8_SCALES)
+    assert (rounded - plain).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("knobs", [dict(heads_first=True), dict(block_n=128), dict(num_stages=2),
@@ -186,6 +243,16 @@ def test_decode_fp8_cache_matches_reference_large(case, num_splits):
     run_case(case, torch.bfloat16, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
 
 
+@gpu_only
+@pytest.mark.parametrize("block_n, num_stages", [(64, 3), (64, 2), (128, 2)])  # kernel_sweep's fp8qk knobs
+@pytest.mark.parametrize("num_splits", [1, None])
+@pytest.mark.parametrize("case", LARGE)
+def test_decode_fp8_qk_matches_reference_large(case, num_splits, block_n, num_stages):
+    """fp8_qk on the GPU: sm_90's float8 wgmma over the key tiles, against the reference that rounds q per head."""
+    run_case(case, torch.bfloat16, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, fp8_qk=True,
+             block_n=block_n, num_stages=num_stages)
+
+
 def test_default_num_splits_fits_the_h200_measurements(monkeypatch):
     monkeypatch.setattr(decode_module, "_sm_count", lambda device: 132)
     device = torch.device("cpu")
@@ -210,9 +277,9 @@ def test_default_num_splits_keeps_tiles_per_split():
     assert default_num_splits(1, 1, 16, 64, cpu) == 1
 
 
-@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("fp8, fp8_qk", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_mixed_mode_computes_only_one_token_rows(num_splits, fp8, monkeypatch):
+def test_decode_mixed_mode_computes_only_one_token_rows(num_splits, fp8, fp8_qk, monkeypatch):
     """Mixed step: q holds all new tokens; rows of sequences with one new token equal the reference,
     every other row of `out` is left as it was (here NaN), with and without the split merge. fp8: over a float8
     cache in decode_tiling's tiles of many programs (the head's halves; 128-key tiles in one split)."""
@@ -231,13 +298,14 @@ def test_decode_mixed_mode_computes_only_one_token_rows(num_splits, fp8, monkeyp
     lens = torch.tensor(seq_lens, device=q.device)
     scale = 1 / math.sqrt(head_dim)
     got = paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, lens, scale, window,
-                                 num_splits=num_splits, query_start_loc=starts, out=out, kv_scales=scales)
+                                 num_splits=num_splits, query_start_loc=starts, out=out, kv_scales=scales,
+                                 fp8_qk=fp8_qk)
     assert got is out
-    assert [kw["HALVES"] for _, kw in launches] == [fp8]
+    assert [kw["HALVES"] for _, kw in launches] == [fp8 and not fp8_qk]
     rows = starts[:-1][torch.tensor(new) == 1]  # [3] rows of the decoding sequences
     one = torch.tensor(new, device=q.device) == 1
     expected = paged_decode_attention_reference(q[rows], kv_cache[0], kv_cache[1], block_tables[one], lens[one],
-                                                scale, window, kv_scales=scales)
+                                                scale, window, kv_scales=scales, fp8_qk=fp8_qk)
     assert_close(got[rows], expected)
     others = torch.ones(q.shape[0], dtype=torch.bool, device=q.device)
     others[rows] = False

@@ -91,6 +91,14 @@ def test_fused_rope_decode_over_a_float8_cache(case, num_splits, monkeypatch):
     assert_same(*both_paths(case, torch.float32, num_splits, FP8_KV_DTYPE, KVScales(k=0.37, v=1.9)))
 
 
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_fused_rope_decode_with_fp8_qk(num_splits):
+    """q.K in float8 (fp8_qk) after the kernel's own rotary: q is rounded per head once rotated, as it is after
+    rope_store_kv, so both paths give the same rows and caches."""
+    assert_same(*both_paths(CASES[3], torch.float32, num_splits, FP8_KV_DTYPE, KVScales(k=0.37, v=1.9),
+                            fp8_qk=True))
+
+
 def test_fused_rope_decode_stores_the_rotated_key():
     """It did write the new token (the NaN in its slot is gone) and rotated it: not the raw key."""
     case = CASES[1]
