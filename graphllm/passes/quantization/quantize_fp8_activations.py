@@ -30,6 +30,7 @@ import torch
 from torch import fx
 
 import graphllm.ops.quantized_linear  # noqa: F401  (registers the ops)
+import graphllm.ops.silu_and_mul  # noqa: F401  (graphllm.silu_and_mul, which _is_silu_mul_for_fp8 names)
 from graphllm.ir.graph import StepGraph, new_node
 from graphllm.passes.base import GraphPass
 
