@@ -53,9 +53,9 @@ class Marker(TorchBackend):
         super().__init__()
         self.calls = 0
 
-    def forward(self, *args):
+    def forward(self, *args, **hints):
         self.calls += 1
-        return super().forward(*args)
+        return super().forward(*args, **hints)
 
 
 def test_scope_routes_the_op_and_restores_on_error(tiny_model_dir):
