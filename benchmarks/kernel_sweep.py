@@ -392,9 +392,12 @@ def sweep_attention() -> list[dict]:
                                                               fp8_conversion=FP8_TRITON.value) for c in fp8_caches])
         row["fp8_triton_conversion_us"] = s * 1e6  # the default converts as loaded (FP8_CVT): the A/B
         row["fp8_triton_conversion_tb_s"] = kv_bytes / 2 / s / 1e12
+        s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, fp8_qk=False)
+                           for c in fp8_caches])
+        row["fp8_converted_default_us"] = s * 1e6  # decode_tiling's tiles with q.K over converted keys (s23's default)
         # why an fp8 cache's decode is no faster at 128+ sequences (from 32: below, the default splits)
         for name, knobs in FP8_DECODE_KNOBS.items() if batch >= 32 else ():
-            knobs = {"head_halves": False, "num_stages": 3, **knobs}  # the rest as before decode_tiling
+            knobs = {"head_halves": False, "num_stages": 3, "fp8_qk": False, **knobs}  # the rest as before decode_tiling
             s = graph_seconds([lambda c=c, kw=knobs: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0,
                                                                             **kw) for c in fp8_caches])
             row[f"fp8_{name}_us"] = s * 1e6

@@ -50,6 +50,11 @@ MIN_TILES_PER_SPLIT = 4  # on the longest possible sequence (M pages)
 # over 128-key tiles in a 2-stage pipeline too (128 sequences and up)
 FP8_HALVES_PROGRAMS = 256
 FP8_WIDE_TILE_PROGRAMS = 1024
+# ...and where the GPU has float8 wgmma (sm_90), 128-wide heads instead round q to float8 there and take q.K on it
+# (fp8_qk), in 64-key tiles over 2 stages: the key tile no longer crosses shared memory twice (2026-12-02 H200:
+# 190.9 us against 204.0 at 256 x 1,024 keys, 98.6 against 109.3 at 128, 32.9 against 34.7 at 32, 128.3 against
+# 129.1 at 192 x 850)
+FP8_QK_HEAD_DIM = 128
 CPU_SM_COUNT = 8  # stand-in for the interpreter
 
 
@@ -134,17 +139,26 @@ def decode_block_n(head_dim: int) -> int:
 
 @dataclass(frozen=True)
 class DecodeTiling:
-    """How _decode_split_kernel walks the keys: tile (BLOCK_N), pipeline depth, and one_token_attention's HALVES."""
+    """How _decode_split_kernel walks the keys: tile (BLOCK_N), pipeline depth, one_token_attention's HALVES, and
+    its FP8_QK (q rounded to float8 per head, q.K in float8)."""
     block_n: int
     num_stages: int = 3
     head_halves: bool = False
+    fp8_qk: bool = False
 
 
-def decode_tiling(head_dim: int, fp8: bool, direct: bool, programs: int) -> DecodeTiling:
+def fp8_qk_on(device: torch.device) -> bool:
+    """decode_tiling may round q to float8 for q.K: a CUDA device with float8 wgmma (sm_90+), where it was measured."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def decode_tiling(head_dim: int, fp8: bool, direct: bool, programs: int, fp8_mma: bool = False) -> DecodeTiling:
     """paged_decode_attention's default tiling. A bf16 cache, or a float8 one read by few programs: decode_block_n's
-    tile over 3 stages. A float8 cache read by FP8_HALVES_PROGRAMS (sequence, KV head) programs or more: the key
-    loop over the two halves of the head (88 registers a thread against 128 under Triton 3.6: 5 programs an SM
-    against 4); in one split (direct) by FP8_WIDE_TILE_PROGRAMS or more, 128-key tiles over 2 stages as well.
+    tile over 3 stages. A float8 cache read by FP8_HALVES_PROGRAMS (sequence, KV head) programs or more: with
+    fp8_mma (fp8_qk_on) and FP8_QK_HEAD_DIM-wide heads, q rounded to float8 and q.K on the float8 MMA in 64-key tiles
+    over 2 stages (the constants' comment has the measurements); else the key loop over the two halves of the head
+    (88 registers a thread against 128 under Triton 3.6: 5 programs an SM against 4), and in one split (direct) by
+    FP8_WIDE_TILE_PROGRAMS or more, 128-key tiles over 2 stages as well.
 
     kernel_sweep attention on the H200 (2026-12-02, 8B heads, us per call; the earlier default beside each):
     256 x 1,024 keys 203.5 against 227.6 (128-key tiles), 192 x 850 128.6 against 147.3, 128 x 1,024 108.7 against
@@ -155,6 +169,8 @@ def decode_tiling(head_dim: int, fp8: bool, direct: bool, programs: int) -> Deco
     tile = decode_block_n(head_dim)
     if not fp8 or head_dim > 128 or programs < FP8_HALVES_PROGRAMS:
         return DecodeTiling(tile)
+    if fp8_mma and head_dim == FP8_QK_HEAD_DIM:
+        return DecodeTiling(64, num_stages=2, fp8_qk=True)
     if direct and programs >= FP8_WIDE_TILE_PROGRAMS:
         return DecodeTiling(128, num_stages=2, head_halves=True)
     return DecodeTiling(tile, head_halves=True)
@@ -289,7 +305,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            fp8_conversion: int | None = None, block_n: int | None = None,
                            num_stages: int | None = None, heads_first: bool = False,
                            new_tokens: NewTokens | None = None, head_halves: bool | None = None,
-                           fp8_qk: bool = False, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                           fp8_qk: bool | None = None, prefetch: torch.Tensor | None = None) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -316,7 +332,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     running together read a token's heads side by side) are kernel_sweep attention's knobs for a float8 cache's
     decode, which at 128+ sequences reads half bf16's bytes in 0.8-0.9x its time. fp8_qk (a float8 cache, sm_89+
     or the interpreter): one_token_attention's FP8_QK, q.K in float8 with q rounded per head
-    (paged_decode_attention_reference's fp8_qk); not measured on a GPU, so off.
+    (paged_decode_attention_reference's fp8_qk); None: decode_tiling's (on for 128-wide heads from
+    FP8_HALVES_PROGRAMS programs on sm_90+).
 
     prefetch (a contiguous tensor the step reads next, graphllm.attention's hint): on sm_90+ the split kernel's
     programs fetch it into L2 as they start, each its share by one bulk prefetch (gdc.prefetch_share); a hint,
@@ -343,7 +360,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_d = triton.next_power_of_2(head_dim)
     kv_fp8 = kv_fp8_mode(k_cache.dtype, q)
     kv_fp8 = fp8_conversion if kv_fp8 and fp8_conversion is not None else kv_fp8
-    tiling = decode_tiling(head_dim, bool(kv_fp8), direct, batch * num_kv_heads)
+    fp8_mma = fp8_qk_on(q.device) and fp8_qk is not False and not head_halves  # else the converted keys' tiling
+    tiling = decode_tiling(head_dim, bool(kv_fp8), direct, batch * num_kv_heads, fp8_mma)
+    fp8_qk = tiling.fp8_qk if fp8_qk is None else fp8_qk
     block_n = block_n or tiling.block_n
     num_stages = tiling.num_stages if num_stages is None else num_stages
     if fp8_qk:

@@ -254,3 +254,30 @@ def test_bf16_graphs_with_the_o_proj_prefetch_give_the_same_rows(bf16_model, his
         del engine
     assert rows[True] == rows[False]
     assert hints[True] > 0 and hints[False] == 0
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
+                    reason="decode_tiling rounds q to float8 on sm_90+ only")
+def test_fp8_cache_with_q_rounded_for_q_k_agrees_as_the_converted_keys_do(bf16_model, histories_and_reference,
+                                                                          fuse_rope_attention, monkeypatch):
+    """decode_tiling's fp8_qk (an fp8 cache's decode with q rounded to float8 per head and q.K on the float8 wgmma,
+    from FP8_HALVES_PROGRAMS programs: 32 sequences of the 8B shape) forced on for these 8 sequences: the compiled
+    bf16 engine over an fp8 cache agrees with the eager engine (bf16 cache) within two points of the same engine
+    whose decode takes q.K over converted keys. Both agreements are printed (RESULTS.md has them)."""
+    import graphllm.kernels.paged_decode_attention as decode
+    histories, reference = histories_and_reference
+    art = compile_cached(bf16_config(bf16_model, fuse_rope_attention), bf16_model)
+    tilings, real = [], decode.decode_tiling
+    monkeypatch.setattr(decode, "decode_tiling", lambda *a: tilings.append(real(*a)) or tilings[-1])
+    values, rounded = {}, {}
+    for rounds in (False, True):
+        tilings.clear()
+        monkeypatch.setattr(decode, "FP8_HALVES_PROGRAMS", 1 if rounds else 1 << 20)
+        engine = Engine.load(art, attention_backend="triton", async_scheduling=False, kv_cache_dtype="fp8")
+        values[rounds] = agreement(reference, teacher_forced_top1(engine, histories))
+        rounded[rounds] = sum(t.fp8_qk for t in tilings)
+        del engine
+    print(f"fp8 cache, teacher-forced top-1 agreement with the eager bf16 engine: q.K over converted keys "
+          f"{values[False]:.4f}, q rounded to float8 {values[True]:.4f}")
+    assert rounded[True] > 0 and rounded[False] == 0
+    assert values[True] >= values[False] - 0.02

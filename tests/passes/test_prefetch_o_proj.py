@@ -64,16 +64,18 @@ def test_cpu_graph_is_left_alone_and_the_switch_adds_the_pass_last():
 def test_triton_backend_passes_the_hint_to_small_decode_launches_on_sm90_only(monkeypatch):
     pytest.importorskip("triton")
     from graphllm.backends.triton_backend import TritonBackend
-    from tests.kernels.conftest import make_paged_kv, record_split_launches
+    from graphllm.kernels.gdc import bulk_prefetch_on
+    from tests.kernels.conftest import DEVICE, make_paged_kv, record_split_launches
     backend = TritonBackend()
-    weight = torch.randn(64, 32)
-    q = torch.randn(3, 4, 32)
+    weight = torch.randn(64, 32, device=DEVICE)
+    q = torch.randn(3, 4, 32, device=DEVICE)
     assert backend._prefetch(weight, q) is weight
     backend.prefetch_max_seqs = 2
     assert backend._prefetch(weight, q) is None
     backend.prefetch_max_seqs = 16
     kv_cache, tables = make_paged_kv([5, 9, 17], 16, 2, 32, torch.float32, 0)
-    lens = torch.tensor([5, 9, 17])
+    lens = torch.tensor([5, 9, 17], device=DEVICE)
     launches = record_split_launches(monkeypatch)
-    backend._attend(q, kv_cache, tables, lens, torch.arange(4), 32 ** -0.5, 0, 0.0, weight)
-    assert launches and "PREFETCH" not in launches[0][1]  # the interpreter: no bulk prefetch, the hint dropped
+    backend._attend(q, kv_cache, tables, lens, torch.arange(4, device=DEVICE), 32 ** -0.5, 0, 0.0, weight)
+    # sm_90+: one bulk prefetch a program; the interpreter and older GPUs: the hint dropped
+    assert launches and launches[0][1].get("PREFETCH", False) == bulk_prefetch_on(q.device)
