@@ -24,6 +24,8 @@
 #              alone, stopping at the first failure with its traceback;  full1-B / fulltput-B  latency1-B /
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
+#   recheck-tests  the GPU tests that failed on 2026-12-02 for the test's own reasons (CPU tensors, a reference
+#              dividing by a Python float), after their fixes
 #   prefetch1-B latency1-B with --prefetch-o-proj (decode attention prefetches o_proj's weight into L2: the A/B
 #              against latency1-B); prefetchq-S  qlat-S with it;  prefetch-tests  its pass and engine tests
 #   unfused1-B latency1-B with --no-fuse-rope-decode (rope_store_kv before the decode kernel again: the A/B of the
@@ -132,6 +134,11 @@ for stage in "$@"; do
         "tests/kernels/test_paged_decode_attention.py::test_decode_fp8_qk_matches_reference" \
         "tests/gpu/test_attention_backends.py::test_fp8_cache_with_q_rounded_for_q_k_agrees_as_the_converted_keys_do" \
         2>&1 | grep -v DEBUG > "$OUT/r/fp8-engine-tests.full"; grep -v "^\.*$" "$OUT/r/fp8-engine-tests.full" | tail -40 ;;
+    recheck-tests) timeout 200 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        tests/passes/test_prefetch_o_proj.py "tests/kernels/test_paged_decode_attention.py::test_quantize_query_heads_rounds_as_torch" \
+        "tests/kernels/test_paged_decode_attention.py::test_decode_fp8_qk_matches_reference" \
+        "tests/kernels/test_paged_decode_attention.py::test_decode_tiling_rounds_q_where_the_gpu_has_float8_mma" \
+        2>&1 | grep -v "^\.*$" | tail -30 ;;
     fp8-tests) timeout 540 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_store_kv.py tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py \
         tests/kernels/test_triton_backend.py tests/ops/test_kv_quant.py tests/runtime/test_kv_cache_dtype.py 2>&1 \

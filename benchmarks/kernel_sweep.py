@@ -338,10 +338,11 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     "fp8qk_block128_stages2": dict(fp8_qk=True, block_n=128, num_stages=2)}
 
 
-def decode_launch_fusions(caches, tables, lens, q, scale) -> dict:
+def decode_launch_fusions(caches, tables, lens, q, scale, fp8_caches=None) -> dict:
     """us per call of a decode layer's attention launches, bf16, the fusion against what it replaces:
     rope_store_kv then the decode kernel against the decode kernel rotating and storing the new token itself
-    (new_tokens, kernels/rope_decode.py)."""
+    (new_tokens, kernels/rope_decode.py). With fp8_caches, the fused launch over them too, decode_tiling's default
+    against q.K over converted keys (fp8_qk=False): the engine's decode launch over an fp8 cache."""
     batch = q.shape[0]
     k, v = (torch.randn(batch, HKV, HEAD_DIM, device="cuda", dtype=DTYPE) for _ in range(2))
     angles = torch.rand(batch, HEAD_DIM // 2, device="cuda") * 6
@@ -355,6 +356,12 @@ def decode_launch_fusions(caches, tables, lens, q, scale) -> dict:
     out["rope_in_decode_us"] = 1e6 * graph_seconds([
         lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0,
                                            new_tokens=NewTokens(k, v, cos, sin, slots)) for c in caches])
+    fp8_knobs = (("fp8_rope_in_decode_us", {}), ("fp8_rope_in_decode_converted_us", dict(fp8_qk=False)))
+    for name, knobs in fp8_knobs if fp8_caches else ():
+        out[name] = 1e6 * graph_seconds([
+            lambda c=c, kw=knobs: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, **kw,
+                                                         new_tokens=NewTokens(k, v, cos, sin, slots))
+            for c in fp8_caches])
     return out
 
 
@@ -389,7 +396,8 @@ def sweep_attention() -> list[dict]:
         row["fp8_default_us"] = s * 1e6
         row["fp8_tb_s"] = kv_bytes / 2 / s / 1e12
         s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0,
-                                                              fp8_conversion=FP8_TRITON.value) for c in fp8_caches])
+                                                              fp8_conversion=FP8_TRITON.value, fp8_qk=False)
+                           for c in fp8_caches])
         row["fp8_triton_conversion_us"] = s * 1e6  # the default converts as loaded (FP8_CVT): the A/B
         row["fp8_triton_conversion_tb_s"] = kv_bytes / 2 / s / 1e12
         s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, fp8_qk=False)
@@ -404,7 +412,7 @@ def sweep_attention() -> list[dict]:
         s = graph_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, heads_first=True)
                            for c in caches])
         row["bf16_heads_first_us"] = s * 1e6
-        row.update(decode_launch_fusions(caches, tables, lens, q, scale))
+        row.update(decode_launch_fusions(caches, tables, lens, q, scale, fp8_caches if batch >= 32 else None))
         for name, layers, knobs in (("bf16", caches, {}), ("fp8", fp8_caches, {}),
                                     ("fp8_block128", fp8_caches, dict(block_n=128))):
             major = [head_major(c) for c in layers]  # a page's tokens of one head contiguous: 16 x 128 B in fp8

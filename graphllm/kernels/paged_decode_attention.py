@@ -35,6 +35,7 @@ from graphllm.kernels.fp8_convert import kv_fp8_mode
 from graphllm.kernels.gdc import bulk_prefetch_on, dependent_start, prefetch_share
 from graphllm.kernels.kv_quant import KVScales, dequantize_kv
 from graphllm.kernels.launch import pdl_launch
+from graphllm.kernels.quant_layout import correctly_rounded_div
 from graphllm.kernels.reference import soft_cap
 from graphllm.kernels.rope_decode import NewTokens, exact_mul_on, rotate_rows, store_new_token
 from graphllm.kernels.split_merge import merge_splits
@@ -95,7 +96,9 @@ def quantize_query_heads_reference(q: torch.Tensor) -> torch.Tensor:
     zeros), back in float32: the query attention_loop.quantize_query_heads gives fp8_qk's dots."""
     qf = q.float()
     amax = qf.abs().amax(-1, keepdim=True)
-    scale = torch.where(amax > 0, amax / FP8_MAX.value, torch.ones_like(amax))
+    # correctly rounded, as the kernel's div_rn (by a Python float, CUDA multiplies by the reciprocal: the GPU test
+    # of the kernel's rounding failed on that, 2026-12-02)
+    scale = torch.where(amax > 0, correctly_rounded_div(amax, FP8_MAX.value), torch.ones_like(amax))
     return (qf / scale).clamp(-FP8_MAX.value, FP8_MAX.value).to(torch.float8_e4m3fn).float() * scale
 
 

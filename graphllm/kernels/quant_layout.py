@@ -30,7 +30,7 @@ INT4_PACK = 8  # nibbles per int32 word
 MIN_SCALE = 1e-12  # an all-zero row or group gets this scale, not a division by zero
 
 
-def _div(x: torch.Tensor, divisor: float) -> torch.Tensor:
+def correctly_rounded_div(x: torch.Tensor, divisor: float) -> torch.Tensor:
     """x / divisor correctly rounded: by a float32 tensor (dividing by a Python float multiplies by its
     reciprocal on CUDA, which rounds differently; graphllm/kernels/kv_quant.py measured it)."""
     return x / torch.full((), divisor, dtype=torch.float32, device=x.device)
@@ -41,14 +41,14 @@ def _div(x: torch.Tensor, divisor: float) -> torch.Tensor:
 def quantize_fp8_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [N, K] -> (float8_e4m3fn [N, K], float32 scale [N]), one scale per output channel."""
     w = weight.float()
-    scale = _div(w.abs().amax(dim=1), FP8_MAX).clamp(min=MIN_SCALE)  # [N]
+    scale = correctly_rounded_div(w.abs().amax(dim=1), FP8_MAX).clamp(min=MIN_SCALE)  # [N]
     return (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
 def quantize_int8_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight [N, K] -> (int8 [N, K], float32 scale [N]), symmetric, one scale per output channel."""
     w = weight.float()
-    scale = _div(w.abs().amax(dim=1), 127.0).clamp(min=MIN_SCALE)  # [N]
+    scale = correctly_rounded_div(w.abs().amax(dim=1), 127.0).clamp(min=MIN_SCALE)  # [N]
     return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
 
 
@@ -60,7 +60,7 @@ def quantize_int4_weight(weight: torch.Tensor, group_size: int) -> tuple[torch.T
     w = weight.float().reshape(n, k // group_size, group_size)  # [N, K/G, G]
     lo = w.amin(dim=2).clamp(max=0.0)
     hi = w.amax(dim=2).clamp(min=0.0)
-    scales = _div(hi - lo, 15.0).clamp(min=MIN_SCALE)  # [N, K/G]
+    scales = correctly_rounded_div(hi - lo, 15.0).clamp(min=MIN_SCALE)  # [N, K/G]
     zeros = torch.round(-lo / scales).clamp(0, 15)
     scales, zeros = scales.to(weight.dtype), zeros.to(weight.dtype)  # what dequantization will use
     q = torch.round(w / scales.float()[:, :, None] + zeros.float()[:, :, None]).clamp(0, 15)
@@ -112,7 +112,7 @@ def quantize_fp8_rows(x: torch.Tensor, input_scale: torch.Tensor | None = None) 
     """x [..., K] -> (float8 [..., K], float32 scale [..., 1]): per row, or the static input_scale."""
     xf = x.float()
     if input_scale is None:
-        scale = _div(xf.abs().amax(dim=-1, keepdim=True), FP8_MAX).clamp(min=MIN_SCALE)
+        scale = correctly_rounded_div(xf.abs().amax(dim=-1, keepdim=True), FP8_MAX).clamp(min=MIN_SCALE)
     else:
         scale = input_scale.float().reshape([1] * x.dim()).expand(*x.shape[:-1], 1)
     return (xf / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
