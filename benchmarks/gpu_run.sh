@@ -41,7 +41,8 @@
 #              verify kernel tests alone (fusion-tests has the decode ones);  rope-teacher  teacher with pytest
 #              --no-fuse-rope-attention
 #   ab-throughput-B / ab-latency1-B  throughput-B / latency1-B from the tree in .ab/ (a checkout of an earlier
-#              commit, carried beside this one: a same-run A/B; it shares the preset and the artifact cache)
+#              commit, carried beside this one: a same-run A/B; it shares the preset and the artifact cache);
+#              ab-qtput-fp8kv  qtput-fp8kv from .ab/
 #   soak-start soak-S soak-stop  (issue 17) `graphllm serve` of the 8B preset as a daemon (setsid: it outlives
 #              the call, so one server can take load across two calls), benchmarks/soak.py with 256 clients for
 #              S seconds against it, then SIGTERM and its exit code; the KV pool's state is read after each soak
@@ -202,6 +203,8 @@ for stage in "$@"; do
         -p no:hypothesispytest tests/gpu -k teacher --no-fuse-rope-attention ;;
     ab-throughput-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench throughput --preset llama-3-8b \
         --num-requests 1024 $LIMITS --work $WORK --attention-backend "${stage#ab-throughput-}" --json "$OUT/r/$stage.json") ;;
+    ab-qtput-fp8kv) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench throughput --preset llama-3-8b \
+        --num-requests 1024 $LIMITS --work $WORK --quantization fp8 --kv-cache-dtype fp8 --json "$OUT/r/$stage.json") ;;
     ab-latency1-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency --preset llama-3-8b \
         --batch-sizes 1,8 --input-len 128 --output-len 256 --attention-backend "${stage#ab-latency1-}" $LIMITS \
         --work $WORK --json "$OUT/r/$stage.json") ;;
