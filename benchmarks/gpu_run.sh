@@ -24,10 +24,8 @@
 #              alone, stopping at the first failure with its traceback;  full1-B / fulltput-B  latency1-B /
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
-#   recheck-tests  the GPU tests that failed on 2026-12-02 for the test's own reasons (CPU tensors, a reference
+#   recheck-tests  GPU tests that failed on 2026-12-02 for the tests' own reasons (CPU tensors, a reference
 #              dividing by a Python float), after their fixes
-#   prefetch1-B latency1-B with --prefetch-o-proj (decode attention prefetches o_proj's weight into L2: the A/B
-#              against latency1-B); prefetchq-S  qlat-S with it;  prefetch-tests  its pass and engine tests
 #   unfused1-B latency1-B with --no-fuse-rope-decode (rope_store_kv before the decode kernel again: the A/B of the
 #              decode kernel's own rotary + KV write, kernels/rope_decode.py; the same artifact)
 #   fusion-tests  the decode kernel tests, its rotary tests and the engines with it on (GPU rows)
@@ -122,7 +120,7 @@ for stage in "$@"; do
   case $stage in fam*-*|pdlfam-*) preset=${stage#*-} ;; moe-*) preset=qwen3-30b-a3b ;; startup*) preset=startup ;;
     *) preset=llama-3-8b ;; esac
   need=40; [ -d "$WORK/models/$preset" ] && need=20
-  case $stage in fam*|latency*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|prefetch1-*|prefetchq-*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*)
+  case $stage in fam*|latency*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*)
     [ "$(free_gb)" -lt $need ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
       rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; } ;;
   esac
@@ -136,7 +134,7 @@ for stage in "$@"; do
         "tests/gpu/test_attention_backends.py::test_fp8_cache_with_q_rounded_for_q_k_agrees_as_the_converted_keys_do" \
         2>&1 | grep -v DEBUG > "$OUT/r/fp8-engine-tests.full"; grep -v "^\.*$" "$OUT/r/fp8-engine-tests.full" | tail -40 ;;
     recheck-tests) timeout 200 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
-        tests/passes/test_prefetch_o_proj.py "tests/kernels/test_paged_decode_attention.py::test_quantize_query_heads_rounds_as_torch" \
+        "tests/kernels/test_paged_decode_attention.py::test_quantize_query_heads_rounds_as_torch" \
         "tests/kernels/test_paged_decode_attention.py::test_decode_fp8_qk_matches_reference" \
         "tests/kernels/test_paged_decode_attention.py::test_decode_tiling_rounds_q_where_the_gpu_has_float8_mma" \
         2>&1 | grep -v "^\.*$" | tail -30 ;;
@@ -212,14 +210,6 @@ for stage in "$@"; do
         tests/kernels/test_rope_decode.py tests/kernels/test_paged_decode_attention.py \
         tests/kernels/test_triton_backend.py::test_decode_rope_fusion_over_splits_gives_the_reference_tokens \
         "tests/gpu/test_attention_backends.py::test_bf16_graphs_with_rope_in_the_decode_kernel_give_the_same_rows" \
-        2>&1 | grep -v "^\.*$" | tail -30 ;;
-    prefetch1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
-        --prefetch-o-proj --attention-backend "${stage#prefetch1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
-    prefetchq-*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS \
-        --work $WORK --quantization "${stage#prefetchq-}" --prefetch-o-proj --json "$OUT/r/$stage.json" ;;
-    prefetch-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
-        tests/passes/test_prefetch_o_proj.py \
-        "tests/gpu/test_attention_backends.py::test_bf16_graphs_with_the_o_proj_prefetch_give_the_same_rows" \
         2>&1 | grep -v "^\.*$" | tail -30 ;;
     unfused1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
         --no-fuse-rope-decode --attention-backend "${stage#unfused1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;

@@ -83,7 +83,6 @@ class EngineConfig:
     skinny_linear: bool = True
     linear_prologue: bool = True
     fp8_linear_prologue: bool = False
-    prefetch_o_proj: bool = False
     quantization: str | None = None
     quantization_group_size: int = 128
     quantize_lm_head: bool = False
@@ -135,7 +134,7 @@ class EngineConfig:
         return CompileConfig(dtype=self.dtype, max_model_len=self.max_model_len,
                              fuse_rope_attention=self.fuse_rope_attention, skinny_linear=self.skinny_linear,
                              linear_prologue=self.linear_prologue, fp8_linear_prologue=self.fp8_linear_prologue,
-                             prefetch_o_proj=self.prefetch_o_proj, inductor_pdl=self.enable_pdl,
+                             inductor_pdl=self.enable_pdl,
                              quantization=self.quantization,
                              quantization_group_size=self.quantization_group_size,
                              quantize_lm_head=self.quantize_lm_head,
@@ -195,10 +194,6 @@ class CompileConfig:
     # norm + quantize. Off by default: measured slower at batch 1 on the H200 (282.2 tok/s against 309.5, 2026-11-29,
     # benchmarks/RESULTS.md; needs linear_prologue)
     fp8_linear_prologue: bool = False
-    # GPU graphs: each attention op gets the weight of the linear after it (o_proj) as its prefetch hint, which the
-    # triton backend's decode kernel fetches into L2 while it attends (the prefetch_o_proj pass). Off until a GPU
-    # A/B says it is faster
-    prefetch_o_proj: bool = False
     # GPU graphs: q/k rotary inside the attention op's KV write, one Triton launch instead of two
     # rotary kernels and store_kv (was GRAPHLLM_FUSED_ROPE=1). On by default since the fifteenth
     # session: on the H200 its launch without fp contraction gives the unfused path's bf16

@@ -92,8 +92,7 @@ class AttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
                 positions: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
                 seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-                sliding_window: int, logit_softcap: float = 0.0, prefetch: torch.Tensor | None = None) -> torch.Tensor:
-        """graphllm.attention; prefetch: the op's L2 hint, which a backend may ignore."""
+                sliding_window: int, logit_softcap: float = 0.0) -> torch.Tensor:
         raise NotImplementedError
 
     def mla_forward(self, q: torch.Tensor, kv: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
@@ -106,9 +105,9 @@ class AttentionBackend:
                      sin: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
                      slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                      query_start_loc: torch.Tensor, scale: float, sliding_window: int,
-                     logit_softcap: float = 0.0, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                     logit_softcap: float = 0.0) -> torch.Tensor:
         """forward() of q and k rotated by cos, sin ([T, D]); backends with a fused rotary + KV-write
         kernel override it. The result is contiguous."""
         return self.forward(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, kv_cache, positions,
                             slot_mapping, block_tables, seq_lens, query_start_loc, scale, sliding_window,
-                            logit_softcap, prefetch=prefetch)
+                            logit_softcap)

@@ -70,13 +70,13 @@ class FlashInferBackend(AttentionBackend):
         return self.graph_decoders[bucket]
 
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
-                scale, sliding_window, logit_softcap=0.0, prefetch=None):
+                scale, sliding_window, logit_softcap=0.0):
         self._check(scale, sliding_window, logit_softcap)
         store_kv(k, v, kv_cache, slot_mapping)
         return self.active.run(q.contiguous(), (kv_cache[0], kv_cache[1]))
 
     def rope_forward(self, q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens,
-                     query_start_loc, scale, sliding_window, logit_softcap=0.0, prefetch=None):
+                     query_start_loc, scale, sliding_window, logit_softcap=0.0):
         self._check(scale, sliding_window, logit_softcap)
         q = rope_store_kv(q, k, v, cos, sin, kv_cache, slot_mapping)
         return self.active.run(q, (kv_cache[0], kv_cache[1]))

@@ -14,7 +14,7 @@ class TorchBackend(AttentionBackend):
     name = "torch"
 
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
-                scale, sliding_window, logit_softcap=0.0, prefetch=None):
+                scale, sliding_window, logit_softcap=0.0):
         write_kv_cache(k, v, kv_cache, slot_mapping, self.scales_for(kv_cache))
         out = reference_attention(q, kv_cache, positions, block_tables, query_start_loc, scale, sliding_window,
                                   self.scales_for(kv_cache), logit_softcap)

@@ -40,9 +40,6 @@ class TritonBackend(AttentionBackend):
     # (kernels/rope_decode.py), one launch a layer fewer than rope_store_kv then the split kernel; on:
     # EngineConfig.fuse_rope_decode (on by default; --no-fuse-rope-decode: rope_store_kv, then the split kernel)
     fuse_rope_decode: bool = True
-    # graphllm.attention's prefetch hint (the o_proj weight, the prefetch_o_proj pass) goes to the decode kernel at
-    # up to this many sequences, where its KV reads leave the HBM idle most of the time
-    prefetch_max_seqs: int = 16
 
     @property
     def mixed_step_graphs(self) -> bool:
@@ -61,26 +58,21 @@ class TritonBackend(AttentionBackend):
         return most if (tokens, seqs) == (q.shape[0], seq_lens.shape[0]) else None
 
     def forward(self, q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
-                scale, sliding_window, logit_softcap=0.0, prefetch=None):
+                scale, sliding_window, logit_softcap=0.0):
         store_kv(k, v, kv_cache, slot_mapping, self.scales_for(kv_cache))
         return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window,
-                            logit_softcap, prefetch)
+                            logit_softcap)
 
     def rope_forward(self, q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens,
-                     query_start_loc, scale, sliding_window, logit_softcap=0.0, prefetch=None):
+                     query_start_loc, scale, sliding_window, logit_softcap=0.0):
         if self.fuse_rope_decode and q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
                                           sliding_window, kv_scales=self.scales_for(kv_cache),
                                           logit_softcap=logit_softcap,
-                                          new_tokens=NewTokens(k, v, cos, sin, slot_mapping),
-                                          prefetch=self._prefetch(prefetch, q))
+                                          new_tokens=NewTokens(k, v, cos, sin, slot_mapping))
         q = rope_store_kv(q, k, v, cos, sin, kv_cache, slot_mapping, self.scales_for(kv_cache))
         return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window,
-                            logit_softcap, prefetch)
-
-    def _prefetch(self, prefetch, q):
-        """The hint for a decode launch of q's sequences: prefetch up to prefetch_max_seqs, else None."""
-        return prefetch if q.shape[0] <= self.prefetch_max_seqs else None
+                            logit_softcap)
 
     def mla_forward(self, q, kv, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                     scale, kv_lora_rank):
@@ -90,12 +82,11 @@ class TritonBackend(AttentionBackend):
             return mla_decode_attention(q, cache, block_tables, seq_lens, scale, kv_lora_rank)
         return mla_prefill_attention(q, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank)
 
-    def _attend(self, q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window, logit_softcap,
-                prefetch=None):
+    def _attend(self, q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window, logit_softcap):
         if q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
                                           sliding_window, kv_scales=self.scales_for(kv_cache),
-                                          logit_softcap=logit_softcap, prefetch=self._prefetch(prefetch, q))
+                                          logit_softcap=logit_softcap)
         most = self._max_new_tokens(q, seq_lens)
         if self.verify_kernel and most is not None and 1 < most <= MAX_TOKENS:
             return paged_verify_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,

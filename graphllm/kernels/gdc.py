@@ -9,12 +9,8 @@ anything an earlier kernel wrote or writes anything:
     dependent_start(lines)        the same around an L2 prefetch of `lines`, the program's first weight step (the
                                   decode linears: the weights are the model's, no kernel writes them), e.g.
                                   weight_lines' for an [N, K] weight
-
-and, launched with PDL or not, `prefetch_share(ptr, nbytes)`: each program's share of a tensor the step reads next
-into L2 by one bulk prefetch (the decode attention kernel's for the o_proj weight: graphllm.attention's hint).
 """
 
-import torch
 import triton
 import triton.language as tl
 
@@ -44,25 +40,3 @@ def weight_lines(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K: tl.constexpr):
     LINES: tl.constexpr = BLOCK_K // LINE if BLOCK_K >= LINE else 1
     rows = tl.minimum(offs_n, N - 1).to(tl.int64)
     return w_ptr + rows[:, None] * stride_wn + (k_lo + LINE * tl.arange(0, LINES))[None, :]
-
-
-def bulk_prefetch_on(device: torch.device) -> bool:
-    """prefetch_share's cp.async.bulk.prefetch.L2 exists: a CUDA device of sm_90 or newer (not the interpreter)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
-
-
-@triton.jit
-def prefetch_share(ptr, nbytes):
-    """This program's share of the nbytes at ptr (16-byte aligned) into L2: the programs of the grid split them in
-    16-byte multiples, and thread 0 of each issues one cp.async.bulk.prefetch.L2 of its share (sm_90: the TMA
-    unit fetches it; nothing waits, nothing faults past the end, which no share reaches)."""
-    programs = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-    pid = (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(2) + tl.program_id(2)
-    share = tl.cdiv(tl.cdiv(nbytes, programs), 16) * 16
-    start = pid.to(tl.int64) * share
-    size = tl.minimum(share, tl.maximum(nbytes - start, 0))
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.and.u32 p, t, 0, $3; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; }",
-        "=r,l,r,b", [ptr.to(tl.pointer_type(tl.uint8)) + start, size.to(tl.int32), size > 0], dtype=tl.int32,
-        is_pure=False, pack=1)

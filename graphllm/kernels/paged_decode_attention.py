@@ -32,7 +32,7 @@ import triton.language as tl
 
 from graphllm.kernels.attention_loop import FP8_MAX, one_token_attention
 from graphllm.kernels.fp8_convert import kv_fp8_mode
-from graphllm.kernels.gdc import bulk_prefetch_on, dependent_start, prefetch_share
+from graphllm.kernels.gdc import dependent_start
 from graphllm.kernels.kv_quant import KVScales, dequantize_kv
 from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.quant_layout import correctly_rounded_div
@@ -221,16 +221,13 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          ROPE: tl.constexpr = False, EXACT_MUL: tl.constexpr = False, k_new_ptr=None, v_new_ptr=None,
                          cos_ptr=None, sin_ptr=None, slot_ptr=None, stride_kt=0, stride_kh=0, stride_vt=0, stride_vh=0,
                          stride_ct=0, k_store_scale=1.0, v_store_scale=1.0, HALVES: tl.constexpr = False,
-                         FP8_QK: tl.constexpr = False, prefetch_ptr=None, prefetch_bytes=0,
-                         PREFETCH: tl.constexpr = False):
+                         FP8_QK: tl.constexpr = False):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
     if HEADS_FIRST:  # grid (kv heads, sequences, splits): a sequence's heads run side by side
         kvh, b, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     else:
         b, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if PREFETCH:  # the next linear's weight into L2 while this step attends: its share of the bytes, one bulk copy
-        prefetch_share(prefetch_ptr, prefetch_bytes)
     q_row = _query_row(query_start_loc_ptr, b, MIXED)
     if MIXED:  # a constexpr branch: a plain decode launch keeps its instructions
         if q_row < 0:
@@ -308,7 +305,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            fp8_conversion: int | None = None, block_n: int | None = None,
                            num_stages: int | None = None, heads_first: bool = False,
                            new_tokens: NewTokens | None = None, head_halves: bool | None = None,
-                           fp8_qk: bool | None = None, prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                           fp8_qk: bool | None = None) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -337,10 +334,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     or the interpreter): one_token_attention's FP8_QK, q.K in float8 with q rounded per head
     (paged_decode_attention_reference's fp8_qk); None: decode_tiling's (on for 128-wide heads from
     FP8_HALVES_PROGRAMS programs on sm_90+).
-
-    prefetch (a contiguous tensor the step reads next, graphllm.attention's hint): on sm_90+ the split kernel's
-    programs fetch it into L2 as they start, each its share by one bulk prefetch (gdc.prefetch_share); a hint,
-    no value changes. Elsewhere it is ignored.
 
     new_tokens (plain decode only): q and new_tokens.k are not yet rotated, and the new keys and values are not
     yet in the cache; the kernel rotates both and stores them first (rope_decode.py), what rope_store_kv and
@@ -378,9 +371,6 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     softcap = logit_softcap > 0
     extra = {} if new_tokens is None else rope_arguments(new_tokens, q, mixed, kv_scales)
-    if prefetch is not None and bulk_prefetch_on(q.device):
-        assert prefetch.is_contiguous() and prefetch.device == q.device
-        extra.update(PREFETCH=True, prefetch_ptr=prefetch, prefetch_bytes=prefetch.numel() * prefetch.element_size())
     grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
     _decode_split_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, starts, out, part_out, part_lse,

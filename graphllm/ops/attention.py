@@ -69,24 +69,21 @@ class AttentionMetadata(NamedTuple):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor,
               positions: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
               seq_lens: torch.Tensor, query_start_loc: torch.Tensor, scale: float,
-              sliding_window: int, logit_softcap: float = 0.0,
-              prefetch: torch.Tensor | None = None) -> torch.Tensor:
+              sliding_window: int, logit_softcap: float = 0.0) -> torch.Tensor:
     """Write k/v ([T, Hkv, D]) into kv_cache at slot_mapping, then attend q ([T, Hq, D]).
 
     Returns [T, Hq, D] in q's dtype. sliding_window <= 0 means full attention; otherwise token
     at position p sees keys at positions p - sliding_window + 1 .. p (Mistral's convention).
     logit_softcap > 0: the scaled scores s become logit_softcap * tanh(s / logit_softcap) before
-    the mask (Gemma 2's attention-logit soft-capping); 0 = off. prefetch: a tensor the step reads next (the
-    output projection's weight, the prefetch_o_proj pass), which a backend may fetch into L2 while it attends;
-    a hint that changes no value.
+    the mask (Gemma 2's attention-logit soft-capping); 0 = off.
     """
     return active_backend().forward(q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens,
-                                    query_start_loc, scale, sliding_window, logit_softcap, prefetch=prefetch)
+                                    query_start_loc, scale, sliding_window, logit_softcap)
 
 
 @attention.register_fake
 def _(q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
-      scale, sliding_window, logit_softcap=0.0, prefetch=None):
+      scale, sliding_window, logit_softcap=0.0):
     return torch.empty_like(q)
 
 
@@ -94,8 +91,7 @@ def _(q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_
 def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    kv_cache: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                    block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                   scale: float, sliding_window: int, logit_softcap: float = 0.0,
-                   prefetch: torch.Tensor | None = None) -> torch.Tensor:
+                   scale: float, sliding_window: int, logit_softcap: float = 0.0) -> torch.Tensor:
     """attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, ...), cos and sin [T, D].
 
     What the fuse_rope_attention pass puts in place of a layer's rotary embedding and attention
@@ -103,11 +99,10 @@ def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch
     three). Returns [T, Hq, D], contiguous, in q's dtype.
     """
     return active_backend().rope_forward(q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables,
-                                         seq_lens, query_start_loc, scale, sliding_window, logit_softcap,
-                                         prefetch=prefetch)
+                                         seq_lens, query_start_loc, scale, sliding_window, logit_softcap)
 
 
 @rope_attention.register_fake
 def _(q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
-      scale, sliding_window, logit_softcap=0.0, prefetch=None):
+      scale, sliding_window, logit_softcap=0.0):
     return q.new_empty(q.shape)

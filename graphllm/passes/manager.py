@@ -6,7 +6,7 @@ quantize_fp8 for the MoE experts, and a rank's shard_tp runs before both, so eac
 own slices), gate/up must be fused before silu·mul can match its split, and skinny_linear
 comes after every pass that matches aten.linear, linear_prologue after it (it folds norms
 into graphllm.linear), and for fp8 quantize_fp8_activations after all of them (one activation
-quantization per fused linear), then prefetch_o_proj (o_proj's op and weight are final by then); clean-up (no-op elimination, then dead code) always runs last. A pass
+quantization per fused linear); clean-up (no-op elimination, then dead code) always runs last. A pass
 meant for some devices only (`GraphPass.devices`) is skipped on other graphs, and its report
 says why. `uuid()` hashes the list and every pass's uuid,
 so an artifact's cache key changes whenever any pass changes.
@@ -65,7 +65,6 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     from graphllm.passes.fusion.fuse_rope_attention import FuseRopeAttention
     from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
     from graphllm.passes.lowering.linear_prologue import LinearPrologue
-    from graphllm.passes.lowering.prefetch_o_proj import PrefetchOProj
     from graphllm.passes.lowering.skinny_linear import SkinnyLinear
     from graphllm.passes.quantization.quantize_fp8_activations import QuantizeFP8Activations
     from graphllm.passes.quantization.quantize_fp8_experts import QuantizeFP8Experts
@@ -85,8 +84,6 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     if scheme == "fp8":  # the experts: quantized here, or the checkpoint's (a dense graph has none: a no-op)
         quantize.append(QuantizeFP8Experts(None if prequantized is None else prequantized.experts))
     late = [QuantizeFP8Activations()] if scheme == "fp8" else []  # after the fusions: one per fused linear
-    if config.prefetch_o_proj:  # last: o_proj's op and weight are final
-        late.append(PrefetchOProj())
     return [EliminateNoops()] + quantize + [cls() for wanted, cls in chosen if wanted] + late + cleanup
 
 

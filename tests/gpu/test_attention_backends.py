@@ -232,30 +232,6 @@ def test_bf16_graphs_with_rope_in_the_decode_kernel_give_the_same_rows(bf16_mode
     assert fused[True] > 0 and fused[False] == 0
 
 
-def test_bf16_graphs_with_the_o_proj_prefetch_give_the_same_rows(bf16_model, histories_and_reference,
-                                                                  fuse_rope_attention, monkeypatch):
-    """prefetch_o_proj: the decode kernel fetches o_proj's weight into L2 as it starts (one bulk prefetch a
-    program). A hint, so every teacher-forced top-1 row, one sequence at a time and eight together, is the one the
-    engine without it gives; and the hinted engine's decode launches did get the weight."""
-    import graphllm.backends.triton_backend as tb
-    histories, _ = histories_and_reference
-    config = bf16_config(bf16_model, fuse_rope_attention)
-    arts = {on: compile_cached(dataclasses.replace(config, prefetch_o_proj=on), bf16_model) for on in (False, True)}
-    hinted, real = [], tb.paged_decode_attention
-    monkeypatch.setattr(tb, "paged_decode_attention", lambda *a, **kw: hinted.append(
-        kw.get("prefetch") is not None) or real(*a, **kw))
-    rows, hints = {}, {}
-    for on, art in arts.items():
-        hinted.clear()
-        engine = Engine.load(art, attention_backend="triton", async_scheduling=False)
-        rows[on] = ([row for history in histories[:8] for row in teacher_forced_top1(engine, [history])],
-                    teacher_forced_top1(engine, histories[:8]))
-        hints[on] = sum(hinted)
-        del engine
-    assert rows[True] == rows[False]
-    assert hints[True] > 0 and hints[False] == 0
-
-
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
                     reason="decode_tiling rounds q to float8 on sm_90+ only")
 def test_fp8_cache_with_q_rounded_for_q_k_agrees_as_the_converted_keys_do(bf16_model, histories_and_reference,

@@ -74,12 +74,6 @@ def variants():
         yield decode._decode_split_kernel, pointer_types(FP8_CVT.value), dict(
             SHAPE, BLOCK_G=16, BLOCK_N=block_n, DIRECT=direct, MIXED=False, KV_FP8=FP8_CVT.value, SOFTCAP=False,
             FP8_QK=True), {"num_stages": 3 if block_n == 64 else 2}
-    # the engine's decode launch with the prefetch_o_proj hint: the o_proj weight's share into L2 by one bulk prefetch
-    yield decode._decode_split_kernel, dict(pointer_types(False), k_new_ptr="*bf16", v_new_ptr="*bf16",
-                                            cos_ptr="*bf16", sin_ptr="*bf16", slot_ptr="*i64", k_store_scale="fp32",
-                                            v_store_scale="fp32", prefetch_ptr="*bf16", prefetch_bytes="i64"), dict(
-        SHAPE, BLOCK_G=16, DIRECT=False, MIXED=False, KV_FP8=0, SOFTCAP=False, ROPE=True, EXACT_MUL=True,
-        PREFETCH=True), {}
     rope_types = dict(pointer_types(FP8_CVT.value), k_new_ptr="*bf16", v_new_ptr="*bf16", cos_ptr="*bf16",
                       sin_ptr="*bf16", slot_ptr="*i64", k_store_scale="fp32", v_store_scale="fp32")
     yield decode._decode_split_kernel, rope_types, dict(  # and with the rotary inside (the engine's decode)
@@ -260,9 +254,6 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
         byte_loads = len(re.findall(r"ld\.shared(\.v\d)?\.[bu]8", asm["ptx"]))
         if byte_loads or "ldmatrix" not in asm["ptx"]:
             raise AssertionError(f"the float8 tile is read back from shared memory by {byte_loads} byte loads")
-    if (kernel is decode._decode_split_kernel and constexprs.get("PREFETCH")
-            and asm["ptx"].count("cp.async.bulk.prefetch.L2.global") != 1):
-        raise AssertionError("PREFETCH: not one cp.async.bulk.prefetch.L2 in the PTX")
     if constexprs.get("FP8_QK") and ".e4m3.e4m3" not in asm["ptx"]:
         # the keys on the MMA's M side: sm_90's float8 wgmma reads the key tile from shared memory
         raise AssertionError("FP8_QK: no float8 MMA (wgmma ... .e4m3.e4m3) in the PTX")

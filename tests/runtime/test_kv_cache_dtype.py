@@ -83,8 +83,8 @@ def test_fp8_cache_greedy_agrees_with_auto(arch, tiny_model_dir, auto_top1):
 class ZeroedCache(TorchBackend):
     """Stores zeros for every key and value: what a broken cache write looks like."""
 
-    def forward(self, q, k, v, kv_cache, *rest, **hints):
-        return super().forward(q, torch.zeros_like(k), torch.zeros_like(v), kv_cache, *rest, **hints)
+    def forward(self, q, k, v, kv_cache, *rest):
+        return super().forward(q, torch.zeros_like(k), torch.zeros_like(v), kv_cache, *rest)
 
 
 def test_agreement_bound_catches_an_all_zero_cache(tiny_model_dir, auto_top1):
