@@ -26,6 +26,11 @@ FP8_TRITON = tl.constexpr(1)
 FP8_CVT = tl.constexpr(2)
 
 
+def fp8_dots_on(device: torch.device) -> bool:
+    """tl.dot takes float8e4nv operands: sm_89+, and the interpreter."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
+
+
 def kv_fp8_mode(cache_dtype: torch.dtype, q: torch.Tensor) -> int:
     """The attention kernels' KV_FP8 for a cache of cache_dtype read by queries q."""
     if not is_fp8(cache_dtype):

@@ -46,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from graphllm.kernels.fp8_convert import fp8_dots_on
 from graphllm.kernels.gdc import dependent_start, weight_lines
 from graphllm.kernels.int8_matmul import MAX_ROWS, decode_split_k, m_bucket, plan_launch, tile_ids
 from graphllm.kernels.quant_layout import fp8_linear_reference, fp8_quantized_linear_reference  # noqa: F401 - oracles
@@ -348,7 +349,7 @@ def _launch(x: torch.Tensor, x_scale: torch.Tensor, mode: int, weight: torch.Ten
         X_MODE=mode, HAS_BIAS=bias is not None, BLOCK_M=plan.block_m, BLOCK_N=config["BLOCK_N"],
         BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, GROUP_M=config.get("GROUP_M", 8),
         SWAP_AB=config.get("SWAP_AB", False), EVEN_N=n % config["BLOCK_N"] == 0,
-        EVEN_K=plan.k_split * plan.split_k == k, FP8_DOT=_fp8_dot(x.device), PROLOGUE=PROLOGUES[prologue],
+        EVEN_K=plan.k_split * plan.split_k == k, FP8_DOT=fp8_dots_on(x.device), PROLOGUE=PROLOGUES[prologue],
         UNIT_OFFSET=unit_offset, ROWS=rows, PRE_K=prepass_block(rows, plan.block_k, k), num_warps=config["num_warps"],
         num_stages=config["num_stages"], **(pdl_launch(x.device) if m <= MAX_ROWS else {}))
     return out
@@ -379,8 +380,3 @@ def fp8_prologue_matmul(prologue: str, x: torch.Tensor, weight: torch.Tensor, we
     out = _launch(x, weight_scale if input_scale is None else input_scale, mode, weight, weight_scale, bias, x.dtype,
                   config, prologue, residual, norm_weight, new_residual, eps, unit_offset)
     return out, new_residual
-
-
-def _fp8_dot(device: torch.device) -> bool:
-    """tl.dot takes float8e4nv operands on sm_89+ (and under the interpreter)."""
-    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)

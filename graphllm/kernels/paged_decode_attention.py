@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from graphllm.kernels.attention_loop import FP8_MAX, one_token_attention
-from graphllm.kernels.fp8_convert import kv_fp8_mode
+from graphllm.kernels.fp8_convert import fp8_dots_on, kv_fp8_mode
 from graphllm.kernels.gdc import dependent_start
 from graphllm.kernels.kv_quant import KVScales, dequantize_kv
 from graphllm.kernels.launch import pdl_launch
@@ -84,11 +84,6 @@ def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_c
             scores[:, :max(seq_len - sliding_window, 0)] = float("-inf")
         out[b] = torch.einsum("hl,lhd->hd", scores.softmax(-1), values)
     return out.to(q.dtype)
-
-
-def _fp8_dots(device: torch.device) -> bool:
-    """tl.dot takes float8e4nv operands: sm_89+, and the interpreter."""
-    return device.type != "cuda" or torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def quantize_query_heads_reference(q: torch.Tensor) -> torch.Tensor:
@@ -362,7 +357,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_n = block_n or tiling.block_n
     num_stages = tiling.num_stages if num_stages is None else num_stages
     if fp8_qk:
-        assert kv_fp8 and _fp8_dots(q.device), "fp8_qk: a float8 cache on sm_89+ (or the interpreter)"
+        assert kv_fp8 and fp8_dots_on(q.device), "fp8_qk: a float8 cache on sm_89+ (or the interpreter)"
         assert not head_halves, "fp8_qk has a key loop of its own, without the head's halves"
         head_halves = False
     else:
