@@ -24,6 +24,7 @@
 #              alone, stopping at the first failure with its traceback;  full1-B / fulltput-B  latency1-B /
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
+#   qprof256-fp8kv  profile256-triton with fp8 W8A8 weights and an fp8 KV cache (where issue 15's 1.4x goes)
 #   recheck-tests  GPU tests that failed on 2026-12-02 for the tests' own reasons (CPU tensors, a reference
 #              dividing by a Python float), after their fixes
 #   unfused1-B latency1-B with --no-fuse-rope-decode (rope_store_kv before the decode kernel again: the A/B of the
@@ -120,7 +121,7 @@ for stage in "$@"; do
   case $stage in fam*-*|pdlfam-*) preset=${stage#*-} ;; moe-*) preset=qwen3-30b-a3b ;; startup*) preset=startup ;;
     *) preset=llama-3-8b ;; esac
   need=40; [ -d "$WORK/models/$preset" ] && need=20
-  case $stage in fam*|latency*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof-*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*)
+  case $stage in fam*|latency*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*)
     [ "$(free_gb)" -lt $need ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
       rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; } ;;
   esac
@@ -226,6 +227,9 @@ for stage in "$@"; do
         --attention-backend "${stage#latency-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --plot "$OUT/r/$stage.png" ;;
     profile256-*) bench latency --preset llama-3-8b --batch-sizes 256 --input-len 512 --output-len 64 \
         --attention-backend "${stage#profile256-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+    qprof256-fp8kv) bench latency --preset llama-3-8b --batch-sizes 256 --input-len 512 --output-len 64 $LIMITS \
+        --quantization fp8 --kv-cache-dtype fp8 --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" \
+        --profile-steps 3 ;;
     profile8-*) bench latency --preset llama-3-8b --batch-sizes 8 --input-len 128 --output-len 64 \
         --attention-backend "${stage#profile8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     profile-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 \
