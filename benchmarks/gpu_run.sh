@@ -24,6 +24,8 @@
 #              alone, stopping at the first failure with its traceback;  full1-B / fulltput-B  latency1-B /
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
+#   qlat-fp8-woN  qlat-fp8 with --fp8-weight-only-rows N (the fp8 linears W8A16 up to N rows: the A/B against
+#              qlat-fp8 in the same call; qtests-fp8 has its GPU tests)
 #   qprof256-fp8kv  profile256-triton with fp8 W8A8 weights and an fp8 KV cache (where issue 15's 1.4x goes)
 #   recheck-tests  GPU tests that failed on 2026-12-02 for the tests' own reasons (CPU tensors, a reference
 #              dividing by a Python float), after their fixes
@@ -322,6 +324,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --json "$OUT/r/$stage.json" ;;
     qprof-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 $LIMITS --work $WORK \
         --quantization "${stage#qprof-}" --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+    qlat-fp8-wo*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS \
+        --work $WORK --quantization fp8 --fp8-weight-only-rows "${stage#qlat-fp8-wo}" --json "$OUT/r/$stage.json" ;;
     qlat-fp8-prologue) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS \
         --work $WORK --quantization fp8 --fp8-linear-prologue --json "$OUT/r/$stage.json" ;;
     qlat-*-lmhead) S=${stage#qlat-}; bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 \
