@@ -24,6 +24,7 @@
 #              alone, stopping at the first failure with its traceback;  full1-B / fulltput-B  latency1-B /
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
+#   qsweep-fp8wo  the sweep of fp8's weight-only tiles (int8's candidates) beside fp8q's, at 1 and 16 rows
 #   qlat-fp8-woN  qlat-fp8 with --fp8-weight-only-rows N (the fp8 linears W8A16 up to N rows: the A/B against
 #              qlat-fp8 in the same call; qtests-fp8 has its GPU tests)
 #   qprof256-fp8kv  profile256-triton with fp8 W8A8 weights and an fp8 KV cache (where issue 15's 1.4x goes)
@@ -311,6 +312,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     qsweep-fp8q1) timeout 240 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$stage.json" 150 fp8q 1 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/$stage.json" fp8q \
         && cp graphllm/kernels/fp8_matmul.py "$OUT/r/fp8_matmul.applied.py" ;;
+    qsweep-fp8wo) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-fp8wo.json" 240 fp8wo,fp8q 1,16 ;;
     qsweep-fp8q) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-fp8q.json" 240 fp8q 1,2,4,8,16 ;;
     qtests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_fp8_matmul.py \
         tests/kernels/test_int4_matmul.py tests/kernels/test_int8_matmul.py tests/kernels/test_int4_dequant.py \
