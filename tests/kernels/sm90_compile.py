@@ -166,10 +166,11 @@ def fp8_variants():
     yield fp8_matmul._fp8_matmul_kernel, dict(types, x_ptr="*fp8e4nv"), dict(tile, X_MODE=2, PROLOGUE=0, ROWS=16), \
         {"num_stages": 4}
     # weight-only rows (X_MODE 3) at one row in weight_only_config's tile (int8_matmul's at the 8B qkv shape):
-    # plain and with the add_rms_norm prologue; the weight converted to bfloat16 for the dot
+    # plain (x loaded as the tile's masked rows) and with the add_rms_norm prologue (the row computed, ROWS 1); the
+    # weight converted to bfloat16 for the dot
     only = dict(tile, X_MODE=3, BLOCK_K=128, SPLIT_K=4, SWAP_AB=False, PRECISION="tf32")
-    for prologue in (0, fp8_matmul.PROLOGUES["add_rms_norm"]):
-        yield fp8_matmul._fp8_matmul_kernel, types, dict(only, PROLOGUE=prologue), {"num_stages": 4}
+    for prologue, rows in ((0, 16), (fp8_matmul.PROLOGUES["add_rms_norm"], 1)):
+        yield fp8_matmul._fp8_matmul_kernel, types, dict(only, PROLOGUE=prologue, ROWS=rows), {"num_stages": 4}
 
 
 def pdl_variants():
