@@ -49,7 +49,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor
     """x: [..., K], weight: float8 [N, K], weight_scale: f32 [N], input_scale: f32 [1] or None -> [..., N];
     weight-only at up to weight_only_rows rows (module docstring)."""
     rows = _rows(x)
-    weight_only = rows.shape[0] <= weight_only_rows
+    weight_only = 0 < rows.shape[0] <= weight_only_rows
     if _on_kernel(x):
         from graphllm.kernels.fp8_matmul import fp8_matmul
         out = fp8_matmul(rows, weight, weight_scale, input_scale, bias, weight_only=weight_only)
