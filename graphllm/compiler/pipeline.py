@@ -151,8 +151,8 @@ QUANTIZED_OPS = {"fp8_linear": ("fp8", 1), "fp8_linear_quantized": ("fp8", 2), "
 def _weight_only_rows(node) -> int:
     """An fp8 op's weight_only_rows argument (the fp8_weight_only_rows pass), 0 where it has none."""
     names = [a.name for a in node.target._schema.arguments]
-    i = names.index("weight_only_rows") if "weight_only_rows" in names else len(node.args)
-    return node.args[i] if i < len(node.args) else 0
+    i = names.index("weight_only_rows") if "weight_only_rows" in names else None
+    return node.args[i] if i is not None and i < len(node.args) else 0
 
 
 def kernel_plan(graph, buckets) -> dict[str, dict[str, str]]:

@@ -4,8 +4,9 @@ Order matters: quantization comes first (the fusions concatenate quantized weigh
 float ones; with fp8, --quantization or a pre-quantized checkpoint, quantize_fp8_experts follows
 quantize_fp8 for the MoE experts, and a rank's shard_tp runs before both, so each rank quantizes its
 own slices), gate/up must be fused before silu·mul can match its split, and skinny_linear
-comes after every pass that matches aten.linear, linear_prologue after it (it folds norms
-into graphllm.linear), and for fp8 quantize_fp8_activations after all of them (one activation
+comes after every pass that matches aten.linear, fp8_weight_only_rows (fp8, where asked) after the fusions and
+before linear_prologue (which carries its argument into the fused fp8 ops), linear_prologue after skinny_linear (it
+folds norms into graphllm.linear), and for fp8 quantize_fp8_activations after all of them (one activation
 quantization per fused linear); clean-up (no-op elimination, then dead code) always runs last. A pass
 meant for some devices only (`GraphPass.devices`) is skipped on other graphs, and its report
 says why. `uuid()` hashes the list and every pass's uuid,
