@@ -25,6 +25,7 @@
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
 #   qsweep-fp8wo  the sweep of fp8's weight-only tiles (int8's candidates) beside fp8q's, at 1 and 16 rows
+#   qprof-fp8-woN  qprof-fp8 with --fp8-weight-only-rows N (its kernel table)
 #   qlat-fp8-woN  qlat-fp8 with --fp8-weight-only-rows N (the fp8 linears W8A16 up to N rows: the A/B against
 #              qlat-fp8 in the same call; qtests-fp8 has its GPU tests)
 #   qprof256-fp8kv  profile256-triton with fp8 W8A8 weights and an fp8 KV cache (where issue 15's 1.4x goes)
@@ -324,6 +325,9 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         tests/passes/test_quantize_fp8_activations.py tests/gpu/test_quantized.py 2>&1 | grep -E "FAILED|ERROR|Error|agreement|rows|passed|failed|^E " | tail -40 ;;
     qlat-none) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
         --json "$OUT/r/$stage.json" ;;
+    qprof-fp8-wo*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 $LIMITS --work $WORK \
+        --quantization fp8 --fp8-weight-only-rows "${stage#qprof-fp8-wo}" --json "$OUT/r/$stage.json" \
+        --profile "$OUT/r/$stage" --profile-steps 3 ;;
     qprof-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 $LIMITS --work $WORK \
         --quantization "${stage#qprof-}" --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
     qlat-fp8-wo*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS \
