@@ -24,10 +24,6 @@
 #              alone, stopping at the first failure with its traceback;  full1-B / fulltput-B  latency1-B /
 #              throughput-B with --cudagraph-mode FULL (the A/B against latency1-B / throughput-B in the same call)
 #   rope1-B    latency1-B compiled with --no-fuse-rope-attention (the A/B against latency1-B, where it is on)
-#   qsweep-fp8wo  the sweep of fp8's weight-only tiles (int8's candidates) beside fp8q's, at 1 and 16 rows
-#   qprof-fp8-woN  qprof-fp8 with --fp8-weight-only-rows N (its kernel table)
-#   qlat-fp8-woN  qlat-fp8 with --fp8-weight-only-rows N (the fp8 linears W8A16 up to N rows: the A/B against
-#              qlat-fp8 in the same call; qtests-fp8 has its GPU tests)
 #   qprof256-fp8kv  profile256-triton with fp8 W8A8 weights and an fp8 KV cache (where issue 15's 1.4x goes)
 #   recheck-tests  GPU tests that failed on 2026-12-02 for the tests' own reasons (CPU tensors, a reference
 #              dividing by a Python float), after their fixes
@@ -313,7 +309,6 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     qsweep-fp8q1) timeout 240 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$stage.json" 150 fp8q 1 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/$stage.json" fp8q \
         && cp graphllm/kernels/fp8_matmul.py "$OUT/r/fp8_matmul.applied.py" ;;
-    qsweep-fp8wo) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-fp8wo.json" 240 fp8wo,fp8q 1,16 ;;
     qsweep-fp8q) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-fp8q.json" 240 fp8q 1,2,4,8,16 ;;
     qtests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_fp8_matmul.py \
         tests/kernels/test_int4_matmul.py tests/kernels/test_int8_matmul.py tests/kernels/test_int4_dequant.py \
@@ -325,13 +320,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         tests/passes/test_quantize_fp8_activations.py tests/gpu/test_quantized.py 2>&1 | grep -E "FAILED|ERROR|Error|agreement|rows|passed|failed|^E " | tail -40 ;;
     qlat-none) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
         --json "$OUT/r/$stage.json" ;;
-    qprof-fp8-wo*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 $LIMITS --work $WORK \
-        --quantization fp8 --fp8-weight-only-rows "${stage#qprof-fp8-wo}" --json "$OUT/r/$stage.json" \
-        --profile "$OUT/r/$stage" --profile-steps 3 ;;
     qprof-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 $LIMITS --work $WORK \
         --quantization "${stage#qprof-}" --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
-    qlat-fp8-wo*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS \
-        --work $WORK --quantization fp8 --fp8-weight-only-rows "${stage#qlat-fp8-wo}" --json "$OUT/r/$stage.json" ;;
     qlat-fp8-prologue) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS \
         --work $WORK --quantization fp8 --fp8-linear-prologue --json "$OUT/r/$stage.json" ;;
     qlat-*-lmhead) S=${stage#qlat-}; bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 \

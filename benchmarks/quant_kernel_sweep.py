@@ -3,9 +3,8 @@ bf16 cuBLAS, skinny_matmul, row-wise _scaled_mm and tinygemm, at the Llama-3-8B 
 
     python benchmarks/quant_kernel_sweep.py OUT.json [BUDGET_S [KERNELS [MS]]]   (H100 / H200; about 4 minutes)
 
-KERNELS: a comma list of fp8q, fp8, fp8wo, int8, int4 (default all); fp8q is fp8_matmul_quantized, x already
-float8 as quantize_fp8_activations leaves it (quantized once, outside the timing); fp8wo is fp8_matmul's weight-only
-rows (up to 16). MS: row counts, e.g. 1,16.
+KERNELS: a comma list of fp8q, fp8, int8, int4 (default all); fp8q is fp8_matmul_quantized, x already
+float8 as quantize_fp8_activations leaves it (quantized once, outside the timing). MS: row counts, e.g. 1,16.
 
 For each shape (qkv, o_proj, gate_up, down, lm_head) and M in MS, each kernel runs its default config
 (CONFIGS or default_config) and the candidates of its M class (int4 past 16 rows: the default only);
@@ -39,7 +38,7 @@ import triton
 
 from graphllm.kernels import quant_layout as ql
 from graphllm.kernels.fp8_matmul import default_config as fp8_default
-from graphllm.kernels.fp8_matmul import fp8_matmul, fp8_matmul_quantized, fp8_quantize_rows, weight_only_config
+from graphllm.kernels.fp8_matmul import fp8_matmul, fp8_matmul_quantized, fp8_quantize_rows
 from graphllm.kernels.int4_matmul import default_config as int4_default
 from graphllm.kernels.int4_matmul import DOT_MIN_BLOCK_K, int4_matmul, weight_rounds
 from graphllm.kernels.int8_matmul import default_config as int8_default
@@ -189,11 +188,10 @@ def effective(config: dict, m: int, k: int, dot_min_block_k: int) -> tuple:
 class Kernel:
     """One quantized kernel: its weights from a bf16 weight, its call, reference, candidates and default."""
 
-    def __init__(self, name, quantize, call, reference, candidates, default, weight_bytes, dot_min_block_k=16,
-                 max_rows=None):
+    def __init__(self, name, quantize, call, reference, candidates, default, weight_bytes, dot_min_block_k=16):
         self.name, self.quantize, self.call, self.reference = name, quantize, call, reference
         self.candidates, self.default, self.weight_bytes = candidates, default, weight_bytes
-        self.dot_min_block_k, self.max_rows = dot_min_block_k, max_rows  # max_rows: M beyond it is not swept
+        self.dot_min_block_k = dot_min_block_k
         self.failed: dict[tuple, str] = {}  # effective launch -> why it could not run (compile, resources)
 
 
@@ -222,10 +220,6 @@ KERNELS = [
     Kernel("fp8", ql.quantize_fp8_weight, lambda x, q, c: fp8_matmul(x, q[0], q[1], None, None, c),
            lambda x, q: ql.fp8_linear_reference(x, q[0], q[1]), fp8_candidates, fp8_default,
            lambda n, k: n * k + 4 * n),
-    # fp8's weight-only rows (--fp8-weight-only-rows: x not quantized, W8A16) in int8's candidate tiles
-    Kernel("fp8wo", ql.quantize_fp8_weight, lambda x, q, c: fp8_matmul(x, q[0], q[1], None, None, c, weight_only=True),
-           lambda x, q: ql.int8_linear_reference(x, q[0], q[1]), int8_candidates, weight_only_config,
-           lambda n, k: n * k + 4 * n, max_rows=16),
     Kernel("int8", ql.quantize_int8_weight, lambda x, q, c: int8_matmul(x, q[0], q[1], None, c),
            lambda x, q: ql.int8_linear_reference(x, q[0], q[1]), int8_candidates, int8_default,
            lambda n, k: n * k + 4 * n),
@@ -253,7 +247,7 @@ def precompile(deadline: float) -> None:
     multiple of 256, the shapes' K). What fails is remembered in kernel.failed and not timed."""
     for kernel, k in itertools.product(KERNELS, sorted({k for _, k in SHAPES.values()})):
         q = tuple(kernel.quantize(torch.randn(256, k, device=DEVICE, dtype=DTYPE)))
-        for m in [m for m in (1, 16, 32) if kernel.max_rows is None or m <= kernel.max_rows]:
+        for m in (1, 16, 32):
             x = torch.randn(m, k, device=DEVICE, dtype=DTYPE)
             for key, config in unique_candidates(kernel, m, k):
                 if time.time() > deadline:
@@ -346,8 +340,6 @@ def sweep_kernel(kernel: Kernel, name: str, n: int, k: int, w: torch.Tensor, bas
     tiny = tinygemm_weights(n, k, len(weights)) if kernel.name == "int4" else None
     rows = []
     for m in MS:
-        if kernel.max_rows is not None and m > kernel.max_rows:
-            continue
         x = torch.randn(m, k, device=DEVICE, dtype=DTYPE)
         ref = kernel.reference(x, q).float()
         default = "_scaled_mm" if kernel.name == "fp8" and m > 16 else kernel.default(m, n, k, x.device)

@@ -83,7 +83,6 @@ class EngineConfig:
     skinny_linear: bool = True
     linear_prologue: bool = True
     fp8_linear_prologue: bool = False
-    fp8_weight_only_rows: int = 0
     quantization: str | None = None
     quantization_group_size: int = 128
     quantize_lm_head: bool = False
@@ -135,7 +134,6 @@ class EngineConfig:
         return CompileConfig(dtype=self.dtype, max_model_len=self.max_model_len,
                              fuse_rope_attention=self.fuse_rope_attention, skinny_linear=self.skinny_linear,
                              linear_prologue=self.linear_prologue, fp8_linear_prologue=self.fp8_linear_prologue,
-                             fp8_weight_only_rows=self.fp8_weight_only_rows,
                              inductor_pdl=self.enable_pdl,
                              quantization=self.quantization,
                              quantization_group_size=self.quantization_group_size,
@@ -196,11 +194,6 @@ class CompileConfig:
     # norm + quantize. Off by default: measured slower at batch 1 on the H200 (282.2 tok/s against 309.5, 2026-11-29,
     # benchmarks/RESULTS.md; needs linear_prologue)
     fp8_linear_prologue: bool = False
-    # fp8 W8A8: calls of up to this many rows (1..16; 0: off) run each fp8 linear weight-only, W8A16, with x not
-    # quantized (the fp8_weight_only_rows pass): no activation-quantization kernels at decode batch 1, and on GPU
-    # graphs the norms and SwiGLU fold into those linears (as fp8_linear_prologue). Changes the function at those
-    # rows (towards the unquantized product). Off by default: not yet measured on a GPU
-    fp8_weight_only_rows: int = 0
     # GPU graphs: q/k rotary inside the attention op's KV write, one Triton launch instead of two
     # rotary kernels and store_kv (was GRAPHLLM_FUSED_ROPE=1). On by default since the fifteenth
     # session: on the H200 its launch without fp contraction gives the unfused path's bf16
@@ -232,9 +225,6 @@ class CompileConfig:
                              f"got {self.buckets}")
         if self.lowering not in LOWERINGS:
             raise ValueError(f"lowering must be one of {LOWERINGS}, got {self.lowering!r}")
-        if not 0 <= self.fp8_weight_only_rows <= 16:
-            raise ValueError(f"fp8_weight_only_rows must be in 0..16 (the fp8 kernel's small-M tiles; 0: off), "
-                             f"got {self.fp8_weight_only_rows}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
                              f"max_num_seqs ({self.max_num_seqs}): a decode step has one token per sequence")

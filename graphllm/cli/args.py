@@ -16,9 +16,8 @@ SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
     "--seed": (int, "seed"), "--n": (int, "n"), "--logprobs": (int, "logprobs"),
 }
 # CompileConfig / EngineConfig fields that change the generated code
-PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue", "fp8_linear_prologue",
-                 "fp8_weight_only_rows", "quantization", "quantization_group_size", "quantize_lm_head",
-                 "tensor_parallel_size")
+PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue", "fp8_linear_prologue", "quantization",
+                 "quantization_group_size", "quantize_lm_head", "tensor_parallel_size")
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -43,10 +42,6 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp8-linear-prologue", action="store_true",
                         help="GPU graphs, fp8: fold norms and SwiGLU into the fp8 linears too (one launch at batch 1 "
                              "that also quantizes the activation; off by default: measured slower on an H200)")
-    parser.add_argument("--fp8-weight-only-rows", type=int, default=0, metavar="N",
-                        help="fp8: steps of up to N rows (1..16) run the fp8 linears weight-only (W8A16: activations "
-                             "not quantized, no quantization kernels at batch 1); 0: off (the default, not yet "
-                             "measured on a GPU)")
     parser.add_argument("--quantization", "-q", choices=QUANTIZATIONS + CHECKPOINT_QUANTIZATIONS,
                         help="quantize the linears of a float checkpoint: fp8 (W8A8: float8 weights per channel, "
                              "activations per token), int8 or int4 (weight-only). A pre-quantized checkpoint "

@@ -148,13 +148,6 @@ QUANTIZED_OPS = {"fp8_linear": ("fp8", 1), "fp8_linear_quantized": ("fp8", 2), "
                  }  # op -> (scheme, index of its weight argument)
 
 
-def _weight_only_rows(node) -> int:
-    """An fp8 op's weight_only_rows argument (the fp8_weight_only_rows pass), 0 where it has none."""
-    names = [a.name for a in node.target._schema.arguments]
-    i = names.index("weight_only_rows") if "weight_only_rows" in names else None
-    return node.args[i] if i is not None and i < len(node.args) else 0
-
-
 def kernel_plan(graph, buckets) -> dict[str, dict[str, str]]:
     """{"<scheme> <N>x<K>": {bucket: kernel}} over the graph's quantized linears (the choice is the op's,
     graphllm/ops/quantized_linear.py kernel_route, from tables measured offline)."""
@@ -166,9 +159,9 @@ def kernel_plan(graph, buckets) -> dict[str, dict[str, str]]:
         if scheme:
             qweight = graph.gm.get_parameter(node.args[weight_arg].target)
             n, k = (qweight.shape[1], qweight.shape[0] * 8) if scheme == "int4" else tuple(qweight.shape)
-            shapes.add((scheme, n, k, _weight_only_rows(node)))
-    return {f"{scheme} {n}x{k}": {str(b): kernel_route(scheme, b, n, k, graph.device, rows) for b in buckets}
-            for scheme, n, k, rows in sorted(shapes)}
+            shapes.add((scheme, n, k))
+    return {f"{scheme} {n}x{k}": {str(b): kernel_route(scheme, b, n, k, graph.device) for b in buckets}
+            for scheme, n, k in sorted(shapes)}
 
 
 def unquantized_expert_share(graph, config: CompileConfig) -> float | None:

@@ -22,9 +22,6 @@ x comes from (X_MODE):
        K, from L2), then quantizes each x tile as it goes (config FUSE_QUANT: one launch)
     1  x in float, the static input_scale: quantized as it goes
     2  x already float8 with per-row scales (fp8_quantize_rows: a launch of its own)
-    3  weight-only (W8A16, CompileConfig.fp8_weight_only_rows): x in float, not quantized; the float8 weight
-       tile is converted to x's dtype (exact) for the dot, or to float32 for the one-row multiply-add, as
-       int8_matmul does with int8 weights, in int8_matmul's tiles (weight_only_config)
 With PROLOGUE (fp8_prologue_matmul, modes 0 and 1) x is the input of skinny_matmul's prologues (rms_norm,
 add_rms_norm, silu_mul, gelu_mul): each program computes their output tile by tile (mode 0: a first pass for
 max |output|), add_rms_norm's column tile 0 stores h = x + residual, and the tiles are quantized as above.
@@ -52,7 +49,6 @@ import triton.language as tl
 from graphllm.kernels.fp8_convert import fp8_dots_on
 from graphllm.kernels.gdc import dependent_start, weight_lines
 from graphllm.kernels.int8_matmul import MAX_ROWS, decode_split_k, m_bucket, plan_launch, tile_ids
-from graphllm.kernels.int8_matmul import default_config as int8_config
 from graphllm.kernels.quant_layout import fp8_linear_reference, fp8_quantized_linear_reference  # noqa: F401 - oracles
 from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.skinny_matmul import PROLOGUES, _operand, _row_rstd, finish_tile
@@ -95,7 +91,7 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (32, 128256, 4096): {'BLOCK_M': 32, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': True, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
     (64, 128256, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': False, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
 }
-X_DYNAMIC, X_STATIC, X_QUANTIZED, X_WEIGHT_ONLY = 0, 1, 2, 3
+X_DYNAMIC, X_STATIC, X_QUANTIZED = 0, 1, 2
 
 
 @triton.jit
@@ -160,7 +156,7 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
                        BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr,
                        EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, FP8_DOT: tl.constexpr,
                        PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, ROWS: tl.constexpr, PRE_K: tl.constexpr,
-                       PDL: tl.constexpr = False, PRECISION: tl.constexpr = "ieee"):
+                       PDL: tl.constexpr = False):
     pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -185,10 +181,8 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
                               ROWS, PRE_K, PROLOGUE, UNIT_OFFSET)  # [ROWS, 1]
     elif X_MODE == 1:
         x_scale = tl.load(x_scale_ptr + tl.zeros([ROWS, 1], dtype=tl.int32)).to(tl.float32)
-    elif X_MODE == 2:
+    else:
         x_scale = tl.load(x_scale_ptr + offs_x, mask=x_mask, other=1.0)[:, None]
-    else:  # weight-only: x as it is
-        x_scale = tl.full([ROWS, 1], 1.0, tl.float32)
     x_inv = tl.math.div_rn(1.0, x_scale)
     x_ptrs = x_ptr + offs_x[:, None] * stride_xm + (k_lo + offs_k)[None, :]  # [ROWS, BLOCK_K]
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
@@ -214,17 +208,13 @@ def _fp8_matmul_kernel(x_ptr, x_scale_ptr, w_ptr, w_scale_ptr, bias_ptr, out_ptr
                          stride_rm, residual_rows, PROLOGUE, UNIT_OFFSET)
         else:
             x = tl.load(x_ptrs, mask=mk_mask, other=0.0)
-        if X_MODE < 2:
+        if X_MODE != 2:
             x = _quantize(x, x_scale, x_inv)
         if ROWS < BLOCK_M:  # one row in a dot tile: every row holds it (rows past M are neither stored nor summed)
             x = tl.broadcast_to(x, (BLOCK_M, BLOCK_K))
         # a fresh float32 sum per K step: the Hopper fp8 MMA accumulates in reduced precision within one
         if BLOCK_M == 1:
             acc += w.to(tl.float32) * x.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
-        elif X_MODE == 3 and SWAP_AB:  # weight-only: float8 is exact in x's dtype
-            acc = tl.dot(w.to(x.dtype), tl.trans(x), acc, input_precision=PRECISION)
-        elif X_MODE == 3:
-            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
         elif SWAP_AB:
             acc += _dot(w, tl.trans(x), FP8_DOT)  # [BLOCK_N, BLOCK_M]: the weight tile feeds the MMA's M side
         else:
@@ -252,13 +242,6 @@ def default_config(m: int, n: int, k: int, device: torch.device) -> dict:
                 "num_warps": 4, "num_stages": 4, "SPLIT_K": decode_split_k(n, k, 64, 256, device)}
     return {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "FUSE_QUANT": False,
             "num_warps": 8, "num_stages": 3}
-
-
-def weight_only_config(m: int, n: int, k: int, device: torch.device) -> dict:
-    """Tiles of the weight-only rows (X_MODE 3, up to MAX_ROWS): int8_matmul's, measured for its own one-byte weights
-    converted in registers (not yet swept for float8)."""
-    assert m <= MAX_ROWS
-    return int8_config(m, n, k, device)
 
 
 def prepass_block(rows: int, block_k: int, k: int) -> int:
@@ -298,18 +281,14 @@ def scaled_mm_takes(out_dtype: torch.dtype, weight: torch.Tensor, bias: torch.Te
 
 def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-               config: dict | None = None, weight_only: bool = False) -> torch.Tensor:
+               config: dict | None = None) -> torch.Tensor:
     """fp8_linear_reference(x, weight, weight_scale, input_scale, bias) for x: [M, K] (last-dim stride 1),
     weight: float8_e4m3fn [N, K] contiguous, weight_scale: float32 [N], input_scale: float32 [1] or None,
     bias: [N] or None -> a new contiguous [M, N] in x's dtype. config: default_config's keys; a config (given,
-    or CONFIGS') also keeps more than MAX_ROWS rows off _scaled_mm. weight_only (up to MAX_ROWS rows): x is not
-    quantized (X_MODE 3, input_scale unused): quant_layout.int8_linear_reference's function, W8A16."""
+    or CONFIGS') also keeps more than MAX_ROWS rows off _scaled_mm."""
     m, k = x.shape
     _check_weight(weight, weight_scale, k)
     assert x.stride(-1) == 1
-    if weight_only:
-        return _launch(x, weight_scale, X_WEIGHT_ONLY, weight, weight_scale, bias, x.dtype,
-                       config or weight_only_config(m, weight.shape[0], k, x.device))
     config = config or CONFIGS.get((m_bucket(m), weight.shape[0], k))
     quantize_first = config is None and takes_scaled_mm(m) and scaled_mm_takes(x.dtype, weight, bias)
     if not quantize_first and m:
@@ -359,11 +338,7 @@ def _launch(x: torch.Tensor, x_scale: torch.Tensor, mode: int, weight: torch.Ten
     if m == 0:
         return out
     plan = plan_launch(m, n, k, config, x.device)
-    # the kernel's ROWS: one where the kernel computes x's row itself (quantized, or a prologue's output); a loaded x
-    # (float8 rows, or weight-only without a prologue) comes as the tile's masked rows, so that its load feeds the
-    # MMA straight from the pipeline (one loaded row broadcast measured 3.48 ms of model time a step against 2.50)
-    computed = mode in (X_DYNAMIC, X_STATIC) or prologue != "none"
-    rows = 1 if m == 1 and computed else plan.block_m
+    rows = 1 if m == 1 and mode != X_QUANTIZED else plan.block_m  # the kernel's ROWS
     _fp8_matmul_kernel[plan.grid](
         x, x_scale, weight, weight_scale, weight_scale if bias is None else bias,
         out, out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
@@ -376,22 +351,21 @@ def _launch(x: torch.Tensor, x_scale: torch.Tensor, mode: int, weight: torch.Ten
         SWAP_AB=config.get("SWAP_AB", False), EVEN_N=n % config["BLOCK_N"] == 0,
         EVEN_K=plan.k_split * plan.split_k == k, FP8_DOT=fp8_dots_on(x.device), PROLOGUE=PROLOGUES[prologue],
         UNIT_OFFSET=unit_offset, ROWS=rows, PRE_K=prepass_block(rows, plan.block_k, k), num_warps=config["num_warps"],
-        num_stages=config["num_stages"], PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        **(pdl_launch(x.device) if m <= MAX_ROWS else {}))
+        num_stages=config["num_stages"], **(pdl_launch(x.device) if m <= MAX_ROWS else {}))
     return out
 
 
 def fp8_prologue_matmul(prologue: str, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                         input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                         residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-                        eps: float = 0.0, unit_offset: bool = False, config: dict | None = None,
-                        weight_only: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                        eps: float = 0.0, unit_offset: bool = False,
+                        config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """fp8_matmul of a prologue's output, in one launch, for up to MAX_ROWS rows: the kernel computes the prologue
     (skinny_matmul's: rms_norm, add_rms_norm, silu_mul, gelu_mul, rounded as the eager ops round), its row scale
     (dynamic: a first pass over the rows for max |operand|; or input_scale) and the float8 operand as it goes,
     so W8A8 computes what fp8_linear_reference(prologue(x)) does. x: [M, K] ([M, 2K] for the activations),
     residual: [M, K] for add_rms_norm. Returns (y [M, N] in x's dtype, h = x + residual as a new [M, K] for
-    add_rms_norm, else None). weight_only: the prologue's output is not quantized (fp8_matmul's weight_only)."""
+    add_rms_norm, else None)."""
     m = x.shape[0]
     n, k = weight.shape
     _check_weight(weight, weight_scale, k)
@@ -401,12 +375,8 @@ def fp8_prologue_matmul(prologue: str, x: torch.Tensor, weight: torch.Tensor, we
     if prologue == "add_rms_norm":
         assert residual is not None and residual.shape == x.shape and residual.stride(-1) == 1
         new_residual = x.new_empty((m, k))
-    if weight_only:
-        config, mode, x_scale = config or weight_only_config(m, n, k, x.device), X_WEIGHT_ONLY, weight_scale
-    else:
-        config = config or CONFIGS.get((m_bucket(m), n, k)) or default_config(m, n, k, x.device)
-        mode = X_STATIC if input_scale is not None else X_DYNAMIC
-        x_scale = weight_scale if input_scale is None else input_scale
-    out = _launch(x, x_scale, mode, weight, weight_scale, bias, x.dtype, config, prologue, residual, norm_weight,
-                  new_residual, eps, unit_offset)
+    config = config or CONFIGS.get((m_bucket(m), n, k)) or default_config(m, n, k, x.device)
+    mode = X_STATIC if input_scale is not None else X_DYNAMIC
+    out = _launch(x, weight_scale if input_scale is None else input_scale, mode, weight, weight_scale, bias, x.dtype,
+                  config, prologue, residual, norm_weight, new_residual, eps, unit_offset)
     return out, new_residual

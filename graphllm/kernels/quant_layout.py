@@ -131,8 +131,7 @@ def fp8_quantized_linear_reference(xq, x_scale, weight, weight_scale, bias, out_
 
 
 def int8_linear_reference(x, weight, weight_scale, bias=None) -> torch.Tensor:
-    """Weight-only, per channel: x [M, K] @ dequantized W^T in float32, in x's dtype; W int8, or float8 (the fp8
-    linears' weight-only rows, CompileConfig.fp8_weight_only_rows)."""
+    """Weight-only int8: x [M, K] @ dequantized W^T in float32, in x's dtype."""
     y = (x.float() @ weight.float().t()) * weight_scale.float()[None, :]
     return (y if bias is None else y + bias.float()).to(x.dtype)
 

@@ -11,9 +11,6 @@
 and fp8_linear of a norm's or activation's output, one launch at one row (the linear_prologue pass with
 CompileConfig.fp8_linear_prologue; other rows run the two ops): graphllm.fp8_rms_norm_linear,
 fp8_add_rms_norm_linear (also returns h = x + residual), fp8_silu_and_mul_linear, fp8_gelu_tanh_and_mul_linear.
-The fp8 ops' last argument, weight_only_rows (the fp8_weight_only_rows pass; 0 by default): a call of at most
-that many rows runs weight-only, W8A16, x not quantized (quant_layout.int8_linear_reference's function over the
-float8 weight); more rows are W8A8 as above.
 
 On CUDA in float16/bfloat16, by row count M (measured: benchmarks/quant_kernel_sweep.py, H200):
 - fp8: graphllm/kernels/fp8_matmul.py at every M (its own small-M tiles, or row-wise torch._scaled_mm);
@@ -44,24 +41,19 @@ def _on_kernel(x: torch.Tensor) -> bool:
 
 @torch.library.custom_op("graphllm::fp8_linear", mutates_args=())
 def fp8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-               input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-               weight_only_rows: int = 0) -> torch.Tensor:
-    """x: [..., K], weight: float8 [N, K], weight_scale: f32 [N], input_scale: f32 [1] or None -> [..., N];
-    weight-only at up to weight_only_rows rows (module docstring)."""
+               input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [..., K], weight: float8 [N, K], weight_scale: f32 [N], input_scale: f32 [1] or None -> [..., N]."""
     rows = _rows(x)
-    weight_only = 0 < rows.shape[0] <= weight_only_rows
     if _on_kernel(x):
         from graphllm.kernels.fp8_matmul import fp8_matmul
-        out = fp8_matmul(rows, weight, weight_scale, input_scale, bias, weight_only=weight_only)
-    elif weight_only:
-        out = Q.int8_linear_reference(rows, weight, weight_scale, bias)
+        out = fp8_matmul(rows, weight, weight_scale, input_scale, bias)
     else:
         out = Q.fp8_linear_reference(rows, weight, weight_scale, input_scale, bias)
     return out.view(*x.shape[:-1], weight.shape[0])
 
 
 @fp8_linear.register_fake
-def _(x, weight, weight_scale, input_scale=None, bias=None, weight_only_rows=0):
+def _(x, weight, weight_scale, input_scale=None, bias=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -133,88 +125,79 @@ def _fp8_prologue_kernel(x: torch.Tensor, weight: torch.Tensor, *others: torch.T
 
 def _fp8_prologue_parts(prologue: str, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                         input_scale: torch.Tensor | None, bias: torch.Tensor | None, residual: torch.Tensor | None,
-                        norm_weight: torch.Tensor | None, eps: float, unit_offset: bool, weight_only_rows: int):
+                        norm_weight: torch.Tensor | None, eps: float, unit_offset: bool):
     """(fp8_linear(prologue(x)), h or None) in two steps: what the fused ops compute off the one-row kernel path."""
     from graphllm.ops.linear import _act_and_mul, _rms_norm
     if prologue in ("silu_mul", "gelu_mul"):
-        return fp8_linear(_act_and_mul(x, prologue == "gelu_mul"), weight, weight_scale, input_scale, bias,
-                          weight_only_rows), None
+        return fp8_linear(_act_and_mul(x, prologue == "gelu_mul"), weight, weight_scale, input_scale, bias), None
     normed, h = _rms_norm(x, norm_weight, eps, residual, unit_offset)
-    out = fp8_linear(normed, weight, weight_scale, input_scale, bias, weight_only_rows)
-    return out, None if h is None else h.contiguous()
+    return fp8_linear(normed, weight, weight_scale, input_scale, bias), None if h is None else h.contiguous()
 
 
 def _fp8_prologue_linear(prologue: str, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
                          input_scale: torch.Tensor | None, bias: torch.Tensor | None,
                          residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-                         eps: float = 0.0, unit_offset: bool = False, weight_only_rows: int = 0):
+                         eps: float = 0.0, unit_offset: bool = False):
     if _fp8_prologue_kernel(x, weight, residual, norm_weight, bias) and (residual is None or residual.shape == x.shape):
         from graphllm.kernels.fp8_matmul import fp8_prologue_matmul
         out, h = fp8_prologue_matmul(prologue, _rows(x), weight, weight_scale, input_scale, bias,
-                                     None if residual is None else _rows(residual), norm_weight, eps, unit_offset,
-                                     weight_only=weight_only_rows >= 1)  # the kernel path is one row
+                                     None if residual is None else _rows(residual), norm_weight, eps, unit_offset)
         return out.view(*x.shape[:-1], weight.shape[0]), None if h is None else h.view(x.shape)
     return _fp8_prologue_parts(prologue, x, weight, weight_scale, input_scale, bias, residual, norm_weight, eps,
-                               unit_offset, weight_only_rows)
+                               unit_offset)
 
 
 @torch.library.custom_op("graphllm::fp8_rms_norm_linear", mutates_args=())
 def fp8_rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                         weight_scale: torch.Tensor, input_scale: torch.Tensor | None = None,
-                        bias: torch.Tensor | None = None, unit_offset: bool = False,
-                        weight_only_rows: int = 0) -> torch.Tensor:
-    """fp8_linear(rms_norm(x, norm_weight, eps, unit_offset), weight, weight_scale, input_scale, bias,
-    weight_only_rows)."""
+                        bias: torch.Tensor | None = None, unit_offset: bool = False) -> torch.Tensor:
+    """fp8_linear(rms_norm(x, norm_weight, eps, unit_offset), weight, weight_scale, input_scale, bias)."""
     return _fp8_prologue_linear("rms_norm", x, weight, weight_scale, input_scale, bias, None, norm_weight, eps,
-                                unit_offset, weight_only_rows)[0]
+                                unit_offset)[0]
 
 
 @fp8_rms_norm_linear.register_fake
-def _(x, norm_weight, eps, weight, weight_scale, input_scale=None, bias=None, unit_offset=False, weight_only_rows=0):
+def _(x, norm_weight, eps, weight, weight_scale, input_scale=None, bias=None, unit_offset=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @torch.library.custom_op("graphllm::fp8_add_rms_norm_linear", mutates_args=())
 def fp8_add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                             weight: torch.Tensor, weight_scale: torch.Tensor, input_scale: torch.Tensor | None = None,
-                            bias: torch.Tensor | None = None, unit_offset: bool = False,
-                            weight_only_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                            bias: torch.Tensor | None = None,
+                            unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """h = x + residual; (fp8_linear(rms_norm(h, norm_weight, eps, unit_offset), weight, ...), h) as new tensors."""
     return _fp8_prologue_linear("add_rms_norm", x, weight, weight_scale, input_scale, bias, residual, norm_weight,
-                                eps, unit_offset, weight_only_rows)
+                                eps, unit_offset)
 
 
 @fp8_add_rms_norm_linear.register_fake
-def _(x, residual, norm_weight, eps, weight, weight_scale, input_scale=None, bias=None, unit_offset=False,
-      weight_only_rows=0):
+def _(x, residual, norm_weight, eps, weight, weight_scale, input_scale=None, bias=None, unit_offset=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape)
 
 
 @torch.library.custom_op("graphllm::fp8_silu_and_mul_linear", mutates_args=())
 def fp8_silu_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                            input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                            weight_only_rows: int = 0) -> torch.Tensor:
-    """fp8_linear(silu_and_mul(x), weight, weight_scale, input_scale, bias, weight_only_rows) for x: [..., 2K]."""
-    return _fp8_prologue_linear("silu_mul", x, weight, weight_scale, input_scale, bias,
-                                weight_only_rows=weight_only_rows)[0]
+                            input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """fp8_linear(silu_and_mul(x), weight, weight_scale, input_scale, bias) for x: [..., 2K]."""
+    return _fp8_prologue_linear("silu_mul", x, weight, weight_scale, input_scale, bias)[0]
 
 
 @fp8_silu_and_mul_linear.register_fake
-def _(x, weight, weight_scale, input_scale=None, bias=None, weight_only_rows=0):
+def _(x, weight, weight_scale, input_scale=None, bias=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @torch.library.custom_op("graphllm::fp8_gelu_tanh_and_mul_linear", mutates_args=())
 def fp8_gelu_tanh_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                                 input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
-                                 weight_only_rows: int = 0) -> torch.Tensor:
-    """fp8_linear(gelu_tanh_and_mul(x), ..., weight_only_rows) for x: [..., 2K] (Gemma)."""
-    return _fp8_prologue_linear("gelu_mul", x, weight, weight_scale, input_scale, bias,
-                                weight_only_rows=weight_only_rows)[0]
+                                 input_scale: torch.Tensor | None = None,
+                                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """fp8_linear(gelu_tanh_and_mul(x), weight, weight_scale, input_scale, bias) for x: [..., 2K] (Gemma)."""
+    return _fp8_prologue_linear("gelu_mul", x, weight, weight_scale, input_scale, bias)[0]
 
 
 @fp8_gelu_tanh_and_mul_linear.register_fake
-def _(x, weight, weight_scale, input_scale=None, bias=None, weight_only_rows=0):
+def _(x, weight, weight_scale, input_scale=None, bias=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -260,15 +243,11 @@ def _(x, qweight, scales, zeros, bias=None):
     return x.new_empty((*x.shape[:-1], qweight.shape[1]))
 
 
-def kernel_route(scheme: str, rows: int, n: int, k: int, device: torch.device, weight_only_rows: int = 0) -> str:
+def kernel_route(scheme: str, rows: int, n: int, k: int, device: torch.device) -> str:
     """What a call of `rows` rows to the scheme's linear of weight [N, K] runs on `device` (bfloat16
-    activations; fp8: weight-only up to weight_only_rows): the compiler records it per decode bucket in the
-    artifact's manifest."""
+    activations): the compiler records it per decode bucket in the artifact's manifest."""
     if device.type != "cuda":
         return "reference (dequantize, float32 matmul)"
-    if scheme == "fp8" and rows <= weight_only_rows:
-        from graphllm.kernels import fp8_matmul as kernel
-        return f"fp8_matmul weight-only {_tiles(kernel.weight_only_config(rows, n, k, device))}"
     if scheme == "fp8":
         from graphllm.kernels import fp8_matmul as kernel
         config = kernel.CONFIGS.get((kernel.m_bucket(rows), n, k))

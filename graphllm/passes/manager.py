@@ -4,9 +4,8 @@ Order matters: quantization comes first (the fusions concatenate quantized weigh
 float ones; with fp8, --quantization or a pre-quantized checkpoint, quantize_fp8_experts follows
 quantize_fp8 for the MoE experts, and a rank's shard_tp runs before both, so each rank quantizes its
 own slices), gate/up must be fused before silu·mul can match its split, and skinny_linear
-comes after every pass that matches aten.linear, fp8_weight_only_rows (fp8, where asked) after the fusions and
-before linear_prologue (which carries its argument into the fused fp8 ops), linear_prologue after skinny_linear (it
-folds norms into graphllm.linear), and for fp8 quantize_fp8_activations after all of them (one activation
+comes after every pass that matches aten.linear, linear_prologue after it (it folds norms
+into graphllm.linear), and for fp8 quantize_fp8_activations after all of them (one activation
 quantization per fused linear); clean-up (no-op elimination, then dead code) always runs last. A pass
 meant for some devices only (`GraphPass.devices`) is skipped on other graphs, and its report
 says why. `uuid()` hashes the list and every pass's uuid,
@@ -67,7 +66,6 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
     from graphllm.passes.lowering.linear_prologue import LinearPrologue
     from graphllm.passes.lowering.skinny_linear import SkinnyLinear
-    from graphllm.passes.quantization.fp8_weight_only_rows import FP8WeightOnlyRows
     from graphllm.passes.quantization.quantize_fp8_activations import QuantizeFP8Activations
     from graphllm.passes.quantization.quantize_fp8_experts import QuantizeFP8Experts
     from graphllm.passes.utility.dce import DeadCodeElimination
@@ -77,14 +75,12 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     chosen = [(config.fuse_qkv, FuseQKV), (config.fuse_gate_up, FuseGateUp),
               (config.fuse_silu_mul and config.fuse_gate_up, FuseSiluMul),
               (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.fuse_rope_attention, FuseRopeAttention),
-              (config.skinny_linear, SkinnyLinear)]
+              (config.skinny_linear, SkinnyLinear),
+              (config.skinny_linear and config.linear_prologue,
+               lambda: LinearPrologue(fp8=config.fp8_linear_prologue))]
     linears = quantization_pass(config, prequantized)
     quantize = [linears] if linears else []
     scheme = prequantized.scheme if prequantized is not None else config.quantization
-    weight_only = scheme == "fp8" and config.fp8_weight_only_rows > 0
-    chosen += [(weight_only, lambda: FP8WeightOnlyRows(config.fp8_weight_only_rows)),
-               (config.skinny_linear and config.linear_prologue,
-                lambda: LinearPrologue(fp8=config.fp8_linear_prologue or weight_only))]
     if scheme == "fp8":  # the experts: quantized here, or the checkpoint's (a dense graph has none: a no-op)
         quantize.append(QuantizeFP8Experts(None if prequantized is None else prequantized.experts))
     late = [QuantizeFP8Activations()] if scheme == "fp8" else []  # after the fusions: one per fused linear

@@ -59,26 +59,6 @@ def test_fp8_linear_prologue_agrees_like_fp8(bf16_model, histories_and_reference
     assert engine.runner.graphs.replays > 0 and value >= MIN_AGREEMENT["fp8"]
 
 
-def test_fp8_weight_only_rows_agree_at_least_like_fp8(bf16_model, histories_and_reference):  # noqa: F811
-    """--fp8-weight-only-rows 16: decode of 8 sequences, and of one at a time (the norm inside the weight-only
-    kernel), runs the fp8 linears weight-only (x not quantized, so closer to bf16 than W8A8); prefill stays W8A8.
-    The fp8 bound holds for both; the graph has no activation quantization left."""
-    histories, reference = histories_and_reference
-    config = EngineConfig(model=str(bf16_model), dtype="bfloat16", quantization="fp8", fp8_weight_only_rows=16,
-                          **LIMITS)
-    art = compile_cached(config, bf16_model)
-    passes = {p["name"]: p for p in json.loads((art / "manifest.json").read_text())["passes"]}
-    assert passes["fp8_weight_only_rows"]["counts"]["linears"] > 0
-    assert passes["quantize_fp8_activations"]["counts"]["linears"] == 0
-    assert passes["linear_prologue"]["counts"]["add_rms_norm"] > 0
-    engine = Engine.load(art, async_scheduling=False)
-    eight = agreement(reference, teacher_forced_top1(engine, histories))
-    one = agreement(reference, [row for history in histories for row in teacher_forced_top1(engine, [history])])
-    print(f"fp8 weight-only rows: teacher-forced top-1 agreement with the eager bf16 engine {eight:.4f} "
-          f"(8 sequences), {one:.4f} (one at a time)")
-    assert engine.runner.graphs.replays > 0 and min(eight, one) >= MIN_AGREEMENT["fp8"]
-
-
 @pytest.mark.parametrize("rows", [1, 16, 300])
 def test_inductor_fp8_quantize_is_the_reference(rows):
     """quantize_fp8_activations hands fp8_quantize to Inductor (its reference as the decomposition), fused

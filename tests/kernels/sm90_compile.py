@@ -154,8 +154,7 @@ def moe_variants():
 
 def fp8_variants():
     """The fp8 matmul as fp8_prologue_matmul launches it at one row (16-row tile, weight on the MMA's M side, K
-    split): the add_rms_norm and silu_mul prologues with dynamic row scales; the pre-quantized path; the weight-only
-    rows."""
+    split): the add_rms_norm and silu_mul prologues with dynamic row scales; and the pre-quantized path."""
     types = {"x_ptr": "*bf16", "x_scale_ptr": "*fp32", "w_ptr": "*fp8e4nv", "w_scale_ptr": "*fp32",
              "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "res_ptr": "*bf16",
              "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "eps": "fp32"}
@@ -165,12 +164,6 @@ def fp8_variants():
         yield fp8_matmul._fp8_matmul_kernel, types, dict(tile, X_MODE=0, PROLOGUE=prologue), {"num_stages": 4}
     yield fp8_matmul._fp8_matmul_kernel, dict(types, x_ptr="*fp8e4nv"), dict(tile, X_MODE=2, PROLOGUE=0, ROWS=16), \
         {"num_stages": 4}
-    # weight-only rows (X_MODE 3) at one row in weight_only_config's tile (int8_matmul's at the 8B qkv shape):
-    # plain (x loaded as the tile's masked rows) and with the add_rms_norm prologue (the row computed, ROWS 1); the
-    # weight converted to bfloat16 for the dot
-    only = dict(tile, X_MODE=3, BLOCK_K=128, SPLIT_K=4, SWAP_AB=False, PRECISION="tf32")
-    for prologue, rows in ((0, 16), (fp8_matmul.PROLOGUES["add_rms_norm"], 1)):
-        yield fp8_matmul._fp8_matmul_kernel, types, dict(only, PROLOGUE=prologue, ROWS=rows), {"num_stages": 4}
 
 
 def pdl_variants():

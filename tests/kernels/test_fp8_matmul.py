@@ -18,7 +18,7 @@ from graphllm.kernels.fp8_matmul import (  # noqa: E402
     default_config, fp8_linear_reference, fp8_matmul, fp8_matmul_quantized, fp8_quantize_rows,
     fp8_quantized_linear_reference, scaled_mm_takes)
 from graphllm.kernels.quant_layout import (  # noqa: E402
-    FP8_DTYPE, dequantize_per_channel, int8_linear_reference, quantize_fp8_rows, quantize_fp8_weight)
+    FP8_DTYPE, dequantize_per_channel, quantize_fp8_rows, quantize_fp8_weight)
 from graphllm.kernels.skinny_matmul import split_k_counters  # noqa: E402
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, ON_GPU, gpu_only, randn  # noqa: E402
 from tests.kernels.test_int8_matmul import SUM_UNIT, assert_within_rounding, gpu_randn  # noqa: E402
@@ -81,27 +81,6 @@ def test_tile_paths_and_ragged_edges(m, config, static):
     """N = 80 and K = 200 are multiples of neither tile (masked edges); counters are left at zero."""
     check(m, 80, 200, LOW_DTYPE, bias=True, static=static, config=config)
     check(m, 48, 96, torch.float32, bias=False, static=static, config=config, seed=3)
-    assert split_k_counters(DEVICE).count_nonzero() == 0
-
-
-@pytest.mark.parametrize("m, config", [
-    (1, None),  # weight_only_config: int8_matmul's tiles
-    (1, tiles(BLOCK_M=1, SPLIT_K=3)),  # one-row multiply-add, unequal K splits
-    (3, tiles(BLOCK_M=16, BLOCK_N=64, SWAP_AB=True, SPLIT_K=2)),  # the weight on the MMA's M side
-    (16, tiles(BLOCK_M=16)), (5, None)])
-@pytest.mark.parametrize("dtype", (torch.float32, LOW_DTYPE))
-def test_weight_only_rows_compute_the_unquantized_product(m, config, dtype):
-    """weight_only (X_MODE 3, W8A16): x is not quantized (random rows, not float8 values: a quantized x would
-    differ), the float8 weight times its scales: int8_linear_reference's function, within the summation's
-    rounding; the static input_scale is not used."""
-    x = randn((m, 200), dtype, 7)
-    weight, weight_scale = quantize_fp8_weight(randn((80, 200), torch.float32, 8) / 200 ** 0.5)
-    b = randn((80,), dtype, 9)
-    got = fp8_matmul(x, weight, weight_scale, torch.tensor([1e-3], device=DEVICE), b, config, weight_only=True)
-    expected = int8_linear_reference(x, weight, weight_scale, b)
-    assert_within_rounding(got, expected, x, dequantize_per_channel(weight, weight_scale), b)
-    w8a8 = fp8_linear_reference(x, weight, weight_scale, None, b)
-    assert (w8a8.float() - expected.float()).abs().max() > 10 * (got.float() - expected.float()).abs().max()
     assert split_k_counters(DEVICE).count_nonzero() == 0
 
 

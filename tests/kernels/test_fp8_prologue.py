@@ -69,9 +69,7 @@ CONFIGS = [
                                                    ("gelu_mul", False)])
 @pytest.mark.parametrize("static", (False, True))
 @pytest.mark.parametrize("m, config", [(1, CONFIGS[0]), (1, CONFIGS[1]), (3, CONFIGS[1])])
-@pytest.mark.parametrize("weight_only", (False, True))
-def test_fused_prologue_is_the_fp8_kernel_on_the_prologue_output(prologue, unit_offset, static, m, config,
-                                                                 weight_only):
+def test_fused_prologue_is_the_fp8_kernel_on_the_prologue_output(prologue, unit_offset, static, m, config):
     n, k, eps, dtype = 64, 192, 1e-5, LOW_DTYPE
     act = prologue in ("silu_mul", "gelu_mul")
     x = randn((m, 2 * k if act else k), dtype, 1)
@@ -82,10 +80,10 @@ def test_fused_prologue_is_the_fp8_kernel_on_the_prologue_output(prologue, unit_
     input_scale = torch.tensor([0.02], device=DEVICE) if static else None
 
     got, h = fp8_prologue_matmul(prologue, x, weight, weight_scale, input_scale, bias, residual, norm_w, eps,
-                                 unit_offset, config, weight_only)
+                                 unit_offset, config)
     operand = materialize(prologue, x, residual, norm_w, eps, unit_offset, k, config["BLOCK_K"])
     assert_close(operand, reference_operand(prologue, x, residual, norm_w, eps, unit_offset))
-    want = fp8_matmul(operand, weight, weight_scale, input_scale, bias, dict(config, FUSE_QUANT=True), weight_only)
+    want = fp8_matmul(operand, weight, weight_scale, input_scale, bias, dict(config, FUSE_QUANT=True))
     assert torch.equal(got, want)
     if prologue == "add_rms_norm":
         assert torch.equal(h, x + residual)

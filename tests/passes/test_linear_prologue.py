@@ -130,6 +130,9 @@ def test_fp8_linears_take_the_prologues_when_asked(arch):
     assert ops.silu_and_mul_fp8.default not in found  # llama's SwiGLU: the split graph's silu_and_mul_fp8
     assert (ops.silu_and_mul_fp8.default in targets(before)) == (arch == "llama")
     assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
+    # the manifest's kernel plan names the fused linears' shapes as it does the split ones'
+    from graphllm.compiler.pipeline import kernel_plan
+    assert kernel_plan(after, (1,)).keys() == kernel_plan(before, (1,)).keys() and len(kernel_plan(after, (1,))) == 4
 
 
 def test_fp8_ops_equal_their_parts_off_the_kernel_path():

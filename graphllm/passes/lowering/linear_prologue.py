@@ -52,29 +52,28 @@ def _call(node, target) -> bool:
     return isinstance(node, fx.Node) and node.op == "call_function" and node.target == target and not node.kwargs
 
 
-def _linear_operands(node: fx.Node) -> tuple[fx.Node, tuple, tuple]:
-    """(x, the arguments a fused op appends after its own, the fused op's last ones): (weight,) or (weight, bias)
-    for graphllm.linear, (weight, weight_scale, input_scale, bias) for fp8_linear, and its weight_only_rows where
-    it has them (the fused fp8 ops take it last)."""
+def _linear_operands(node: fx.Node) -> tuple[fx.Node, tuple]:
+    """(x, the arguments a fused op appends after its own): (weight,) or (weight, bias) for graphllm.linear,
+    (weight, weight_scale, input_scale, bias) for fp8_linear."""
     x, *params = node.args
     if node.target == ops.fp8_linear.default:
-        return x, tuple(params[:4]) + (None,) * (4 - len(params[:4])), tuple(params[4:])
-    return x, tuple(params[:1] if len(params) < 2 or params[1] is None else params[:2]), ()
+        return x, tuple(params) + (None,) * (4 - len(params))
+    return x, tuple(params[:1] if len(params) < 2 or params[1] is None else params[:2])
 
 
-def _fused_args(source: fx.Node, arity: int, params: tuple, tail: tuple = ()) -> tuple:
+def _fused_args(source: fx.Node, arity: int, params: tuple) -> tuple:
     """The fused op's arguments: source's first `arity` (its own), then the linear's (weight and bias; fp8:
-    weight, weight_scale, input_scale, bias), then a norm's unit_offset where it has one set (Gemma's) or the tail
-    follows (the fused ops take it after the bias), then the tail (fp8's weight_only_rows)."""
+    weight, weight_scale, input_scale, bias), then a norm's unit_offset where it has one set (Gemma's): the
+    fused ops take it after the bias."""
     own, extra = source.args[:arity], source.args[arity:]
-    if not (extra and extra[0]):
-        extra = (False,) if tail and arity > 1 else ()  # a norm's unit_offset before the tail; activations have none
-    return (*own, *params, *((None,) if len(params) == 1 and extra else ()), *extra, *tail)
+    if extra and extra[0]:
+        return (*own, *params, *((None,) if len(params) == 1 else ()), *extra)
+    return (*own, *params)
 
 
 def _fold_add_rms_norm(graph: fx.Graph, lin: fx.Node, fused_op=None) -> bool:
     """lin = linear(getitem(add_rms_norm(...), 0), w[, b]) with the norm's outputs read only there and by getitem 1."""
-    y, params, tail = _linear_operands(lin)
+    y, params = _linear_operands(lin)
     if not (_call(y, operator.getitem) and y.args[1] == 0 and len(y.users) == 1):
         return False
     norm = y.args[0]
@@ -82,7 +81,7 @@ def _fold_add_rms_norm(graph: fx.Graph, lin: fx.Node, fused_op=None) -> bool:
             _call(u, operator.getitem) and u.args[1] in (0, 1) for u in norm.users):
         return False
     with graph.inserting_before(lin):
-        fused = new_node(graph, fused_op or ops.add_rms_norm_linear.default, _fused_args(norm, 4, params, tail), lin)
+        fused = new_node(graph, fused_op or ops.add_rms_norm_linear.default, _fused_args(norm, 4, params), lin)
         out = new_node(graph, operator.getitem, (fused, 0), lin)
         new_residual = new_node(graph, operator.getitem, (fused, 1), norm)
     lin.replace_all_uses_with(out)
@@ -96,11 +95,11 @@ def _fold_add_rms_norm(graph: fx.Graph, lin: fx.Node, fused_op=None) -> bool:
 
 def _fold_single(graph: fx.Graph, lin: fx.Node, source, fused_op, arity: int) -> bool:
     """lin = linear(source(args...), w[, b]) with source read only there -> fused_op(args..., w, b)."""
-    y, params, tail = _linear_operands(lin)
+    y, params = _linear_operands(lin)
     if not _call(y, source) or len(y.users) != 1:
         return False
     with graph.inserting_before(lin):
-        fused = new_node(graph, fused_op, _fused_args(y, arity, params, tail), lin)
+        fused = new_node(graph, fused_op, _fused_args(y, arity, params), lin)
     lin.replace_all_uses_with(fused)
     graph.erase_node(lin)
     graph.erase_node(y)
@@ -123,7 +122,7 @@ class LinearPrologue(GraphPass):
     itself (fp8_matmul.fp8_prologue_matmul) instead of Inductor's norm + quantize kernel and silu_and_mul_fp8."""
 
     name = "linear_prologue"
-    version = 5  # 2: norms with unit_offset (Gemma's) fold too; 3: GeGLU; 4: fp8_linear (fp8=True); 5: weight_only_rows
+    version = 4  # 2: norms with unit_offset (Gemma's) fold too; 3: GeGLU; 4: fp8_linear (fp8=True)
 
     devices = ("cuda",)
 

@@ -21,8 +21,7 @@ row-wise _scaled_mm). Where x is a SwiGLU read only by such linears, graphllm.si
 takes the place of both (one kernel: Inductor made three of that reduction at decode sizes). All of them
 compute quant_layout's fp8_linear_reference step by step, so the rewrite changes no value (on the GPU,
 Inductor's lowering of fp8_quantize may round the scale differently by one unit in the last place).
-Runs after the fusions (fused QKV and gate/up are single linears by then). An fp8_linear given weight-only rows
-(the fp8_weight_only_rows pass) stays whole: at those rows it does not quantize x at all.
+Runs after the fusions (fused QKV and gate/up are single linears by then).
 """
 
 import operator
@@ -42,13 +41,13 @@ class QuantizeFP8Activations(GraphPass):
     """fp8_linear -> fp8_quantize + fp8_linear_quantized; counts {"linears": n, "quantizations": n}."""
 
     name = "quantize_fp8_activations"
-    version = 2  # 2: leaves the fp8 linears with weight-only rows whole
+    version = 1
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
         g = graph.graph
         shared: dict[tuple, tuple[fx.Node, fx.Node]] = {}
         swiglu = 0
-        linears = [n for n in g.nodes if _splits(n)]
+        linears = [n for n in g.nodes if n.op == "call_function" and n.target == ops.fp8_linear.default]
         for lin in linears:
             x, weight, weight_scale, input_scale, bias = _arguments(lin)
             key = (x, input_scale)
@@ -71,15 +70,9 @@ class QuantizeFP8Activations(GraphPass):
         return {"linears": len(linears), "quantizations": len(shared), "silu_and_mul_fp8": swiglu}
 
 
-def _splits(node: fx.Node) -> bool:
-    """An fp8_linear this pass splits: every one but those with weight-only rows (its sixth argument)."""
-    return (node.op == "call_function" and node.target == ops.fp8_linear.default
-            and not (node.args[5:6] or [node.kwargs.get("weight_only_rows", 0)])[0])
-
-
 def _arguments(lin: fx.Node) -> tuple:
     """fp8_linear's (x, weight, weight_scale, input_scale, bias), defaults filled in."""
-    args = list(lin.args[:5]) + [None] * (5 - len(lin.args[:5]))
+    args = list(lin.args) + [None] * (5 - len(lin.args))
     for i, name in enumerate(("x", "weight", "weight_scale", "input_scale", "bias")):
         if name in lin.kwargs:
             args[i] = lin.kwargs[name]
@@ -89,7 +82,7 @@ def _arguments(lin: fx.Node) -> tuple:
 def _is_silu_mul_for_fp8(x: fx.Node) -> bool:
     """x = silu_and_mul(...) read only by fp8 linears with dynamic scales: its quantization fuses into it."""
     return (x.op == "call_function" and x.target == ops.silu_and_mul.default and not x.kwargs
-            and all(_splits(u) and _arguments(u)[3] is None for u in x.users))
+            and all(u.target == ops.fp8_linear.default and _arguments(u)[3] is None for u in x.users))
 
 
 def _dtype(lin: fx.Node, x: fx.Node) -> torch.dtype:
