@@ -6,8 +6,9 @@ x: [M, 2I] (last dim contiguous, any row stride) holds gate = x[:, :I] and up = 
     scale = max(max|y| / 448, 1e-12)                 (float32, correctly rounded)
     yq    = clamp(y / scale, +-448) as float8_e4m3fn (quant_layout.quantize_fp8_rows)
 
-One program per row walks the row twice in BLOCK columns: once for max|y|, once to quantize and store
-(the second read comes from L2). Inductor, given silu_and_mul and the quantization as one graph, made
+One program per row. A row of up to MAX_BLOCK columns (ONE_PASS) is read once and y held in registers for the
+quantization; a wider one is walked twice in BLOCK columns, once for max|y| and once to quantize and store (the
+second read from L2). Inductor, given silu_and_mul and the quantization as one graph, made
 three kernels of it at decode sizes (a split reduction, its combine, the quantizing pass: 60 us per
 decode step of the 8B shape on the H200), so quantize_fp8_activations puts this kernel there instead.
 """
@@ -41,22 +42,31 @@ def _silu_mul(x_row, offs, mask, size):
 
 @triton.jit
 def _silu_and_mul_fp8_kernel(x_ptr, out_ptr, scale_ptr, size, stride_xm, BLOCK: tl.constexpr,
-                             PDL: tl.constexpr = False):
+                             ONE_PASS: tl.constexpr = False, PDL: tl.constexpr = False):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
-    amax = tl.zeros([BLOCK], dtype=tl.float32)
-    for c0 in range(0, size, BLOCK):
-        offs = c0 + tl.arange(0, BLOCK)
-        amax = tl.maximum(amax, tl.abs(_silu_mul(x_row, offs, offs < size, size)))
-    scale = tl.maximum(tl.math.div_rn(tl.max(amax, 0), 448.0), 1e-12)
-    inv = tl.math.div_rn(1.0, scale)
-    tl.store(scale_ptr + row, scale)
-    for c0 in range(0, size, BLOCK):
-        offs = c0 + tl.arange(0, BLOCK)
+    if ONE_PASS:  # the row fits one block: SwiGLU once, held in registers for the quantization
+        offs = tl.arange(0, BLOCK)
         mask = offs < size
-        tl.store(out_ptr + row * size + offs, _quantize(_silu_mul(x_row, offs, mask, size), scale, inv), mask=mask)
+        y = _silu_mul(x_row, offs, mask, size)
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(y), 0), 448.0), 1e-12)
+        tl.store(scale_ptr + row, scale)
+        tl.store(out_ptr + row * size + offs, _quantize(y, scale, tl.math.div_rn(1.0, scale)), mask=mask)
+    else:
+        amax = tl.zeros([BLOCK], dtype=tl.float32)
+        for c0 in range(0, size, BLOCK):
+            offs = c0 + tl.arange(0, BLOCK)
+            amax = tl.maximum(amax, tl.abs(_silu_mul(x_row, offs, offs < size, size)))
+        scale = tl.maximum(tl.math.div_rn(tl.max(amax, 0), 448.0), 1e-12)
+        inv = tl.math.div_rn(1.0, scale)
+        tl.store(scale_ptr + row, scale)
+        for c0 in range(0, size, BLOCK):
+            offs = c0 + tl.arange(0, BLOCK)
+            mask = offs < size
+            tl.store(out_ptr + row * size + offs, _quantize(_silu_mul(x_row, offs, mask, size), scale, inv),
+                     mask=mask)
 
 
 def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +79,6 @@ def silu_and_mul_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scale = torch.empty((num_rows,), dtype=torch.float32, device=x.device)
     if num_rows and size:
         block = min(MAX_BLOCK, triton.next_power_of_2(size))
-        _silu_and_mul_fp8_kernel[(num_rows,)](x, out, scale, size, x.stride(0), BLOCK=block,
+        _silu_and_mul_fp8_kernel[(num_rows,)](x, out, scale, size, x.stride(0), BLOCK=block, ONE_PASS=size <= block,
                                               num_warps=16 if block >= 8192 else 4, **pdl_launch(x.device))
     return out, scale

@@ -178,8 +178,9 @@ def pdl_variants():
         {"num_warps": 8, **pdl}
     yield silu_and_mul._silu_and_mul_kernel, {"x_ptr": "*bf16", "out_ptr": "*bf16"}, dict(
         BLOCK=1024, GELU_TANH=False, PDL=True), {"num_warps": 4, **pdl}
-    yield silu_and_mul_fp8._silu_and_mul_fp8_kernel, {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}, \
-        dict(BLOCK=16384, PDL=True), {"num_warps": 16, **pdl}
+    for one_pass in (True, False):  # Llama-3-8B's 14336 columns in one pass; wider rows in two
+        yield silu_and_mul_fp8._silu_and_mul_fp8_kernel, {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}, \
+            dict(BLOCK=16384, ONE_PASS=one_pass, PDL=True), {"num_warps": 16, **pdl}
     yield moe_routing._topk_softmax_kernel, MOE_POINTERS, dict(TOP_K=8, RENORMALIZE=True, E_POW2=128, K_POW2=8,
                                                                PDL=True), {"num_warps": 1, **pdl}
     yield moe_align._moe_align_kernel, MOE_POINTERS, dict(BLOCK_M=64, E_POW2=128, CHUNK=128, PDL=True), \

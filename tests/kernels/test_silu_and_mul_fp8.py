@@ -13,6 +13,7 @@ pytest.importorskip("triton")
 
 from graphllm.kernels.quant_layout import FP8_DTYPE, quantize_fp8_rows  # noqa: E402
 from graphllm.kernels.silu_and_mul import silu_and_mul  # noqa: E402
+from graphllm.kernels import silu_and_mul_fp8 as silu_and_mul_fp8_module  # noqa: E402
 from graphllm.kernels.silu_and_mul_fp8 import silu_and_mul_fp8, silu_and_mul_fp8_reference  # noqa: E402
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, ON_GPU, randn  # noqa: E402
 
@@ -24,8 +25,10 @@ def exact_rows(m: int, size: int, seed: int) -> torch.Tensor:
     return torch.cat([gate, v * 2.0 ** -11], dim=1).to(LOW_DTYPE)
 
 
+@pytest.mark.parametrize("max_block", [16384, 128])  # one pass over each row; and two over 128-column blocks
 @pytest.mark.parametrize("m, size", [(1, 64), (3, 200), (2, 1000)])
-def test_matches_the_two_ops(m, size):
+def test_matches_the_two_ops(m, size, max_block, monkeypatch):
+    monkeypatch.setattr(silu_and_mul_fp8_module, "MAX_BLOCK", max_block)
     x = randn((m, 2 * size), LOW_DTYPE, m) * 3 if ON_GPU else exact_rows(m, size, m)
     xq, scale = silu_and_mul_fp8(x)
     assert xq.shape == (m, size) and xq.dtype == FP8_DTYPE and scale.shape == (m,)
