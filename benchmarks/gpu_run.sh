@@ -30,6 +30,7 @@
 #   unfused1-B latency1-B with --no-fuse-rope-decode (rope_store_kv before the decode kernel again: the A/B of the
 #              decode kernel's own rotary + KV write, kernels/rope_decode.py; the same artifact)
 #   fusion-tests  the decode kernel tests, its rotary tests and the engines with it on (GPU rows)
+#   qtput-S-nopdl  qtput-S with --no-enable-pdl (PDL is on by default since s25; S: none, fp8, fp8kv, ...)
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
 #              latency1-B); pdlfam-P  fam-P with --enable-pdl; pdlq-S  qlat-S with --enable-pdl; moe-lat-pdl
 #              moe-lat with --enable-pdl;  pdl-tests  its GPU tests
@@ -330,6 +331,9 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --quantization "${stage#qlat-}" --json "$OUT/r/$stage.json" ;;
     qtput-fp8kv) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --quantization fp8 \
         --kv-cache-dtype fp8 --json "$OUT/r/$stage.json" ;;
+    qtput-*-nopdl) S=${stage#qtput-}; S=${S%-nopdl}; bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS \
+        --work $WORK --no-enable-pdl $( [ "$S" = none ] || echo --quantization ${S%kv} ) \
+        $( [ "${S%kv}" = "$S" ] || echo --kv-cache-dtype fp8 ) --json "$OUT/r/$stage.json" ;;
     qtput-none) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
     qtput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
         --quantization "${stage#qtput-}" --json "$OUT/r/$stage.json" ;;

@@ -59,8 +59,9 @@ class EngineConfig:
     # sm_90+: the decode graphs launch graphllm's decode-step kernels (the linears, rope + KV store, decode
     # attention) as programmatic dependents (PDL), so that each starts, prefetches its weight and waits while the
     # kernel before finishes (graphllm/kernels/launch.py); compile=True also builds Inductor's kernels for it
-    # (CompileConfig.inductor_pdl). Off by default until a GPU A/B says it is faster
-    enable_pdl: bool = False
+    # (CompileConfig.inductor_pdl). On by default (H200, same-call A/Bs: fp8 W8A8 +5.8% at batch 1 and +5.0% at
+    # 16, Phi-3-mini +1.8%, Llama-3-8B bf16 within 0.6%: benchmarks/RESULTS.md, s25); off: --no-enable-pdl
+    enable_pdl: bool = True
     # triton attention at decode: the split kernel rotates q and k and stores the new token's KV itself
     # (graphllm/kernels/rope_decode.py), instead of rope_store_kv's launch before it; changes no value (the GPU
     # tests: the same teacher-forced rows) and measured 1.0% faster at batch 1 and 8 (benchmarks/RESULTS.md, s22)
@@ -201,9 +202,9 @@ class CompileConfig:
     fuse_rope_attention: bool = True
     lowering: str = "auto"  # "aoti" | "inductor"; auto: AOTInductor on CPU, Inductor standalone on CUDA
     # Inductor lowering on sm_90+: its Triton kernels generated for programmatic dependent launch too (Inductor's
-    # triton.enable_pdl, where this torch has it), so that the engine's --enable-pdl chain runs through them
-    # (EngineConfig.enable_pdl sets it when the engine compiles)
-    inductor_pdl: bool = False
+    # triton.enable_pdl, where this torch has it), so that the engine's PDL chain runs through them
+    # (EngineConfig.enable_pdl sets it when the engine compiles; on by default, as that is)
+    inductor_pdl: bool = True
     # One of QUANTIZATIONS: the quantize_<scheme> pass rewrites every linear but lm_head (None: the
     # checkpoint's own quantization_config if it has one, else none). CHECKPOINT_QUANTIZATIONS names
     # are accepted when they match the checkpoint.

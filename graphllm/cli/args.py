@@ -71,9 +71,10 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calculate-kv-scales", action="store_true",
                         help="fp8 KV cache: scales from the K/V amax of a calibration prefill at start-up "
                              "(default: the checkpoint's k_scale/v_scale, else 1.0)")
-    parser.add_argument("--enable-pdl", action="store_true",
+    parser.add_argument("--enable-pdl", action=argparse.BooleanOptionalAction, default=True,
                         help="GPU (sm_90+): decode graphs launch the decode step's kernels as programmatic "
-                             "dependents, each starting while the one before finishes (off by default)")
+                             "dependents, each starting while the one before finishes (the default; "
+                             "--no-enable-pdl: plain launches)")
     parser.add_argument("--fuse-rope-decode", action=argparse.BooleanOptionalAction, default=True,
                         help="triton attention: at decode the attention kernel rotates q and k and writes the new "
                              "token's KV itself, one kernel a layer fewer (the default; --no-fuse-rope-decode: "
@@ -144,7 +145,7 @@ def under_torchrun(config: EngineConfig, torchrun) -> EngineConfig:
 def compile_config(args: argparse.Namespace) -> CompileConfig:
     given = {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
     return CompileConfig(dtype=args.dtype, buckets=tuple(args.buckets) if args.buckets else None,
-                         inductor_pdl=getattr(args, "enable_pdl", False),
+                         inductor_pdl=getattr(args, "enable_pdl", True),
                          **{k: v for k, v in given.items() if v is not None}, **pass_switches(args))
 
 

@@ -32,9 +32,9 @@ def build_parser(env: Environment = Environment()) -> argparse.ArgumentParser:
     add_model_args(comp)
     comp.add_argument("--out", required=True, help="artifact directory to write")
     comp.add_argument("--buckets", type=int, nargs="+", help="decode batch sizes to capture as CUDA graphs")
-    comp.add_argument("--enable-pdl", action="store_true",
-                      help="GPU (sm_90+): generate Inductor's kernels for programmatic dependent launch too, for an "
-                           "engine run with --enable-pdl (CompileConfig.inductor_pdl)")
+    comp.add_argument("--enable-pdl", action=argparse.BooleanOptionalAction, default=True,
+                      help="GPU (sm_90+): generate Inductor's kernels for programmatic dependent launch too, as "
+                           "engines launch by default (CompileConfig.inductor_pdl; --no-enable-pdl: plain ones)")
     comp.set_defaults(func=cmd_compile)
 
     insp = sub.add_parser("inspect", help="show what the compiler did to an artifact")

@@ -17,16 +17,16 @@ before it (a buffer this kernel writes may still be read by the kernel before). 
 no kernel writes them. A kernel launched without PDL after one of these waits for it as usual.
 
 `programmatic_launch(True)` turns it on for the launches inside the block (runtime/setup.py, around the graph
-capture, from EngineConfig.enable_pdl / `--enable-pdl`): the graphs keep the programmatic edges, so every replay
-runs them.
+capture, from EngineConfig.enable_pdl, on by default; `--no-enable-pdl` turns it off): the graphs keep the
+programmatic edges, so every replay runs them.
 The launchers read it through `pdl_launch(device)` (the kernels' side is gdc.py); it is off on the CPU and
 before sm_90. The kernels that take it: skinny_matmul, rope_store_kv and paged_decode_attention's two (the
 chain of a bf16 decode layer), the quantized decode linears (fp8_matmul up to 16 rows, the int4 GEMV), the row
 kernels around them (rms_norm, silu_and_mul, silu_and_mul_fp8) and the MoE kernels (routing, alignment, the two
 expert kernels, the k-sum).
 Inductor's kernels between them (fp8's norm + quantize, the step's few others) take part when the artifact was
-compiled for it (CompileConfig.inductor_pdl: Inductor's own triton.enable_pdl, set when an engine with
-enable_pdl compiles); an artifact compiled without it keeps them plain launches, which the others wait for as
+compiled for it (CompileConfig.inductor_pdl: Inductor's own triton.enable_pdl, on by default, and set when an
+engine with enable_pdl compiles); an artifact compiled without it keeps them plain launches, which the others wait for as
 usual. For graphllm's kernels it changes how a kernel is compiled at run time (a constexpr and Triton's
 launch_pdl option), not the artifact.
 """

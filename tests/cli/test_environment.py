@@ -38,12 +38,14 @@ def test_pass_switches_are_flags_of_the_compile_config():
 
 
 def test_enable_pdl_reaches_the_compile_config_of_compile_and_of_the_engine():
-    """`graphllm compile --enable-pdl` and an engine run with it build Inductor's kernels for PDL (inductor_pdl)."""
+    """`graphllm compile` and an engine build Inductor's kernels for PDL (inductor_pdl) unless --no-enable-pdl."""
     parser = build_parser(Environment())
-    assert not compile_config(parser.parse_args(["compile", "--out", "a"])).inductor_pdl
-    assert compile_config(parser.parse_args(["compile", "--out", "a", "--enable-pdl"])).inductor_pdl
-    engine = engine_config(parser.parse_args(["serve", "--enable-pdl"]))
+    assert compile_config(parser.parse_args(["compile", "--out", "a"])).inductor_pdl
+    assert not compile_config(parser.parse_args(["compile", "--out", "a", "--no-enable-pdl"])).inductor_pdl
+    engine = engine_config(parser.parse_args(["serve"]))
     assert engine.enable_pdl and engine.compile_config().inductor_pdl
+    engine = engine_config(parser.parse_args(["serve", "--no-enable-pdl"]))
+    assert not engine.enable_pdl and not engine.compile_config().inductor_pdl
 
 
 def test_no_module_below_the_cli_reads_the_environment():

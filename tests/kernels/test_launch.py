@@ -26,16 +26,16 @@ def test_asked_for_inside_the_block_only_and_restored():
 def test_enable_pdl_flag_reaches_the_engine_config():
     parser = argparse.ArgumentParser()
     add_serve_parser(parser.add_subparsers(dest="command"))
-    assert not EngineConfig().enable_pdl and not engine_config(parser.parse_args(["serve"])).enable_pdl
-    assert engine_config(parser.parse_args(["serve", "--enable-pdl"])).enable_pdl
+    assert EngineConfig().enable_pdl and engine_config(parser.parse_args(["serve"])).enable_pdl  # the default
+    assert not engine_config(parser.parse_args(["serve", "--no-enable-pdl"])).enable_pdl
 
 
 def test_an_engine_with_pdl_compiles_inductor_kernels_for_it_too():
     """EngineConfig.enable_pdl makes compile=True lower with Inductor's triton.enable_pdl (a CompileConfig field,
     so its own artifact: tests/compiler/test_pipeline.py), which inductor_options adds where this torch has it."""
     from graphllm.compiler.inductor_lowering import inductor_options
-    assert not EngineConfig(model="m").compile_config().inductor_pdl
-    assert EngineConfig(model="m", enable_pdl=True).compile_config().inductor_pdl
+    assert EngineConfig(model="m").compile_config().inductor_pdl
+    assert not EngineConfig(model="m", enable_pdl=False).compile_config().inductor_pdl
     assert inductor_options(False) == {"emulate_precision_casts": True}
     has_option = hasattr(torch._inductor.config.triton, "enable_pdl")
     assert inductor_options(True).get("triton.enable_pdl", False) == has_option
