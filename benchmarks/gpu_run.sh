@@ -30,7 +30,8 @@
 #   unfused1-B latency1-B with --no-fuse-rope-decode (rope_store_kv before the decode kernel again: the A/B of the
 #              decode kernel's own rotary + KV write, kernels/rope_decode.py; the same artifact)
 #   fusion-tests  the decode kernel tests, its rotary tests and the engines with it on (GPU rows)
-#   qtput-S-nopdl  qtput-S with --no-enable-pdl (PDL is on by default since s25; S: none, fp8, fp8kv, ...)
+#   STAGE-nopdl  any bench stage with --no-enable-pdl (PDL is on by default since s25): e.g. qlat-int4-nopdl,
+#              qtput-none-nopdl, moe-lat-nopdl; the pdl* stages name --enable-pdl, which is now the default
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
 #              latency1-B); pdlfam-P  fam-P with --enable-pdl; pdlq-S  qlat-S with --enable-pdl; moe-lat-pdl
 #              moe-lat with --enable-pdl;  pdl-tests  its GPU tests
@@ -109,12 +110,15 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/r"
 WORK=/tmp/bench-work
 LIMITS="--max-num-seqs 256 --max-model-len 2064 --max-num-batched-tokens 8192"  # one artifact for all stages
 PCLIMITS="--max-num-seqs 256 --max-model-len 2320 --max-num-batched-tokens 8192"  # the pc-* stages' one artifact
-bench() { python3 -m graphllm.cli bench "$@"; }
+BENCH_EXTRA=""  # a -nopdl stage's --no-enable-pdl
+bench() { python3 -m graphllm.cli bench "$@" $BENCH_EXTRA; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/r/nvidia-smi.txt"
 date -u +%FT%TZ | tee "$OUT/r/run.txt"  # the device copy's .git is not the working tree: record the commit where you launch
 free_gb() { df -BG --output=avail /tmp | tail -1 | tr -dc 0-9; }
-for stage in "$@"; do
+for tag in "$@"; do
   start=$(date +%s)
+  stage=$tag BENCH_EXTRA=""  # tag names the outputs; stage picks the commands below
+  case $tag in *-nopdl) stage=${tag%-nopdl} BENCH_EXTRA="--no-enable-pdl" ;; esac
   # a stage that writes a preset and its artifact needs ~35 GB at the 8B-9B shapes: on a machine that already
   # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk). A stage whose preset
   # is already there needs at most another artifact (~16 GB): it keeps them unless under 20 GB are free (every 8B
@@ -128,7 +132,7 @@ for stage in "$@"; do
   esac
   case $stage in
     sweep) timeout 400 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
-    sweep-*) timeout 420 python3 benchmarks/kernel_sweep.py "$OUT/r/$stage.json" ${stage#sweep-} ;;
+    sweep-*) timeout 420 python3 benchmarks/kernel_sweep.py "$OUT/r/$tag.json" ${stage#sweep-} ;;
     fp8-engine-tests) timeout 400 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_store_kv.py tests/kernels/test_triton_backend.py tests/ops/test_kv_quant.py \
         tests/runtime/test_kv_cache_dtype.py "tests/kernels/test_paged_decode_attention.py::test_quantize_query_heads_rounds_as_torch" \
@@ -147,26 +151,26 @@ for stage in "$@"; do
     waits) timeout 300 python3 benchmarks/host_waits.py $WORK/models/llama-3-8b "$OUT/r/waits.json" ;;
     mixed) timeout 200 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/mixed.json" ;;
     steps8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --num-decode-steps 8 \
-        --attention-backend "${stage#steps8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --attention-backend "${stage#steps8-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     nofused8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --no-linear-prologue \
         --output-len 256 --num-decode-steps 8 --attention-backend "${stage#nofused8-}" $LIMITS --work $WORK \
-        --json "$OUT/r/$stage.json" ;;
+        --json "$OUT/r/$tag.json" ;;
     tput8-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --num-decode-steps 8 \
-        --attention-backend "${stage#tput8-}" --json "$OUT/r/$stage.json" ;;
+        --attention-backend "${stage#tput8-}" --json "$OUT/r/$tag.json" ;;
     gpu-steps) timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest tests/gpu \
         -k "queued_decode_steps or graphs_match" 2>&1 | grep -v "DEBUG" | tail -15 ;;
     sync1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --no-async-scheduling \
-        --attention-backend "${stage#sync1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --attention-backend "${stage#sync1-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     fp8lat-*) bench latency --preset llama-3-8b --batch-sizes 1,8,32,128 --input-len 128 --output-len 256 \
-        --kv-cache-dtype fp8 --attention-backend "${stage#fp8lat-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --kv-cache-dtype fp8 --attention-backend "${stage#fp8lat-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     synctput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --no-async-scheduling \
-        --attention-backend "${stage#synctput-}" --json "$OUT/r/$stage.json" ;;
+        --attention-backend "${stage#synctput-}" --json "$OUT/r/$tag.json" ;;
     fp8tput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --kv-cache-dtype fp8 \
-        --attention-backend "${stage#fp8tput-}" --json "$OUT/r/$stage.json" ;;
+        --attention-backend "${stage#fp8tput-}" --json "$OUT/r/$tag.json" ;;
     gpu-async) timeout 240 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/gpu/test_cuda_graphs.py tests/gpu/test_attention_backends.py -k "not bf16" 2>&1 | grep -v "DEBUG" | tail -15 ;;
     noskinny1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --no-skinny-linear \
-        --output-len 256 --attention-backend "${stage#noskinny1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --output-len 256 --attention-backend "${stage#noskinny1-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_rms_norm.py tests/kernels/test_silu_and_mul.py \
         tests/passes/test_skinny_linear.py tests/passes/test_linear_prologue.py 2>&1 | tail -8 ;;
@@ -176,20 +180,20 @@ for stage in "$@"; do
     full-tests-*) timeout 200 python3 -m pytest -x -q --tb=short -p no:cacheprovider -p no:hypothesispytest \
         tests/gpu/test_mixed_graphs.py -k "${stage#full-tests-}" 2>&1 | grep -v "DEBUG" | tail -80 ;;
     full1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --cudagraph-mode FULL \
-        --attention-backend "${stage#full1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --attention-backend "${stage#full1-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     fulltput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --cudagraph-mode FULL \
-        --attention-backend "${stage#fulltput-}" --json "$OUT/r/$stage.json" ;;
+        --attention-backend "${stage#fulltput-}" --json "$OUT/r/$tag.json" ;;
     pdl1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --enable-pdl \
-        --output-len 256 --attention-backend "${stage#pdl1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --output-len 256 --attention-backend "${stage#pdl1-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     pdl-tests) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/gpu/test_programmatic_launch.py tests/gpu/test_attention_backends.py tests/gpu/test_quantized.py \
         -k "programmatic" ;;
     pdlq-*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
-        --quantization "${stage#pdlq-}" --enable-pdl --json "$OUT/r/$stage.json" ;;
+        --quantization "${stage#pdlq-}" --enable-pdl --json "$OUT/r/$tag.json" ;;
     pdlfam-*) bench latency --preset "${stage#pdlfam-}" --batch-sizes 1,8 --input-len 128 --output-len 256 --enable-pdl \
-        $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     rope1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --no-fuse-rope-attention \
-        --output-len 256 --attention-backend "${stage#rope1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --output-len 256 --attention-backend "${stage#rope1-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     kernels) for f in tests/kernels/test_rope_store_kv.py tests/kernels/test_triton_backend.py tests/passes/test_fuse_rope_attention.py \
         tests/runtime/test_sampler.py; do timeout 200 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest "$f" 2>&1 \
         | grep -v "^\.*$" | tail -6; echo "-- $f: exit ${PIPESTATUS[0]}"; done ;;
@@ -202,39 +206,39 @@ for stage in "$@"; do
     rope-teacher) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider \
         -p no:hypothesispytest tests/gpu -k teacher --no-fuse-rope-attention ;;
     ab-throughput-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench throughput --preset llama-3-8b \
-        --num-requests 1024 $LIMITS --work $WORK --attention-backend "${stage#ab-throughput-}" --json "$OUT/r/$stage.json") ;;
+        --num-requests 1024 $LIMITS --work $WORK --attention-backend "${stage#ab-throughput-}" --json "$OUT/r/$tag.json") ;;
     ab-qtput-fp8kv) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench throughput --preset llama-3-8b \
-        --num-requests 1024 $LIMITS --work $WORK --quantization fp8 --kv-cache-dtype fp8 --json "$OUT/r/$stage.json") ;;
+        --num-requests 1024 $LIMITS --work $WORK --quantization fp8 --kv-cache-dtype fp8 --json "$OUT/r/$tag.json") ;;
     ab-latency1-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency --preset llama-3-8b \
         --batch-sizes 1,8 --input-len 128 --output-len 256 --attention-backend "${stage#ab-latency1-}" $LIMITS \
-        --work $WORK --json "$OUT/r/$stage.json") ;;
+        --work $WORK --json "$OUT/r/$tag.json") ;;
     fusion-tests) timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_rope_decode.py tests/kernels/test_paged_decode_attention.py \
         tests/kernels/test_triton_backend.py::test_decode_rope_fusion_over_splits_gives_the_reference_tokens \
         "tests/gpu/test_attention_backends.py::test_bf16_graphs_with_rope_in_the_decode_kernel_give_the_same_rows" \
         2>&1 | grep -v "^\.*$" | tail -30 ;;
     unfused1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
-        --no-fuse-rope-decode --attention-backend "${stage#unfused1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --no-fuse-rope-decode --attention-backend "${stage#unfused1-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     latency1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
-        --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     tests) timeout 540 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         --junitxml="$OUT/r/tests.xml" tests/kernels tests/gpu -s 2>&1 | grep -v "^\.*$" ;;
     teacher) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest tests/gpu -k teacher ;;
     f32-*) CUDA_LAUNCH_BLOCKING=1 timeout 200 python3 -m pytest -x -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/gpu -k "float32 and ${stage#f32-}" 2>&1 | grep -v "Assertion .ind" ;;
     throughput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
-        --attention-backend "${stage#throughput-}" --json "$OUT/r/$stage.json" ;;
+        --attention-backend "${stage#throughput-}" --json "$OUT/r/$tag.json" ;;
     latency-*) bench latency --preset llama-3-8b --batch-sizes 1,8,32,128,256 --input-len 128 --output-len 256 \
-        --attention-backend "${stage#latency-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --plot "$OUT/r/$stage.png" ;;
+        --attention-backend "${stage#latency-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" --plot "$OUT/r/$tag.png" ;;
     profile256-*) bench latency --preset llama-3-8b --batch-sizes 256 --input-len 512 --output-len 64 \
-        --attention-backend "${stage#profile256-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+        --attention-backend "${stage#profile256-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" --profile "$OUT/r/$tag" --profile-steps 3 ;;
     qprof256-fp8kv) bench latency --preset llama-3-8b --batch-sizes 256 --input-len 512 --output-len 64 $LIMITS \
-        --quantization fp8 --kv-cache-dtype fp8 --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" \
+        --quantization fp8 --kv-cache-dtype fp8 --work $WORK --json "$OUT/r/$tag.json" --profile "$OUT/r/$tag" \
         --profile-steps 3 ;;
     profile8-*) bench latency --preset llama-3-8b --batch-sizes 8 --input-len 128 --output-len 64 \
-        --attention-backend "${stage#profile8-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+        --attention-backend "${stage#profile8-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" --profile "$OUT/r/$tag" --profile-steps 3 ;;
     profile-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 \
-        --attention-backend "${stage#profile-}" $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+        --attention-backend "${stage#profile-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" --profile "$OUT/r/$tag" --profile-steps 3 ;;
     throughput) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
         --compare transformers --compare-num-requests 128 --json "$OUT/r/throughput.json" --plot "$OUT/r/throughput.png" ;;
     soak-start) python3 -c "import sys; from pathlib import Path; from graphllm.bench.presets import write_preset
@@ -250,47 +254,47 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
           echo "log lines with Traceback/ERROR: $(grep -c -E 'Traceback|ERROR' /tmp/soak-server.log)"; \
           cp /tmp/soak-server.log "$OUT/r/" ;;
     soak-*) python3 benchmarks/soak.py --base-url http://127.0.0.1:8123/v1 --clients 256 --duration "${stage#soak-}" \
-          --max-tokens 128 --chat-rate 0 --token-prompts 1 --server-pid "$(cat /tmp/soak-server.pid)" --json "$OUT/r/$stage.json" ;;
+          --max-tokens 128 --chat-rate 0 --token-prompts 1 --server-pid "$(cat /tmp/soak-server.pid)" --json "$OUT/r/$tag.json" ;;
     qsweep) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep.json" ;;
     qsweep-int4) timeout 420 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-int4.json" 240 int4 1 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-int4.json" int4 \
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
     startup) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \
-        --json "$OUT/r/$stage.json"; rm -rf $WORK/startup ;;
+        --json "$OUT/r/$tag.json"; rm -rf $WORK/startup ;;
     startup-full) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \
-        --cudagraph-mode FULL --json "$OUT/r/$stage.json"; rm -rf $WORK/startup ;;
+        --cudagraph-mode FULL --json "$OUT/r/$tag.json"; rm -rf $WORK/startup ;;
     moe-lat) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
-        --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     moe-lat-pdl) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
-        --output-len 256 --enable-pdl $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --output-len 256 --enable-pdl $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     moe-lat-fp8) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
-        --output-len 256 --quantization fp8 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --output-len 256 --quantization fp8 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     moe-prof) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 32 --input-len 128 --output-len 64 \
-        $LIMITS --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+        $LIMITS --work $WORK --json "$OUT/r/$tag.json" --profile "$OUT/r/$tag" --profile-steps 3 ;;
     moe-tput) bench throughput --preset qwen3-30b-a3b --preset-layers 12 --num-requests 1024 $LIMITS --work $WORK \
-        --json "$OUT/r/$stage.json" ;;
+        --json "$OUT/r/$tag.json" ;;
     startup-prof) python3 -c "from pathlib import Path; from graphllm.bench.presets import write_preset
 d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)" && \
         TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-prof timeout 400 python3 benchmarks/startup_profile.py \
-        $WORK/models/llama-3-8b /tmp/startup-prof "$OUT/r/$stage.json" 30 ;;
+        $WORK/models/llama-3-8b /tmp/startup-prof "$OUT/r/$tag.json" 30 ;;
     fam-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/gpu/test_cuda_graphs.py tests/kernels/test_paged_decode_attention.py tests/kernels/test_paged_prefill_attention.py \
         tests/kernels/test_mla_attention.py tests/models/test_deepseek_v2.py tests/models/test_phi3_longrope.py \
         -k "gemma or olmo2 or phi3 or softcap or soft_cap or mla or deepseek or longrope" ;;
     clean) rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; df -h /tmp | tail -1 ;;
-    moe-bench) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$stage.json" ;;
+    moe-bench) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$tag.json" ;;
     spec-bench) bench spec --preset llama-3-8b --batch-sizes 1,8,32 --num-speculative-tokens 1,2,4,8 \
-        --acceptance-rates 1.0,0.6 --input-len 128 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --acceptance-rates 1.0,0.6 --input-len 128 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     spec-ngram) bench spec --method ngram --batch-sizes 1,8,32 --num-speculative-tokens 2,4 --output-len 64 \
-        --work $WORK --json "$OUT/r/$stage.json" ;;
+        --work $WORK --json "$OUT/r/$tag.json" ;;
     spec-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/runtime/test_spec_decode.py tests/runtime/test_spec_decode_parts.py tests/bench/test_spec_bench.py \
         tests/runtime/test_spec_decode_structured.py tests/gpu/test_cuda_graphs.py -k "spec or verify or structured" ;;
     moe-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_fused_moe.py tests/kernels/test_moe_*.py tests/ops/test_moe.py tests/gpu/test_cuda_graphs.py \
         tests/passes/test_quantize_fp8_experts.py tests/models/test_moe.py -k "moe or mixtral or fp8" ;;
-    qsweep-int4-16) timeout 420 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$stage.json" 270 int4 16 \
-        && python3 benchmarks/apply_sweep_configs.py "$OUT/r/$stage.json" int4 \
+    qsweep-int4-16) timeout 420 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$tag.json" 270 int4 16 \
+        && python3 benchmarks/apply_sweep_configs.py "$OUT/r/$tag.json" int4 \
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
     qsweep-pairs) timeout 400 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-pairs.json" 240 int4 1,4,16 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/qsweep-pairs.json" int4 \
@@ -307,8 +311,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         python3 benchmarks/ncu_attention.py table "$OUT/r/ncu-attention.csv" | tee "$OUT/r/ncu-attention.txt" ;;
     qtests-int4) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py ;;
-    qsweep-fp8q1) timeout 240 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$stage.json" 150 fp8q 1 \
-        && python3 benchmarks/apply_sweep_configs.py "$OUT/r/$stage.json" fp8q \
+    qsweep-fp8q1) timeout 240 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$tag.json" 150 fp8q 1 \
+        && python3 benchmarks/apply_sweep_configs.py "$OUT/r/$tag.json" fp8q \
         && cp graphllm/kernels/fp8_matmul.py "$OUT/r/fp8_matmul.applied.py" ;;
     qsweep-fp8q) timeout 330 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/qsweep-fp8q.json" 240 fp8q 1,2,4,8,16 ;;
     qtests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest tests/kernels/test_fp8_matmul.py \
@@ -320,57 +324,54 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         tests/kernels/test_fp8_matmul.py tests/kernels/test_fp8_prologue.py tests/kernels/test_silu_and_mul_fp8.py \
         tests/passes/test_quantize_fp8_activations.py tests/gpu/test_quantized.py 2>&1 | grep -E "FAILED|ERROR|Error|agreement|rows|passed|failed|^E " | tail -40 ;;
     qlat-none) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
-        --json "$OUT/r/$stage.json" ;;
+        --json "$OUT/r/$tag.json" ;;
     qprof-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 $LIMITS --work $WORK \
-        --quantization "${stage#qprof-}" --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+        --quantization "${stage#qprof-}" --json "$OUT/r/$tag.json" --profile "$OUT/r/$tag" --profile-steps 3 ;;
     qlat-fp8-prologue) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS \
-        --work $WORK --quantization fp8 --fp8-linear-prologue --json "$OUT/r/$stage.json" ;;
+        --work $WORK --quantization fp8 --fp8-linear-prologue --json "$OUT/r/$tag.json" ;;
     qlat-*-lmhead) S=${stage#qlat-}; bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 \
-        $LIMITS --work $WORK --quantization "${S%-lmhead}" --quantize-lm-head --json "$OUT/r/$stage.json" ;;
+        $LIMITS --work $WORK --quantization "${S%-lmhead}" --quantize-lm-head --json "$OUT/r/$tag.json" ;;
     qlat-*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
-        --quantization "${stage#qlat-}" --json "$OUT/r/$stage.json" ;;
+        --quantization "${stage#qlat-}" --json "$OUT/r/$tag.json" ;;
     qtput-fp8kv) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --quantization fp8 \
-        --kv-cache-dtype fp8 --json "$OUT/r/$stage.json" ;;
-    qtput-*-nopdl) S=${stage#qtput-}; S=${S%-nopdl}; bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS \
-        --work $WORK --no-enable-pdl $( [ "$S" = none ] || echo --quantization ${S%kv} ) \
-        $( [ "${S%kv}" = "$S" ] || echo --kv-cache-dtype fp8 ) --json "$OUT/r/$stage.json" ;;
-    qtput-none) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --kv-cache-dtype fp8 --json "$OUT/r/$tag.json" ;;
+    qtput-none) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     qtput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
-        --quantization "${stage#qtput-}" --json "$OUT/r/$stage.json" ;;
+        --quantization "${stage#qtput-}" --json "$OUT/r/$tag.json" ;;
     pc-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/runtime/test_prefix_caching.py ;;
     famnp-*) bench latency --preset "${stage#famnp-}" --batch-sizes 1,8 --input-len 128 --output-len 256 \
-        --no-linear-prologue $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --no-linear-prologue $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     fam12-*) bench latency --preset "${stage#fam12-}" --preset-layers 12 --batch-sizes 1,8 --input-len 128 \
-        --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     spec-prof) bench spec --preset llama-3-8b --batch-sizes 1 --num-speculative-tokens 4 --acceptance-rates 1.0 \
         --input-len 128 --output-len 128 $LIMITS --work $WORK --profile "$OUT/r/spec-prof" --profile-steps 6 \
-        --json "$OUT/r/$stage.json" ;;
+        --json "$OUT/r/$tag.json" ;;
     spec-vk) timeout 240 python3 -c "import sys; from graphllm.backends.triton_backend import TritonBackend
 TritonBackend.verify_kernel = True  # switched off by default since the fifteenth session: this stage tries it
 from graphllm.cli.main import main; sys.exit(main(sys.argv[1:]))" bench spec --preset llama-3-8b --batch-sizes 1,8 \
         --num-speculative-tokens 4 --acceptance-rates 1.0 --input-len 128 --output-len 64 $LIMITS --work $WORK \
-        --json "$OUT/r/$stage.json" ;;
+        --json "$OUT/r/$tag.json" ;;
     spec-long) bench spec --preset llama-3-8b --batch-sizes 1,8 --num-speculative-tokens 4 --acceptance-rates 1.0,0.6 \
-        --input-len 1900 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+        --input-len 1900 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     famprof-*) bench latency --preset "${stage#famprof-}" --batch-sizes 1 --input-len 128 --output-len 64 $LIMITS \
-        --work $WORK --json "$OUT/r/$stage.json" --profile "$OUT/r/$stage" --profile-steps 3 ;;
+        --work $WORK --json "$OUT/r/$tag.json" --profile "$OUT/r/$tag" --profile-steps 3 ;;
     fam-*) bench latency --preset "${stage#fam-}" --batch-sizes 1,8 --input-len 128 --output-len 256 $LIMITS --work $WORK \
-        --json "$OUT/r/$stage.json" ;;
+        --json "$OUT/r/$tag.json" ;;
     so-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/runtime/test_structured_output.py tests/server/test_structured_output.py tests/server/test_tool_calls.py ;;
-    so-tput-0) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --json "$OUT/r/$stage.json" ;;
+    so-tput-0) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     so-tput-half) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --structured-fraction 0.5 \
-        --json "$OUT/r/$stage.json" ;;
+        --json "$OUT/r/$tag.json" ;;
     pc-shared-*) bench throughput --preset llama-3-8b --workload shared-prefix --num-requests 1024 --num-prefixes 8 \
-        --prefix-len 2048 --suffix-len 128 --output-len 128 $PCLIMITS --work $WORK --json "$OUT/r/$stage.json" \
+        --prefix-len 2048 --suffix-len 128 --output-len 128 $PCLIMITS --work $WORK --json "$OUT/r/$tag.json" \
         $( [ "${stage##*-}" = off ] && echo --no-enable-prefix-caching ) ;;
-    pc-random-*) bench throughput --preset llama-3-8b --num-requests 1024 $PCLIMITS --work $WORK --json "$OUT/r/$stage.json" \
+    pc-random-*) bench throughput --preset llama-3-8b --num-requests 1024 $PCLIMITS --work $WORK --json "$OUT/r/$tag.json" \
         $( [ "${stage##*-}" = off ] && echo --no-enable-prefix-caching ) ;;
     qagree) timeout 400 python3 benchmarks/quant_agreement.py "$GRAPHLLM_CACHE_DIR" $WORK/models/llama-3-8b "$OUT/r/qagree.json" ;;
     *) echo "unknown stage $stage" ;;
-  esac 2>&1 | tee "$OUT/r/$stage.log" | grep -v "^\s*$" | tail -40
-  echo "== stage $stage: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s"
+  esac 2>&1 | tee "$OUT/r/$tag.log" | grep -v "^\s*$" | tail -40
+  echo "== stage $tag: exit ${PIPESTATUS[0]}, $(( $(date +%s) - start )) s"
 done
 find "$OUT/r" -name trace.json.gz -delete; find "$OUT/r" -name trace.json -exec gzip -q {} \;
 tar -C "$OUT" -czf "$OUT/results.tgz" r && rm -rf "$OUT/r"
