@@ -54,6 +54,7 @@ MAX_ROWS = 16  # the kernel's BLOCK_M: rows beyond this go to cuBLAS (compute-bo
 SMALL_WEIGHT = 1 << 25  # elements: qkv and o_proj of an 8B model, not its MLP
 VOCAB_WIDE = 1 << 16  # output features: a vocabulary
 PROLOGUES = {"none": 0, "rms_norm": 1, "add_rms_norm": 2, "silu_mul": 3, "gelu_mul": 4}
+EPILOGUES = {"none": 0, "silu_mul": 1, "gelu_mul": 2}  # matmul_act_mul: act(x @ gate^T) * (x @ up^T)
 MAX_COLUMN_TILES = 1 << 16  # split-K counters per device
 # (m, N, K) -> config where a shape's one-row launch measured better than default_config's rule, each also faster
 # than cuBLAS there, so beats_cublas routes them here (benchmarks/kernel_sweep.py prologue-FAMILY, H200, 2026-11-29,
@@ -75,6 +76,11 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (1, 12288, 4096): {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
     (1, 4096, 4096): {"BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
     (1, 4096, 11008): {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4},
+    # Llama-3-8B qkv and down at 2-8 rows (the decode buckets 2, 4, 8), the best of kernel_sweep matmul8 at 8 rows
+    # (H200, 2026-11-21): qkv 15.4 us against cuBLAS 15.6, down 32.3 against cuBLAS's split-K GEMM and its reduce
+    # kernel, 32.0. A tie alone; in the engine they are programmatic dependents (PDL), which cuBLAS's are not
+    **{(m, 6144, 4096): {"BLOCK_N": 64, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4} for m in (2, 4, 8)},
+    **{(m, 4096, 14336): {"BLOCK_N": 64, "BLOCK_K": 256, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4} for m in (2, 4, 8)},
 }
 
 
@@ -176,6 +182,23 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
                  mask=m_mask[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _act_and_mul(gate, up, bias_ptr, offs_n, n_mask, N, dtype: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 EPILOGUE: tl.constexpr):
+    """act(gate) * up in float32 from the float32 products of columns offs_n of [gate; up] (bias [2N]), each
+    first rounded to dtype as the linear's output is, act(gate) rounded to dtype as silu_and_mul rounds it
+    (EPILOGUE 1: silu, 2: tanh GELU); finish_tile rounds the product once more."""
+    if HAS_BIAS:
+        gate += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        up += tl.load(bias_ptr + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    g = gate.to(dtype).to(tl.float32)
+    if EPILOGUE == 1:
+        act = (g / (1.0 + tl.exp(-g))).to(dtype)
+    else:
+        act = gelu_tanh(g).to(dtype)
+    return act.to(tl.float32) * up.to(dtype).to(tl.float32)
+
+
 @triton.jit(do_not_specialize=["M", "eps"])  # 2..16 rows share one compile
 def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
                           M, N, K, K_SPLIT, eps, stride_xm, stride_rm, stride_wn, stride_om,
@@ -183,7 +206,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
                           BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                           EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                          PDL: tl.constexpr):
+                          PDL: tl.constexpr, EPILOGUE: tl.constexpr = 0):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -204,6 +227,11 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    u_ptrs = w_ptrs
+    acc_u = acc
+    if EPILOGUE != 0:  # the up rows of [gate; up], N below the gate rows, into a second accumulator
+        u_ptrs = w_ptrs + N.to(tl.int64) * stride_wn
+        acc_u = tl.zeros(acc.shape, dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         k = k0 + offs_k
         if EVEN_K:
@@ -223,13 +251,32 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
             acc += w.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
         else:
             acc = tl.dot(a.to(w.dtype), tl.trans(w), acc, input_precision=PRECISION)
+        if EPILOGUE != 0:
+            if EVEN_N and EVEN_K:
+                u = tl.load(u_ptrs)
+            else:
+                u = tl.load(u_ptrs, mask=w_mask, other=0.0)
+            if BLOCK_M == 1:
+                acc_u += u.to(tl.float32) * a.to(tl.float32)
+            else:
+                acc_u = tl.dot(a.to(u.dtype), tl.trans(u), acc_u, input_precision=PRECISION)
+            u_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if BLOCK_M == 1:
         out = tl.sum(acc, 1)[None, :]  # [1, BLOCK_N]
     else:
         out = acc
-    finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
-                stride_om, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)
+    if EPILOGUE != 0:  # SPLIT_K 1: gate and up rounded as the linear's output, then silu_and_mul's rounding
+        if BLOCK_M == 1:
+            out_u = tl.sum(acc_u, 1)[None, :]
+        else:
+            out_u = acc_u
+        out = _act_and_mul(out, out_u, bias_ptr, offs_n, n_mask, N, out_ptr.dtype.element_ty, HAS_BIAS, EPILOGUE)
+        finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
+                    stride_om, False, BLOCK_M, BLOCK_N, 1)
+    else:
+        finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
+                    stride_om, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)
 
 
 @functools.lru_cache(maxsize=None)
@@ -298,11 +345,16 @@ def beats_cublas(m: int, n: int, k: int) -> bool:
 
 def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             config: dict | None, residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-            eps: float = 0.0, unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+            eps: float = 0.0, unit_offset: bool = False, epilogue: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
     m = x.shape[0]
     n, k = weight.shape
     assert m <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1
     assert x.shape[1] == (2 * k if prologue in ("silu_mul", "gelu_mul") else k), (prologue, x.shape, weight.shape)
+    if epilogue != "none":  # weight [gate; up]: the output is act(gate) * up, half as wide
+        assert n % 2 == 0 and prologue not in ("silu_mul", "gelu_mul"), (prologue, epilogue, weight.shape)
+        config = config or epilogue_config(m, n, k, x.device)
+        assert config.get("SPLIT_K", 1) == 1, config
+        n //= 2
     out = x.new_empty((m, n))
     new_residual = None
     if residual is not None:
@@ -329,7 +381,7 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         PROLOGUE=PROLOGUES[prologue], UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", EPILOGUE=EPILOGUES[epilogue],
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl_launch(x.device))
     return out, new_residual
 
@@ -350,6 +402,32 @@ def rms_norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weig
     assert norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
     return _launch("rms_norm" if residual is None else "add_rms_norm", x, weight, bias, config,
                    residual=residual, norm_weight=norm_weight, eps=eps, unit_offset=unit_offset)
+
+
+def epilogue_config(m: int, n: int, k: int, device: torch.device) -> dict:
+    """The config of an [m, k] x [n, k]^T product whose output columns are act(gate) * up over the weight's
+    halves: default_config's for the whole [n, k] weight with half its columns per tile from each half (the
+    bytes a program streams per K step, and the grid, stay those of the plain product), no K split."""
+    config = default_config(m, n, k, device)
+    config["BLOCK_N"] = max(8 if m == 1 else 16, config["BLOCK_N"] // 2)
+    config["SPLIT_K"] = 1
+    return config
+
+
+def matmul_act_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   config: dict | None = None, gelu: bool = False, residual: torch.Tensor | None = None,
+                   norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+                   unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """silu_and_mul(a @ weight^T + bias) in one launch, for weight [gate; up]: [2N, K], bias [2N] or None ->
+    ([M, N], h or None), a = x, or with norm_weight rms_norm(h) * norm_weight with h = x (+ residual) as
+    rms_norm_matmul takes it; gelu: tanh GELU in place of silu (GeGLU). Gate and up are rounded to x's dtype,
+    then act(gate) and the product as silu_and_mul rounds them: the two ops' result, one launch and no [M, 2N]
+    intermediate. config: epilogue_config's keys, SPLIT_K 1."""
+    prologue = "none" if norm_weight is None else "rms_norm" if residual is None else "add_rms_norm"
+    if norm_weight is not None:
+        assert norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
+    return _launch(prologue, x, weight, bias, config, residual=residual, norm_weight=norm_weight, eps=eps,
+                   unit_offset=unit_offset, epilogue="gelu_mul" if gelu else "silu_mul")
 
 
 def silu_mul_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -1,5 +1,6 @@
 """skinny_matmul equals x @ W^T (+ bias) computed in float32, for every tile path, K split and ragged edge;
-its prologues (rms_norm, add_rms_norm, silu_mul) equal the eager ops followed by that product."""
+its prologues (rms_norm, add_rms_norm, silu_mul) equal the eager ops followed by that product, and its
+epilogue (matmul_act_mul) the product followed by silu_and_mul."""
 
 import pytest
 import torch
@@ -7,8 +8,8 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm.kernels.skinny_matmul import (  # noqa: E402
-    CONFIGS, MAX_ROWS, _counters, beats_cublas, default_config, rms_norm_matmul, rms_norm_matmul_reference,
-    silu_mul_matmul, silu_mul_matmul_reference, skinny_matmul, skinny_matmul_reference)
+    CONFIGS, MAX_ROWS, _counters, beats_cublas, default_config, epilogue_config, matmul_act_mul, rms_norm_matmul,
+    rms_norm_matmul_reference, silu_mul_matmul, silu_mul_matmul_reference, skinny_matmul, skinny_matmul_reference)
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, assert_close, gpu_only, randn  # noqa: E402
 
 
@@ -88,6 +89,56 @@ def test_silu_mul_prologue(m, dtype, split_k):
     assert_close(silu_mul_matmul(x, w, config=tiles(split_k)), silu_mul_matmul_reference(x, w))
 
 
+def act_mul_tiles(block_n: int) -> dict:
+    return {"BLOCK_N": block_n, "BLOCK_K": 64, "SPLIT_K": 1, "num_warps": 4, "num_stages": 2}
+
+
+@pytest.mark.parametrize("gelu", (False, True))
+@pytest.mark.parametrize("m, dtype", [(1, torch.float32), (1, LOW_DTYPE), (4, LOW_DTYPE), (MAX_ROWS, torch.float32)])
+@pytest.mark.parametrize("n, k, bias", [(64, 128, False), (40, 200, True)])
+def test_act_mul_epilogue_is_the_two_ops(m, dtype, n, k, bias, gelu):
+    """matmul_act_mul over [gate; up] gives the plain product's gate and up halves (the same tiles: the same sums)
+    through graphllm's silu_and_mul row kernel, exactly (the two launches it replaces on the GPU); against the
+    float32 product and the eager activation within the dtype's tolerance. (40, 200): N not a multiple of the
+    tile, K not of the K step."""
+    from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_silu_and_mul
+    from graphllm.kernels.silu_and_mul import silu_and_mul
+    eager = reference_gelu_tanh_and_mul if gelu else reference_silu_and_mul
+    x = randn((m, k), dtype, 0) * 2
+    w = randn((2 * n, k), dtype, 1) / k ** 0.5
+    b = randn((2 * n,), dtype, 2) if bias else None
+    got, h = matmul_act_mul(x, w, b, config=act_mul_tiles(16), gelu=gelu)
+    assert h is None and got.shape == (m, n) and got.is_contiguous()
+    plain = skinny_matmul(x, w, b, config={**act_mul_tiles(16), "BLOCK_N": 16})
+    assert torch.equal(got, silu_and_mul(plain, gelu=gelu))
+    assert_close(got, eager(skinny_matmul_reference(x, w, b)))
+
+
+@pytest.mark.parametrize("m, dtype", [(1, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])
+@pytest.mark.parametrize("residual", (False, True))
+def test_act_mul_epilogue_after_a_norm_prologue(m, dtype, residual):
+    """The batch-1 gate_up: add_rms_norm (or rms_norm) in, SwiGLU out, one launch; h as rms_norm_matmul gives it."""
+    from graphllm.kernels.reference import reference_silu_and_mul
+    from graphllm.kernels.silu_and_mul import silu_and_mul
+    x, r = randn((m, 192), dtype, 0), randn((m, 192), dtype, 1) if residual else None
+    norm_w, w = 1 + randn((192,), dtype, 2) / 4, randn((96, 192), dtype, 3) / 192 ** 0.5
+    got, h = matmul_act_mul(x, w, residual=r, norm_weight=norm_w, eps=1e-5, config=act_mul_tiles(16))
+    plain, want_h = rms_norm_matmul(x, norm_w, 1e-5, w, residual=r, config=act_mul_tiles(16))
+    assert torch.equal(got, silu_and_mul(plain))
+    assert (h is None and want_h is None) if r is None else torch.equal(h, want_h)
+    want, _ = rms_norm_matmul_reference(x, norm_w, 1e-5, w, residual=r)
+    assert_close(got, reference_silu_and_mul(want))
+
+
+def test_epilogue_config_halves_the_tile():
+    """Half the plain product's columns from each half of the weight: the same bytes per program; no K split."""
+    for m, n, k in [(1, 28672, 4096), (8, 28672, 4096), (1, 16384, 3072), (8, 96, 64)]:
+        plain, fused = default_config(m, n, k, DEVICE), epilogue_config(m, n, k, DEVICE)
+        assert fused["BLOCK_N"] == max(8 if m == 1 else 16, plain["BLOCK_N"] // 2) and fused["SPLIT_K"] == 1
+        assert {key: v for key, v in fused.items() if key not in ("BLOCK_N", "SPLIT_K")} == {
+            key: v for key, v in plain.items() if key not in ("BLOCK_N", "SPLIT_K")}
+
+
 @pytest.mark.parametrize("m", (1, 8))
 def test_default_config_paths(m):
     check(m, 96, 160, LOW_DTYPE, bias=True)
@@ -134,12 +185,14 @@ def test_default_config_and_routing():
     assert default_config(1, 64, 48, DEVICE)["SPLIT_K"] == 1  # too short to split
     down = default_config(1, 4096, 14336, DEVICE)  # K >= 2N at one row: wider tiles, 4 K splits
     assert (down["BLOCK_N"], down["SPLIT_K"]) == (32, 4)
-    assert default_config(1, 4096, 2048, DEVICE)["SPLIT_K"] == 1 and default_config(8, 4096, 14336, DEVICE)["SPLIT_K"] == 1
+    assert default_config(1, 4096, 2048, DEVICE)["SPLIT_K"] == 1 and default_config(8, 4096, 16384, DEVICE)["SPLIT_K"] == 1
     assert default_config(1, 64, 8 * 256, DEVICE)["SPLIT_K"] == 2  # never fewer than four K steps per split
     assert beats_cublas(1, 6144, 4096) and beats_cublas(16, 128256, 4096)
-    assert not beats_cublas(8, 6144, 4096) and not beats_cublas(1, 28672, 4096)
+    assert not beats_cublas(8, 6144, 3072) and not beats_cublas(1, 28672, 4096)
+    assert beats_cublas(8, 6144, 4096) and beats_cublas(2, 4096, 14336)  # 8B qkv and down at 2-8 rows: CONFIGS
+    assert not beats_cublas(16, 6144, 4096) and not beats_cublas(3, 4096, 14336)  # not buckets they were given
     assert beats_cublas(8, 4096, 4096) and beats_cublas(2, 28672, 4096)  # o_proj, gate_up at 2-8 rows
-    assert not beats_cublas(8, 4096, 14336) and not beats_cublas(9, 4096, 4096)  # down; o_proj past 8 rows
+    assert not beats_cublas(8, 4096, 16384) and not beats_cublas(9, 4096, 4096)  # K >= 2N; o_proj past 8 rows
     assert not beats_cublas(17, 128256, 4096)
 
 
