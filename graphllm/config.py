@@ -83,6 +83,7 @@ class EngineConfig:
     fuse_rope_attention: bool = True
     skinny_linear: bool = True
     linear_prologue: bool = True
+    linear_epilogue: bool = True
     fp8_linear_prologue: bool = False
     quantization: str | None = None
     quantization_group_size: int = 128
@@ -134,7 +135,8 @@ class EngineConfig:
         limits = {name: getattr(self, name) for name in DEFAULT_LIMITS if getattr(self, name) is not None}
         return CompileConfig(dtype=self.dtype, max_model_len=self.max_model_len,
                              fuse_rope_attention=self.fuse_rope_attention, skinny_linear=self.skinny_linear,
-                             linear_prologue=self.linear_prologue, fp8_linear_prologue=self.fp8_linear_prologue,
+                             linear_prologue=self.linear_prologue, linear_epilogue=self.linear_epilogue,
+                             fp8_linear_prologue=self.fp8_linear_prologue,
                              inductor_pdl=self.enable_pdl,
                              quantization=self.quantization,
                              quantization_group_size=self.quantization_group_size,
@@ -189,6 +191,9 @@ class CompileConfig:
     # GPU graphs: norms and SwiGLU folded into the linear they feed, one launch at batch 1 (needs
     # skinny_linear; False: they run as their own kernels; was GRAPHLLM_FUSED_PROLOGUE=0)
     linear_prologue: bool = True
+    # GPU graphs: SwiGLU / GeGLU in gate_up's own launch (its epilogue over [gate; up]) instead of down's prologue
+    # or a kernel of its own (needs skinny_linear; graphllm/passes/lowering/linear_epilogue.py)
+    linear_epilogue: bool = True
     # GPU graphs, fp8 W8A8: the norms and SwiGLU fold into the fp8 linears they feed too, so that at one row
     # the fp8 kernel computes them, the row's scale and the float8 operand itself (no norm + quantize kernel,
     # no silu_and_mul_fp8); other rows run the norm's own kernel, then fp8_linear, instead of Inductor's fused

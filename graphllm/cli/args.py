@@ -16,8 +16,8 @@ SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
     "--seed": (int, "seed"), "--n": (int, "n"), "--logprobs": (int, "logprobs"),
 }
 # CompileConfig / EngineConfig fields that change the generated code
-PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue", "fp8_linear_prologue", "quantization",
-                 "quantization_group_size", "quantize_lm_head", "tensor_parallel_size")
+PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue", "linear_epilogue", "fp8_linear_prologue",
+                 "quantization", "quantization_group_size", "quantize_lm_head", "tensor_parallel_size")
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +39,9 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
                         help="GPU graphs: every linear on cuBLAS (no skinny_matmul kernel, no prologues)")
     parser.add_argument("--no-linear-prologue", dest="linear_prologue", action="store_false",
                         help="GPU graphs: norms and SwiGLU as their own kernels, not folded into the next matmul")
+    parser.add_argument("--linear-epilogue", action=argparse.BooleanOptionalAction, default=True,
+                        help="GPU graphs: SwiGLU / GeGLU in gate_up's own matmul launch (on by default; "
+                             "--no-linear-epilogue: in down_proj's prologue at batch 1, its own kernel elsewhere)")
     parser.add_argument("--fp8-linear-prologue", action="store_true",
                         help="GPU graphs, fp8: fold norms and SwiGLU into the fp8 linears too (one launch at batch 1 "
                              "that also quantizes the activation; off by default: measured slower on an H200)")

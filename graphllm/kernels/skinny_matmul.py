@@ -333,7 +333,9 @@ def beats_cublas(m: int, n: int, k: int) -> bool:
     matmul8 at 8 rows, same run, us): square small weights (o_proj 11.8 vs 12.5) and MLP
     up-projections, N >= 4K (gate_up 60.5 vs 62.7). cuBLAS kept qkv at 2-16 rows (15.4 vs 15.6: a
     tie), down (32.3 vs 32.0), gate_up at one row (the fused prologue path takes it there) and
-    everything at 9-16 rows but the vocabulary (not measured). Shapes in CONFIGS were measured faster
+    everything at 9-16 rows but the vocabulary (not measured). down_proj at one row (K >= 2N) takes the kernel
+    too: 31.4 us with the rule's config (and SwiGLU in its prologue) against cuBLAS 31.3 (kernel_sweep
+    prologue-llama, 2026-11-29), and in the engine the kernel is a programmatic dependent. Shapes in CONFIGS were measured faster
     than cuBLAS with their config (OLMo 2's qkv and Phi-3's lm_head at one row among them), or, for the 8B
     qkv and down at 2-8 rows, faster end to end: batch 8 1,724-1,729 tok/s against 1,687-1,689 on cuBLAS
     (H200, 2026-12-02, same call; under PDL the kernel overlaps its neighbours, cuBLAS's kernels do not)."""
@@ -341,8 +343,8 @@ def beats_cublas(m: int, n: int, k: int) -> bool:
         return False
     if n >= VOCAB_WIDE or (m, n, k) in CONFIGS:  # CONFIGS: measured faster than cuBLAS too
         return True
-    if m == 1:
-        return n * k <= SMALL_WEIGHT
+    if m == 1:  # and down_proj shapes (K >= 2N): linear_epilogue leaves them plain at one row
+        return n * k <= SMALL_WEIGHT or k >= 2 * n
     return m <= 8 and ((n == k and n * k <= SMALL_WEIGHT) or n >= 4 * k)
 
 

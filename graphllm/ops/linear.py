@@ -64,10 +64,14 @@ def takes_fused_kernel(x: torch.Tensor, weight: torch.Tensor, *others: torch.Ten
     """One skinny_matmul launch with a prologue: one row (a batch-1 decode step) in half precision on
     CUDA. From two rows up the prologue made the kernel slower than the two launches it replaces
     (kernel_sweep prologue, H200: gate_up at 8 rows 95 us against 59), so those stay apart."""
+    return x.numel() == x.shape[-1] and _half_on_cuda(x, weight, *others)
+
+
+def _half_on_cuda(x: torch.Tensor, weight: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """What skinny_matmul's fused launches take: x in half precision on CUDA with K a multiple of 8, a contiguous
+    weight and the other operands in x's dtype on its device."""
     same = all(t is None or (t.dtype == x.dtype and t.device == x.device) for t in (weight, *others))
-    rows = x.numel() // x.shape[-1]
-    return (x.is_cuda and x.dtype in HALF_DTYPES and same and weight.is_contiguous()
-            and rows == 1 and x.shape[-1] % 8 == 0)
+    return x.is_cuda and x.dtype in HALF_DTYPES and same and weight.is_contiguous() and x.shape[-1] % 8 == 0
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -162,3 +166,60 @@ def _(x, weight, bias=None):
 @silu_and_mul_linear.register_fake
 def _(x, weight, bias=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+# The linear_epilogue pass's ops: the SwiGLU (or GeGLU) after gate_up folds into gate_up's own launch, whose
+# weight is [gate; up] (fuse_gate_up), so that down_proj reads the activation and no [rows, 2I] tensor or
+# silu_and_mul launch sits between them:
+#     graphllm.linear_act_and_mul(x, weight, bias, gelu)                      = act_and_mul(linear(x, weight, bias))
+#     graphllm.add_rms_norm_linear_act_and_mul(x, residual, norm_weight, eps, weight, bias, unit_offset, gelu)
+#                                      = (act_and_mul(linear(rms_norm(x + residual), weight, bias)), x + residual)
+# (act: silu, or with gelu tanh-approximated GELU.) On CUDA in half precision one skinny_matmul launch
+# (matmul_act_mul) where the plain product takes the kernel (beats_cublas over the whole weight) or at one row;
+# anything else runs the ops above one after another.
+
+
+def takes_act_mul_kernel(x: torch.Tensor, weight: torch.Tensor, *others: torch.Tensor | None) -> bool:
+    """matmul_act_mul over [gate; up]: one row (as takes_fused_kernel), or the rows where the plain product runs
+    skinny_matmul (takes_kernel), in half precision on CUDA with an even number of output features."""
+    if weight.shape[0] % 2 or not _half_on_cuda(x, weight, *others):
+        return False
+    from graphllm.kernels.skinny_matmul import beats_cublas
+    rows = x.numel() // x.shape[-1]
+    return rows == 1 or (rows > 0 and beats_cublas(rows, *weight.shape))
+
+
+@torch.library.custom_op("graphllm::linear_act_and_mul", mutates_args=())
+def linear_act_and_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                       gelu: bool = False) -> torch.Tensor:
+    """act(y[..., :N]) * y[..., N:] with y = linear(x, weight, bias), weight [2N, K] -> a new [..., N]."""
+    if takes_act_mul_kernel(x, weight, bias):
+        from graphllm.kernels.skinny_matmul import matmul_act_mul
+        out, _ = matmul_act_mul(_rows(x), weight, bias, gelu=gelu)
+        return out.view(*x.shape[:-1], weight.shape[0] // 2)
+    return _act_and_mul(linear(x, weight, bias), gelu)
+
+
+@linear_act_and_mul.register_fake
+def _(x, weight, bias=None, gelu=False):
+    return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
+
+
+@torch.library.custom_op("graphllm::add_rms_norm_linear_act_and_mul", mutates_args=())
+def add_rms_norm_linear_act_and_mul(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                                    weight: torch.Tensor, bias: torch.Tensor | None = None, unit_offset: bool = False,
+                                    gelu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual; (linear_act_and_mul(rms_norm(h, norm_weight, eps, unit_offset), weight, bias, gelu), h)."""
+    rows = x.numel() // x.shape[-1]
+    if rows == 1 and residual.shape == x.shape and takes_act_mul_kernel(x, weight, residual, norm_weight, bias):
+        from graphllm.kernels.skinny_matmul import matmul_act_mul
+        out, h = matmul_act_mul(_rows(x), weight, bias, gelu=gelu, residual=_rows(residual), norm_weight=norm_weight,
+                                eps=eps, unit_offset=unit_offset)
+        return out.view(*x.shape[:-1], weight.shape[0] // 2), h.view(x.shape)
+    normed, h = _rms_norm(x, norm_weight, eps, residual, unit_offset)
+    return linear_act_and_mul(normed, weight, bias, gelu), h.contiguous()
+
+
+@add_rms_norm_linear_act_and_mul.register_fake
+def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False, gelu=False):
+    return x.new_empty((*x.shape[:-1], weight.shape[0] // 2)), x.new_empty(x.shape)

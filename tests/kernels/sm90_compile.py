@@ -222,6 +222,11 @@ def pdl_variants():
     for prologue, block_m in ((skinny_matmul.PROLOGUES["add_rms_norm"], 1), (0, 1), (0, 16)):
         yield skinny_matmul._skinny_matmul_kernel, types, dict(tile, PROLOGUE=prologue, BLOCK_M=block_m), \
             {"num_stages": 4, "launch_pdl": True}
+    # the SwiGLU epilogue over [gate; up] (linear_epilogue): batch 1's gate_up with its norm, 8 rows' dot tiles
+    for prologue, block_m, block_n in ((skinny_matmul.PROLOGUES["add_rms_norm"], 1, 8), (0, 16, 32)):
+        yield skinny_matmul._skinny_matmul_kernel, types, dict(
+            tile, PROLOGUE=prologue, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=256,
+            EPILOGUE=skinny_matmul.EPILOGUES["silu_mul"]), {"num_stages": 4, "launch_pdl": True}
 
 
 def with_defaults(kernel: triton.JITFunction, constexprs: dict) -> dict:
@@ -277,7 +282,7 @@ def main() -> int:
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
                                                                "WINDOWED", "ROPE", "HALVES",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
-                                                               "X_MODE", "PROLOGUE", "PDL")}
+                                                               "X_MODE", "PROLOGUE", "EPILOGUE", "PDL")}
         try:
             print(f"{kernel.__name__} {flags}: {check(kernel, types, constexprs, options)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every variant, then fail

@@ -210,3 +210,25 @@ def test_llama_8b_shapes(m, n, k):
     gate_up = randn((m, 2 * k), torch.bfloat16, 10)
     assert_close(silu_mul_matmul(gate_up, w), silu_mul_matmul_reference(gate_up, w))
     assert _counters(gate_up.device).count_nonzero() == 0
+
+
+@gpu_only
+@pytest.mark.parametrize("m", (1, 2, 8))
+@pytest.mark.parametrize("n, k", [(28672, 4096), (16384, 3072), (22016, 4096)])  # 8B, Phi-3-mini, OLMo 2 gate_up
+def test_act_mul_epilogue_at_gate_up_shapes(m, n, k):
+    """The engine's launches (epilogue_config): against the plain product's tiles and silu_and_mul's row kernel,
+    the two launches linear_epilogue replaces, and against float32; at one row with the norm prologue too."""
+    from graphllm.kernels.reference import reference_silu_and_mul
+    from graphllm.kernels.silu_and_mul import silu_and_mul
+    x = randn((m, k), torch.bfloat16, 11)
+    w = randn((n, k), torch.bfloat16, 12) / k ** 0.5
+    config = epilogue_config(m, n, k, x.device)
+    got, _ = matmul_act_mul(x, w)
+    assert torch.equal(got, silu_and_mul(skinny_matmul(x, w, config=config)))
+    assert_close(got, reference_silu_and_mul(skinny_matmul_reference(x, w)))
+    if m == 1:
+        norm_w = 1 + randn((k,), torch.bfloat16, 13) / 4
+        got, h = matmul_act_mul(x, w, residual=x, norm_weight=norm_w, eps=1e-5)
+        want, want_h = rms_norm_matmul_reference(x, norm_w, 1e-5, w, residual=x)
+        assert_close(got, reference_silu_and_mul(want))
+        assert torch.equal(h, want_h)

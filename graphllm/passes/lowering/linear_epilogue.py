@@ -1,0 +1,123 @@
+"""LinearEpilogue: the SwiGLU (or GeGLU) after gate_up runs in gate_up's own launch.
+
+Runs after `linear_prologue` on GPU graphs. gate_up's weight is [gate; up] (fuse_gate_up), so one
+skinny_matmul program can hold a tile of gate's columns and the same tile of up's and write act(gate) * up
+(graphllm/kernels/skinny_matmul.py's epilogue): down_proj then reads the activation directly, and at 2-8 rows no
+silu_and_mul kernel runs between the two matmuls. Before and after, for the shapes linear_prologue leaves:
+
+    f = graphllm.add_rms_norm_linear.default(x, res, w_norm, eps, w_gate_up)     # pre-MLP norm in gate_up
+    gate_up = getitem(f, 0)
+    h = getitem(f, 1)
+    down = graphllm.silu_and_mul_linear.default(gate_up, w_down)                 # SwiGLU in down's prologue
+->
+    f = graphllm.add_rms_norm_linear_act_and_mul.default(x, res, w_norm, eps, w_gate_up, None, False, False)
+    act = getitem(f, 0)
+    h = getitem(f, 1)
+    down = graphllm.linear.default(act, w_down)
+
+    gate_up = graphllm.linear.default(y, w_gate_up)                              # no norm before (OLMo 2)
+    down = graphllm.silu_and_mul_linear.default(gate_up, w_down)
+->  down = graphllm.linear.default(graphllm.linear_act_and_mul.default(y, w_gate_up, None, False), w_down)
+
+    act = graphllm.silu_and_mul.default(graphllm.linear.default(y, w_gate_up))   # linear_prologue off
+->  act = graphllm.linear_act_and_mul.default(y, w_gate_up, None, False)
+
+GeGLU (gelu_tanh_and_mul, Gemma) the same with gelu=True; a norm's unit_offset and the linears' biases go
+along. Only a gate_up output that nothing else reads is folded. The ops decide per call (graphllm/ops/linear.py):
+one launch at one row and where the plain product runs skinny_matmul, the ops one after another elsewhere.
+"""
+
+import operator
+
+import torch
+from torch import fx
+
+import graphllm.ops.linear  # noqa: F401  (registers the ops)
+import graphllm.ops.silu_and_mul  # noqa: F401
+from graphllm.ir.graph import StepGraph, new_node
+from graphllm.passes.base import GraphPass
+
+ops = torch.ops.graphllm
+
+# the op with the activation in front of a linear (linear_prologue's) or alone -> (gelu, folded into a linear)
+ACTIVATIONS = {ops.silu_and_mul_linear.default: (False, True), ops.gelu_tanh_and_mul_linear.default: (True, True),
+               ops.silu_and_mul.default: (False, False), ops.gelu_tanh_and_mul.default: (True, False)}
+
+
+def _call(node, target) -> bool:
+    return isinstance(node, fx.Node) and node.op == "call_function" and node.target == target and not node.kwargs
+
+
+def _weight_and_bias(args: tuple) -> tuple:
+    return args[0], args[1] if len(args) > 1 else None
+
+
+def _fold_norm_gate_up(graph: fx.Graph, gate_up: fx.Node, gelu: bool, where: fx.Node) -> fx.Node | None:
+    """gate_up = getitem(add_rms_norm_linear(...), 0) -> getitem(add_rms_norm_linear_act_and_mul(...), 0), the
+    residual's getitem moved to the new node; None where the shape is not that."""
+    if not (_call(gate_up, operator.getitem) and gate_up.args[1] == 0):
+        return None
+    fused = gate_up.args[0]
+    if not _call(fused, ops.add_rms_norm_linear.default) or not all(
+            _call(u, operator.getitem) and u.args[1] in (0, 1) for u in fused.users):
+        return None
+    x, res, norm_w, eps, *rest = fused.args
+    weight, bias = _weight_and_bias(rest)
+    unit_offset = bool(rest[2]) if len(rest) > 2 else False
+    with graph.inserting_before(where):
+        new = new_node(graph, ops.add_rms_norm_linear_act_and_mul.default,
+                       (x, res, norm_w, eps, weight, bias, unit_offset, gelu), fused)
+        act = new_node(graph, operator.getitem, (new, 0), gate_up)
+        h = new_node(graph, operator.getitem, (new, 1), fused)
+    for old in [u for u in fused.users if u.args[1] == 1]:
+        old.replace_all_uses_with(h)
+        graph.erase_node(old)
+    return act
+
+
+def _fold_plain_gate_up(graph: fx.Graph, gate_up: fx.Node, gelu: bool, where: fx.Node) -> fx.Node | None:
+    if not _call(gate_up, ops.linear.default):
+        return None
+    y, *rest = gate_up.args
+    weight, bias = _weight_and_bias(rest)
+    with graph.inserting_before(where):
+        return new_node(graph, ops.linear_act_and_mul.default, (y, weight, bias, gelu), gate_up)
+
+
+class LinearEpilogue(GraphPass):
+    """Fold SwiGLU / GeGLU into the gate_up linear that feeds it; counts the folds by the prologue gate_up has."""
+
+    name = "linear_epilogue"
+    version = 1
+
+    devices = ("cuda",)
+
+    def apply(self, graph: StepGraph) -> dict[str, int]:
+        counts = {"add_rms_norm": 0, "none": 0}
+        g = graph.graph
+        for node in [n for n in g.nodes if n.op == "call_function" and n.target in ACTIVATIONS]:
+            if node.kwargs:
+                continue
+            gelu, into_linear = ACTIVATIONS[node.target]
+            gate_up = node.args[0]
+            if not isinstance(gate_up, fx.Node) or len(gate_up.users) != 1:
+                continue
+            act = _fold_norm_gate_up(g, gate_up, gelu, node)
+            kind = "add_rms_norm"
+            if act is None:
+                act, kind = _fold_plain_gate_up(g, gate_up, gelu, node), "none"
+            if act is None:
+                continue
+            if into_linear:  # down = linear(act, w_down[, b_down])
+                with g.inserting_before(node):
+                    down = new_node(g, ops.linear.default, (act, *node.args[1:]), node)
+                node.replace_all_uses_with(down)
+            else:
+                node.replace_all_uses_with(act)
+            source = gate_up.args[0]  # add_rms_norm_linear, when gate_up is its getitem
+            g.erase_node(node)
+            g.erase_node(gate_up)
+            if kind == "add_rms_norm":
+                g.erase_node(source)
+            counts[kind] += 1
+        return counts

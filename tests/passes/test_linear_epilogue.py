@@ -1,0 +1,93 @@
+"""LinearEpilogue: SwiGLU / GeGLU fold into the gate_up linear that feeds them; same logits and KV writes."""
+
+import pytest
+import torch
+
+from graphllm.config import CompileConfig
+from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_rms_norm, reference_silu_and_mul
+from graphllm.ops.linear import add_rms_norm_linear_act_and_mul, linear_act_and_mul
+from graphllm.passes.lowering.linear_epilogue import LinearEpilogue
+from graphllm.passes.lowering.linear_prologue import LinearPrologue
+from graphllm.passes.manager import PassManager
+from graphllm.passes.utility.dce import DeadCodeElimination
+from tests.passes.harness import assert_same_function, copy_graph
+from tests.passes.test_linear_prologue import prepared, targets
+
+ops = torch.ops.graphllm
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen2", "gemma2"))  # qwen2: biases elsewhere; gemma2: GeGLU, 1 + weight
+def test_after_the_prologues_same_function(arch):
+    """Every layer's gate_up takes the pre-MLP add_rms_norm in and the activation out; down_proj is a plain linear."""
+    before, config = prepared(arch)
+    LinearPrologue()(before)
+    after = copy_graph(before)
+    counts = LinearEpilogue()(after)
+    DeadCodeElimination()(after)
+    layers = config.num_hidden_layers
+    assert counts == {"add_rms_norm": layers, "none": 0}
+    found = targets(after)
+    assert found.count(ops.add_rms_norm_linear_act_and_mul.default) == layers
+    assert not {ops.silu_and_mul_linear.default, ops.gelu_tanh_and_mul_linear.default} & set(found)
+    assert found.count(ops.linear.default) == 1 + 2 * layers  # lm_head, each o_proj and each down_proj
+    gelu = arch == "gemma2"
+    fused = [n for n in after.graph.nodes if n.target == ops.add_rms_norm_linear_act_and_mul.default]
+    assert all(n.args[-1] is gelu and n.args[-2] is gelu for n in fused)  # GeGLU; Gemma's norm unit_offset
+    assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
+
+
+def test_olmo2_gate_up_without_a_norm():
+    """OLMo 2 normalises after the MLP: its gate_up has no prologue, and takes the epilogue alone."""
+    before, config = prepared("olmo2")
+    LinearPrologue()(before)
+    after = copy_graph(before)
+    counts = LinearEpilogue()(after)
+    DeadCodeElimination()(after)
+    assert counts == {"add_rms_norm": 0, "none": config.num_hidden_layers}
+    assert targets(after).count(ops.linear_act_and_mul.default) == config.num_hidden_layers
+    assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
+
+
+def test_without_the_prologue_pass():
+    """--no-linear-prologue: silu_and_mul after a plain gate_up still folds; the norms stay their own ops."""
+    before, config = prepared("llama")
+    after = copy_graph(before)
+    counts = LinearEpilogue()(after)
+    DeadCodeElimination()(after)
+    assert counts == {"add_rms_norm": 0, "none": config.num_hidden_layers}
+    found = targets(after)
+    assert ops.silu_and_mul.default not in found and ops.add_rms_norm.default in found
+    assert_same_function(before, after, config, seeds=(1,), atol=0.0)
+
+
+def test_a_gate_up_read_elsewhere_stays():
+    g = torch.fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    gate_up = g.call_function(ops.linear.default, (x, w))
+    act = g.call_function(ops.silu_and_mul.default, (gate_up,))
+    g.output((act, gate_up))
+    from graphllm.ir.graph import StepGraph
+    graph = StepGraph(torch.fx.GraphModule(torch.nn.Module(), g), (), None)
+    assert LinearEpilogue().apply(graph) == {"add_rms_norm": 0, "none": 0}
+
+
+def test_ops_equal_their_parts_off_the_kernel_path():
+    """CPU (and rows past the kernel's on CUDA) run the ops one after the other: exactly the unfused result."""
+    gen = torch.Generator().manual_seed(0)
+    x, r = torch.randn(5, 3, 32, generator=gen), torch.randn(5, 3, 32, generator=gen)
+    nw, w, b = torch.randn(32, generator=gen), torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen)
+    linear = torch.nn.functional.linear
+    assert torch.equal(linear_act_and_mul(x, w, b), reference_silu_and_mul(linear(x, w, b)))
+    assert torch.equal(linear_act_and_mul(x, w, None, True), reference_gelu_tanh_and_mul(linear(x, w)))
+    out, h = add_rms_norm_linear_act_and_mul(x, r, nw, 1e-5, w, b, True, False)
+    assert torch.equal(h, x + r)
+    assert torch.equal(out, reference_silu_and_mul(linear(reference_rms_norm(x + r, nw, 1e-5, True), w, b)))
+    assert out.shape == (5, 3, 24)
+
+
+def test_the_switch_is_in_the_pass_list_and_its_uuid():
+    on, off = PassManager(CompileConfig()), PassManager(CompileConfig(linear_epilogue=False))
+    assert "linear_epilogue" in [p.name for p in on.passes] and "linear_epilogue" not in [p.name for p in off.passes]
+    names = [p.name for p in on.passes]
+    assert names.index("linear_prologue") < names.index("linear_epilogue")
+    assert on.uuid() != off.uuid()
