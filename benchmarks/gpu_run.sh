@@ -227,7 +227,8 @@ for tag in "$@"; do
         --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     tests) timeout 540 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         --junitxml="$OUT/r/tests.xml" tests/kernels tests/gpu -s 2>&1 | grep -v "^\.*$" ;;
-    teacher) timeout 300 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest tests/gpu -k teacher ;;
+    teacher) timeout 300 python3 -m pytest -q -rfs -s -p no:cacheprovider -p no:hypothesispytest tests/gpu -k teacher 2>&1 \
+        | grep -v "^DEBUG" ;;
     f32-*) CUDA_LAUNCH_BLOCKING=1 timeout 200 python3 -m pytest -x -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/gpu -k "float32 and ${stage#f32-}" 2>&1 | grep -v "Assertion .ind" ;;
     throughput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \

@@ -83,7 +83,7 @@ class EngineConfig:
     fuse_rope_attention: bool = True
     skinny_linear: bool = True
     linear_prologue: bool = True
-    linear_epilogue: bool = True
+    linear_epilogue: bool = False
     fp8_linear_prologue: bool = False
     quantization: str | None = None
     quantization_group_size: int = 128
@@ -193,7 +193,7 @@ class CompileConfig:
     linear_prologue: bool = True
     # GPU graphs: SwiGLU / GeGLU in gate_up's own launch (its epilogue over [gate; up]) instead of down's prologue
     # or a kernel of its own (needs skinny_linear; graphllm/passes/lowering/linear_epilogue.py)
-    linear_epilogue: bool = True
+    linear_epilogue: bool = False
     # GPU graphs, fp8 W8A8: the norms and SwiGLU fold into the fp8 linears they feed too, so that at one row
     # the fp8 kernel computes them, the row's scale and the float8 operand itself (no norm + quantize kernel,
     # no silu_and_mul_fp8); other rows run the norm's own kernel, then fp8_linear, instead of Inductor's fused

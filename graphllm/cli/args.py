@@ -39,9 +39,9 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
                         help="GPU graphs: every linear on cuBLAS (no skinny_matmul kernel, no prologues)")
     parser.add_argument("--no-linear-prologue", dest="linear_prologue", action="store_false",
                         help="GPU graphs: norms and SwiGLU as their own kernels, not folded into the next matmul")
-    parser.add_argument("--linear-epilogue", action=argparse.BooleanOptionalAction, default=True,
-                        help="GPU graphs: SwiGLU / GeGLU in gate_up's own matmul launch (on by default; "
-                             "--no-linear-epilogue: in down_proj's prologue at batch 1, its own kernel elsewhere)")
+    parser.add_argument("--linear-epilogue", action=argparse.BooleanOptionalAction, default=False,
+                        help="GPU graphs: SwiGLU / GeGLU in gate_up's own matmul launch, not in down_proj's prologue "
+                             "(batch 1) or a kernel of its own (off by default: measured slower on an H200)")
     parser.add_argument("--fp8-linear-prologue", action="store_true",
                         help="GPU graphs, fp8: fold norms and SwiGLU into the fp8 linears too (one launch at batch 1 "
                              "that also quantizes the activation; off by default: measured slower on an H200)")

@@ -86,7 +86,7 @@ def test_ops_equal_their_parts_off_the_kernel_path():
 
 
 def test_the_switch_is_in_the_pass_list_and_its_uuid():
-    on, off = PassManager(CompileConfig()), PassManager(CompileConfig(linear_epilogue=False))
+    on, off = PassManager(CompileConfig(linear_epilogue=True)), PassManager(CompileConfig())
     assert "linear_epilogue" in [p.name for p in on.passes] and "linear_epilogue" not in [p.name for p in off.passes]
     names = [p.name for p in on.passes]
     assert names.index("linear_prologue") < names.index("linear_epilogue")
