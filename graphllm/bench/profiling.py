@@ -23,6 +23,7 @@ import math
 from bisect import bisect_right
 from pathlib import Path
 
+import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -209,12 +210,25 @@ def profile_engine(engine, prompts: list[list[int]], decode_steps: int, out_dir:
     header = (f"{what}; batch {len(prompts)} x {len(prompts[0])} prompt tokens; decode {graphs_note}; "
               "GB/s = matmul operands + output bytes / time"
               + ("; a graph-replayed kernel gets the bytes per call of the same kernel in a plain decode step"
-                 if graphs else ""))
+                 if graphs else "")
+              + (f"; {PDL_NOTE}" if cuda and pdl_in_use(engine) else ""))
     report = {"dir": str(out_dir), "trace": str(out_dir / "trace.json"), "header": header,
               "phases": phase_tables(rows, ranges)}
     (out_dir / "kernels.md").write_text(format_markdown(report))
     (out_dir / "kernels.json").write_text(json.dumps(report, indent=1))
     return report
+
+
+PDL_NOTE = ("kernels launched as programmatic dependents (PDL): each one's time includes its wait for the kernel "
+            "before, so times overlap and can sum past the step; --no-enable-pdl profiles a split of the step")
+
+
+def pdl_in_use(engine) -> bool:
+    """Whether the engine's kernels launch as programmatic dependents (EngineConfig.enable_pdl on sm_90+), so that
+    the profiler's kernel times overlap (a dependent starts before the kernel before it ends, and waits)."""
+    device = engine.state.device
+    return (getattr(engine.config, "enable_pdl", False) and device.type == "cuda"
+            and torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 def short(name: str) -> str:

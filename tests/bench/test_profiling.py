@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from graphllm.bench.profiling import matmul_bytes
 from graphllm.cli.main import main
@@ -59,3 +60,16 @@ def test_matmul_bytes_without_recorded_dtypes_use_the_model_dtype():
     event = SimpleNamespace(input_shapes=[[1, 4096], [4096, 6144]])  # torch 2.11: no input_dtypes
     assert profiling.matmul_bytes("aten::mm", event.input_shapes, profiling.input_dtypes(event, "c10::BFloat16")) == \
         2 * (4096 + 4096 * 6144 + 6144)
+
+
+def test_the_pdl_note_only_where_kernels_launch_as_dependents():
+    """PDL's overlapping kernel times are flagged on sm_90+ CUDA engines with enable_pdl; a CPU engine, or PDL
+    off, gets no note (the kernels' times there add up to the step)."""
+    from types import SimpleNamespace
+
+    from graphllm.bench.profiling import PDL_NOTE, pdl_in_use
+    cpu = SimpleNamespace(state=SimpleNamespace(device=torch.device("cpu")), config=SimpleNamespace(enable_pdl=True))
+    assert not pdl_in_use(cpu)
+    off = SimpleNamespace(state=SimpleNamespace(device=torch.device("cuda")), config=SimpleNamespace(enable_pdl=False))
+    assert not pdl_in_use(off)  # decided before the device is asked for its capability
+    assert "--no-enable-pdl" in PDL_NOTE
