@@ -331,14 +331,14 @@ def beats_cublas(m: int, n: int, k: int) -> bool:
     one row against a small weight (qkv 3.42 vs 3.20 TB/s, o_proj 2.93 vs 2.69), and vocabulary-wide
     outputs at any row count up to 16 (lm_head 4.34-4.44 vs 4.18-4.22). At 2-8 rows (kernel_sweep
     matmul8 at 8 rows, same run, us): square small weights (o_proj 11.8 vs 12.5) and MLP
-    up-projections, N >= 4K (gate_up 60.5 vs 62.7). cuBLAS kept qkv at 2-16 rows (15.4 vs 15.6: a
-    tie), down (32.3 vs 32.0), gate_up at one row (the fused prologue path takes it there) and
-    everything at 9-16 rows but the vocabulary (not measured). down_proj at one row (K >= 2N) takes the kernel
-    too: 31.4 us with the rule's config (and SwiGLU in its prologue) against cuBLAS 31.3 (kernel_sweep
-    prologue-llama, 2026-11-29), and in the engine the kernel is a programmatic dependent. Shapes in CONFIGS were measured faster
-    than cuBLAS with their config (OLMo 2's qkv and Phi-3's lm_head at one row among them), or, for the 8B
-    qkv and down at 2-8 rows, faster end to end: batch 8 1,724-1,729 tok/s against 1,687-1,689 on cuBLAS
-    (H200, 2026-12-02, same call; under PDL the kernel overlaps its neighbours, cuBLAS's kernels do not)."""
+    up-projections, N >= 4K (gate_up 60.5 vs 62.7). qkv and down at 2-8 rows were a tie alone (15.4 vs
+    15.6, 32.3 vs 32.0); cuBLAS keeps them at 9-16 rows, gate_up at one row (the fused prologue path takes
+    it there) and everything at 9-16 rows but the vocabulary (not measured). down_proj at one row (K >= 2N)
+    takes the kernel: 31.4 us with the rule's config (and SwiGLU in its prologue) against cuBLAS 31.3
+    (kernel_sweep prologue-llama, 2026-11-29), and the kernel is a programmatic dependent (PDL) in the engine,
+    which cuBLAS's kernels are not. Shapes in CONFIGS were measured faster than cuBLAS with their config
+    (OLMo 2's qkv and Phi-3's lm_head at one row among them), or, for the 8B qkv and down at 2-8 rows, faster
+    end to end: batch 8 1,724-1,729 tok/s against 1,687-1,689 on cuBLAS (H200, 2026-12-02, same call)."""
     if not 1 <= m <= MAX_ROWS:
         return False
     if n >= VOCAB_WIDE or (m, n, k) in CONFIGS:  # CONFIGS: measured faster than cuBLAS too

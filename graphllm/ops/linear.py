@@ -6,8 +6,8 @@ hands to cuBLAS anyway, and decides per call, from shapes, which kernel runs:
 
 - x on CUDA in float16/bfloat16, with a row count and weight shape where the kernel measured
   faster than cuBLAS (`beats_cublas`: one row against the attention projections, 2-8 rows against
-  o_proj and gate_up and the 8B qkv and down, up to 16 rows against the vocabulary): graphllm/kernels/skinny_matmul.py,
-  no split-K reduce kernel;
+  o_proj and gate_up and the 8B qkv and down, up to 16 rows against the vocabulary):
+  graphllm/kernels/skinny_matmul.py, no split-K reduce kernel;
 - anything else (prefill, large batches, down_proj, float32, CPU): F.linear, what aten.linear does.
 
 Inside a CUDA graph the choice is made once, at capture. To run every linear on cuBLAS instead,
