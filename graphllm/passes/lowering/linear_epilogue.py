@@ -36,16 +36,13 @@ import graphllm.ops.linear  # noqa: F401  (registers the ops)
 import graphllm.ops.silu_and_mul  # noqa: F401
 from graphllm.ir.graph import StepGraph, new_node
 from graphllm.passes.base import GraphPass
+from graphllm.passes.lowering.linear_prologue import _call
 
 ops = torch.ops.graphllm
 
 # the op with the activation in front of a linear (linear_prologue's) or alone -> (gelu, folded into a linear)
 ACTIVATIONS = {ops.silu_and_mul_linear.default: (False, True), ops.gelu_tanh_and_mul_linear.default: (True, True),
                ops.silu_and_mul.default: (False, False), ops.gelu_tanh_and_mul.default: (True, False)}
-
-
-def _call(node, target) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target == target and not node.kwargs
 
 
 def _weight_and_bias(args: tuple) -> tuple:
