@@ -348,6 +348,15 @@ def beats_cublas(m: int, n: int, k: int) -> bool:
     return m <= 8 and ((n == k and n * k <= SMALL_WEIGHT) or n >= 4 * k)
 
 
+def fuses_activation(m: int, n: int, k: int) -> bool:
+    """Where silu_mul_matmul (SwiGLU / GeGLU in the prologue) replaces silu_and_mul's row kernel and the product:
+    one row, and 2-8 rows where the plain product beats cuBLAS anyway (the 8B down_proj at the buckets 2-8 in
+    CONFIGS). A norm prologue has no such rule past one row: it first reads the rows whole for their mean square,
+    in every program (gate_up at 8 rows measured 95 us against 59 for the two launches, kernel_sweep prologue,
+    H200, 2026-11-21); the activation is computed per operand tile and needs no such pass."""
+    return m == 1 or (1 < m <= 8 and beats_cublas(m, n, k))
+
+
 def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             config: dict | None, residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
             eps: float = 0.0, unit_offset: bool = False, epilogue: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:

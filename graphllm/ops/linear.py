@@ -25,9 +25,10 @@ no norm or activation kernel of its own (graphllm/kernels/skinny_matmul.py's pro
     graphllm.silu_and_mul_linear(x, weight, bias)                        = linear(silu_and_mul(x))
     graphllm.gelu_tanh_and_mul_linear(x, weight, bias)                   = linear(gelu_tanh_and_mul(x))
 
-One row on CUDA in float16/bfloat16 is one skinny_matmul launch (`takes_fused_kernel`); anything
-else runs the two ops (graphllm's row kernels on CUDA, the references elsewhere) and then
-`linear` above. `CompileConfig.linear_prologue=False` (`--no-linear-prologue`) leaves the norms
+One row on CUDA in float16/bfloat16 is one skinny_matmul launch (`takes_fused_kernel`), and so
+are SwiGLU / GeGLU before a down_proj that runs skinny_matmul at 2-8 rows (`takes_act_prologue`);
+anything else runs the two ops (graphllm's row kernels on CUDA, the references elsewhere) and
+then `linear` above. `CompileConfig.linear_prologue=False` (`--no-linear-prologue`) leaves the norms
 and SwiGLU as ops of their own.
 """
 
@@ -61,9 +62,10 @@ def _(x, weight, bias=None):
 
 
 def takes_fused_kernel(x: torch.Tensor, weight: torch.Tensor, *others: torch.Tensor | None) -> bool:
-    """One skinny_matmul launch with a prologue: one row (a batch-1 decode step) in half precision on
-    CUDA. From two rows up the prologue made the kernel slower than the two launches it replaces
-    (kernel_sweep prologue, H200: gate_up at 8 rows 95 us against 59), so those stay apart."""
+    """One skinny_matmul launch with a norm prologue: one row (a batch-1 decode step) in half precision on
+    CUDA. From two rows up the norm prologue made the kernel slower than the two launches it replaces
+    (kernel_sweep prologue, H200: gate_up at 8 rows 95 us against 59), so those stay apart (the
+    activation prologue's rule is takes_act_prologue's)."""
     return x.numel() == x.shape[-1] and _half_on_cuda(x, weight, *others)
 
 
@@ -128,9 +130,20 @@ def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape)
 
 
+def takes_act_prologue(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """silu_mul_matmul (SwiGLU or GeGLU in down_proj's prologue), in half precision on CUDA: one row, or 2-8 rows
+    where the plain product runs skinny_matmul anyway (skinny_matmul.fuses_activation), so that the activation's
+    row kernel goes too."""
+    if not _half_on_cuda(x, weight, bias):
+        return False
+    from graphllm.kernels.skinny_matmul import fuses_activation
+    rows = x.numel() // x.shape[-1]
+    return rows > 0 and fuses_activation(rows, *weight.shape)
+
+
 def _act_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: bool) -> torch.Tensor:
     """linear(act(x[..., :K]) * x[..., K:], weight, bias), act silu or (gelu) tanh-approximated GELU."""
-    if takes_fused_kernel(x, weight, bias):
+    if takes_act_prologue(x, weight, bias):
         from graphllm.kernels.skinny_matmul import silu_mul_matmul
         return silu_mul_matmul(_rows(x), weight, bias, gelu=gelu).view(*x.shape[:-1], weight.shape[0])
     return linear(_act_and_mul(x, gelu), weight, bias)
