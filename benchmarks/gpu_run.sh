@@ -78,7 +78,7 @@
 #   startup-full  startup with --cudagraph-mode FULL (the mixed-step graphs' capture time and memory)
 #   startup-prof  benchmarks/startup_profile.py: cProfile of a cold compile and of Engine.load (issue 19)
 #   moe-lat / moe-prof / moe-tput  (issue 20) bench latency (batch 1, 8, 32; moe-lat-fp8: float8 experts and
-#              linears), its kernel profile at batch 32, and bench
+#              linears), its kernel profile at batch 32 (moe-prof1: at batch 1), and bench
 #              throughput of qwen3-30b-a3b with 12 of its 48 layers (preset and artifact of all 48 would not fit the disk)
 #   fam-tests  (issue 20) the new families (Gemma 2/3, OLMo 2, Phi-3, DeepSeek-V2) through compiled CUDA graphs
 #              against transformers, the soft-capped and MLA attention kernel tests, Phi-3 LongRoPE;
@@ -274,6 +274,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --output-len 256 --enable-pdl $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     moe-lat-fp8) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
         --output-len 256 --quantization fp8 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
+    moe-prof1) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1 --input-len 128 --output-len 64 \
+        $LIMITS --work $WORK --json "$OUT/r/$tag.json" --profile "$OUT/r/$tag" --profile-steps 3 ;;
     moe-prof) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 32 --input-len 128 --output-len 64 \
         $LIMITS --work $WORK --json "$OUT/r/$tag.json" --profile "$OUT/r/$tag" --profile-steps 3 ;;
     moe-tput) bench throughput --preset qwen3-30b-a3b --preset-layers 12 --num-requests 1024 $LIMITS --work $WORK \
