@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from graphllm.kernels.kv_quant import KVScales
-from graphllm.kernels.rotary import apply_rotary
+from graphllm.kernels.rotary import HeadNorms, apply_rotary, normed_heads
 
 
 class AttentionShape(NamedTuple):
@@ -105,9 +105,10 @@ class AttentionBackend:
                      sin: torch.Tensor, kv_cache: torch.Tensor, positions: torch.Tensor,
                      slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                      query_start_loc: torch.Tensor, scale: float, sliding_window: int,
-                     logit_softcap: float = 0.0) -> torch.Tensor:
-        """forward() of q and k rotated by cos, sin ([T, D]); backends with a fused rotary + KV-write
-        kernel override it. The result is contiguous."""
+                     logit_softcap: float = 0.0, norms: HeadNorms | None = None) -> torch.Tensor:
+        """forward() of q and k rotated by cos, sin ([T, D]), RMS-normed per head by norms first; backends with
+        a fused rotary + KV-write kernel override it. The result is contiguous."""
+        q, k = normed_heads(q, k, norms)
         return self.forward(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, kv_cache, positions,
                             slot_mapping, block_tables, seq_lens, query_start_loc, scale, sliding_window,
                             logit_softcap)

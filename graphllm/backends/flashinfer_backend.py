@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from graphllm.kernels.rope_store_kv import rope_store_kv
+from graphllm.kernels.rotary import normed_heads
 from graphllm.kernels.store_kv import store_kv
 from graphllm.backends.base import AttentionBackend, AttentionShape, HostMeta
 
@@ -76,8 +77,9 @@ class FlashInferBackend(AttentionBackend):
         return self.active.run(q.contiguous(), (kv_cache[0], kv_cache[1]))
 
     def rope_forward(self, q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens,
-                     query_start_loc, scale, sliding_window, logit_softcap=0.0):
+                     query_start_loc, scale, sliding_window, logit_softcap=0.0, norms=None):
         self._check(scale, sliding_window, logit_softcap)
+        q, k = normed_heads(q, k, norms)
         q = rope_store_kv(q, k, v, cos, sin, kv_cache, slot_mapping)
         return self.active.run(q, (kv_cache[0], kv_cache[1]))
 

@@ -21,6 +21,7 @@ from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
 from graphllm.kernels.paged_verify_attention import MAX_TOKENS, paged_verify_attention
 from graphllm.kernels.rope_decode import NewTokens
 from graphllm.kernels.rope_store_kv import rope_store_kv
+from graphllm.kernels.rotary import normed_heads
 from graphllm.kernels.store_kv import store_kv
 from graphllm.backends.base import AttentionBackend
 
@@ -64,12 +65,13 @@ class TritonBackend(AttentionBackend):
                             logit_softcap)
 
     def rope_forward(self, q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens,
-                     query_start_loc, scale, sliding_window, logit_softcap=0.0):
+                     query_start_loc, scale, sliding_window, logit_softcap=0.0, norms=None):
         if self.fuse_rope_decode and q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
                                           sliding_window, kv_scales=self.scales_for(kv_cache),
                                           logit_softcap=logit_softcap,
-                                          new_tokens=NewTokens(k, v, cos, sin, slot_mapping))
+                                          new_tokens=NewTokens(k, v, cos, sin, slot_mapping, norms))
+        q, k = normed_heads(q, k, norms)
         q = rope_store_kv(q, k, v, cos, sin, kv_cache, slot_mapping, self.scales_for(kv_cache))
         return self._attend(q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window,
                             logit_softcap)

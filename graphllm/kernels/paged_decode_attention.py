@@ -37,7 +37,7 @@ from graphllm.kernels.kv_quant import KVScales, dequantize_kv
 from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.quant_layout import correctly_rounded_div
 from graphllm.kernels.reference import soft_cap
-from graphllm.kernels.rope_decode import NewTokens, exact_mul_on, rotate_rows, store_new_token
+from graphllm.kernels.rope_decode import NewTokens, exact_mul_on, head_rstd, rotate_rows, store_new_token
 from graphllm.kernels.split_merge import merge_splits
 
 LOG2E = 1.4426950408889634
@@ -216,7 +216,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          ROPE: tl.constexpr = False, EXACT_MUL: tl.constexpr = False, k_new_ptr=None, v_new_ptr=None,
                          cos_ptr=None, sin_ptr=None, slot_ptr=None, stride_kt=0, stride_kh=0, stride_vt=0, stride_vh=0,
                          stride_ct=0, k_store_scale=1.0, v_store_scale=1.0, HALVES: tl.constexpr = False,
-                         FP8_QK: tl.constexpr = False):
+                         FP8_QK: tl.constexpr = False, NORM: tl.constexpr = False,
+                         NORM_UNIT_OFFSET: tl.constexpr = False, q_norm_ptr=None, k_norm_ptr=None, norm_eps=0.0):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
     if HEADS_FIRST:  # grid (kv heads, sequences, splits): a sequence's heads run side by side
@@ -246,11 +247,16 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     if ROPE:  # rotate q; the program whose range holds the new token rotates and stores it (rope_decode.py)
         cos = tl.load(cos_ptr + q_row * stride_ct + offs_d, mask=d_mask, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + q_row * stride_ct + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-        q = rotate_rows(q_ptrs, q, offs_d, q_mask, cos, sin, HEAD_DIM // 2, EXACT_MUL)
+        rstd = 1.0
+        if NORM:  # the heads' RMSNorm first (rope_decode.py's HeadNorms)
+            rstd = head_rstd(q, norm_eps, HEAD_DIM)
+        q = rotate_rows(q_ptrs, q, offs_d, q_mask, cos, sin, HEAD_DIM // 2, EXACT_MUL, q_norm_ptr, rstd, NORM,
+                        NORM_UNIT_OFFSET)
         if (lo <= seq_len - 1) & (seq_len - 1 < hi):
             store_new_token(k_new_ptr, v_new_ptr, cos, sin, slot_ptr, q_row, kvh, stride_kt, stride_kh, stride_vt,
                             stride_vh, k_cache_ptr, v_cache_ptr, stride_cb, stride_co, stride_ch, block_size,
-                            k_store_scale, v_store_scale, offs_d, d_mask, HEAD_DIM // 2, KV_FP8, EXACT_MUL)
+                            k_store_scale, v_store_scale, offs_d, d_mask, HEAD_DIM // 2, KV_FP8, EXACT_MUL,
+                            k_norm_ptr, norm_eps, NORM, NORM_UNIT_OFFSET)
         tl.debug_barrier()  # the stores are visible to this program's threads before its key loop reads them
     table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, m_i = one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
@@ -332,7 +338,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
     new_tokens (plain decode only): q and new_tokens.k are not yet rotated, and the new keys and values are not
     yet in the cache; the kernel rotates both and stores them first (rope_decode.py), what rope_store_kv and
-    then this function do, in one launch.
+    then this function do, in one launch; with new_tokens.norms it RMS-norms both per head before the rotary.
     """
     num_heads, head_dim = q.shape[1:]
     mixed = query_start_loc is not None
@@ -392,7 +398,13 @@ def rope_arguments(new: NewTokens, q: torch.Tensor, mixed: bool, kv_scales: KVSc
     assert new.k.shape == new.v.shape and new.k.shape[0] == tokens and new.k.shape[2] == head_dim
     assert new.cos.shape == new.sin.shape == (tokens, head_dim) and new.cos.stride() == new.sin.stride()
     assert head_dim % 2 == 0 and all(x.stride(-1) == 1 for x in (new.k, new.v, new.cos))
+    norms = {}
+    if new.norms is not None:
+        weights = (new.norms.q_weight, new.norms.k_weight)
+        assert all(w.shape == (head_dim,) and w.dtype == q.dtype and w.is_contiguous() for w in weights)
+        norms = dict(NORM=True, NORM_UNIT_OFFSET=new.norms.unit_offset, q_norm_ptr=weights[0], k_norm_ptr=weights[1],
+                     norm_eps=new.norms.eps)
     return dict(ROPE=True, EXACT_MUL=exact_mul_on(q), k_new_ptr=new.k, v_new_ptr=new.v, cos_ptr=new.cos,
                 sin_ptr=new.sin, slot_ptr=new.slot_mapping, stride_kt=new.k.stride(0), stride_kh=new.k.stride(1),
                 stride_vt=new.v.stride(0), stride_vh=new.v.stride(1), stride_ct=new.cos.stride(0),
-                k_store_scale=kv_scales.k, v_store_scale=kv_scales.v)
+                k_store_scale=kv_scales.k, v_store_scale=kv_scales.v, **norms)

@@ -32,6 +32,7 @@ from typing import Iterator, NamedTuple
 import torch
 
 from graphllm.backends import AttentionBackend
+from graphllm.kernels.rotary import HeadNorms
 
 
 _active: ContextVar[AttentionBackend | None] = ContextVar("graphllm_attention_backend", default=None)
@@ -91,18 +92,22 @@ def _(q, k, v, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_
 def rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    kv_cache: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
                    block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                   scale: float, sliding_window: int, logit_softcap: float = 0.0) -> torch.Tensor:
-    """attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, ...), cos and sin [T, D].
+                   scale: float, sliding_window: int, logit_softcap: float = 0.0,
+                   q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, norm_eps: float = 0.0,
+                   norm_unit_offset: bool = False) -> torch.Tensor:
+    """attention(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v, ...), cos and sin [T, D]; with q_norm
+    and k_norm ([D]) q and k are first RMS-normed per head (rms_norm(x, q_norm, norm_eps, norm_unit_offset)).
 
-    What the fuse_rope_attention pass puts in place of a layer's rotary embedding and attention
-    op, so that a backend can rotate q and k inside its KV-cache write (one kernel instead of
-    three). Returns [T, Hq, D], contiguous, in q's dtype.
+    What the fuse_rope_attention pass puts in place of a layer's (head norms,) rotary embedding and attention
+    op, so that a backend can norm and rotate q and k inside its KV-cache write (one kernel instead of
+    three or five). Returns [T, Hq, D], contiguous, in q's dtype.
     """
+    norms = None if q_norm is None else HeadNorms(q_norm, k_norm, norm_eps, norm_unit_offset)
     return active_backend().rope_forward(q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables,
-                                         seq_lens, query_start_loc, scale, sliding_window, logit_softcap)
+                                         seq_lens, query_start_loc, scale, sliding_window, logit_softcap, norms)
 
 
 @rope_attention.register_fake
 def _(q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
-      scale, sliding_window, logit_softcap=0.0):
+      scale, sliding_window, logit_softcap=0.0, q_norm=None, k_norm=None, norm_eps=0.0, norm_unit_offset=False):
     return q.new_empty(q.shape)

@@ -60,6 +60,13 @@ def variants():
         yield decode._decode_split_kernel, types, dict(
             SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=kv_fp8, SOFTCAP=False, ROPE=True,
             EXACT_MUL=True), {}
+    for unit_offset in (False, True):  # and the heads' RMSNorm first (Qwen3's q/k norms; Gemma 3's 1 + weight)
+        types = dict(pointer_types(0), k_new_ptr="*bf16", v_new_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
+                     slot_ptr="*i64", k_store_scale="fp32", v_store_scale="fp32", q_norm_ptr="*bf16",
+                     k_norm_ptr="*bf16", norm_eps="fp32")
+        yield decode._decode_split_kernel, types, dict(
+            SHAPE, BLOCK_G=16, DIRECT=True, MIXED=False, KV_FP8=0, SOFTCAP=False, ROPE=True, EXACT_MUL=True,
+            NORM=True, NORM_UNIT_OFFSET=unit_offset), {}
     # the dots over the two halves of the head (one_token_attention's HALVES; decode_tiling's for a float8 cache at
     # 32+ sequences, in plain and mixed steps), and 128-key tiles over 2 stages (one split, 128+ sequences)
     for direct, mixed in itertools.product((True, False), (True, False)):

@@ -1,7 +1,9 @@
 """The decode kernel with the new token's rotary embedding and cache write inside (rope_decode.py) gives what
 rope_store_kv followed by paged_decode_attention gives: the same output and the same cache, bit for bit (both
 round where eager PyTorch rounds), over a cache of q's dtype or a float8 one, split or not, with a window, with
-CUDA-graph padding rows (seq_len 0, slot -1), and from strided views of a fused qkv output."""
+CUDA-graph padding rows (seq_len 0, slot -1), and from strided views of a fused qkv output. With HeadNorms the
+kernel RMS-norms the heads first: the same rows as normed_heads, rope_store_kv and the decode kernel, up to the
+rounding of a normed value (the sum of squares in another order)."""
 
 import math
 
@@ -14,6 +16,7 @@ from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
 from graphllm.kernels.paged_decode_attention import paged_decode_attention  # noqa: E402
 from graphllm.kernels.rope_decode import NewTokens  # noqa: E402
 from graphllm.kernels.rope_store_kv import rope_store_kv  # noqa: E402
+from graphllm.kernels.rotary import HeadNorms, normed_heads  # noqa: E402
 from tests.kernels.conftest import LOW_DTYPE, make_paged_kv, randn  # noqa: E402
 
 # (Hq, Hkv, D, block_size, seq_lens, sliding_window)
@@ -46,15 +49,16 @@ def step_inputs(case, dtype, cache_dtype, seed=0):
     return q, k, v, cos, sin, kv_cache.to(cache_dtype or dtype), tables, lens, slots
 
 
-def both_paths(case, dtype, num_splits, cache_dtype=None, kv_scales=KVScales(), **knobs):
+def both_paths(case, dtype, num_splits, cache_dtype=None, kv_scales=KVScales(), norms=None, **knobs):
     q, k, v, cos, sin, kv_cache, tables, lens, slots = step_inputs(case, dtype, cache_dtype)
     window, scale = case[5], 1 / math.sqrt(case[2])
     unfused_cache, fused_cache = kv_cache.clone(), kv_cache.clone()
-    q_rot = rope_store_kv(q, k, v, cos, sin, unfused_cache, slots, kv_scales)
+    q_normed, k_normed = normed_heads(q, k, norms)
+    q_rot = rope_store_kv(q_normed, k_normed, v, cos, sin, unfused_cache, slots, kv_scales)
     unfused = paged_decode_attention(q_rot, unfused_cache[0], unfused_cache[1], tables, lens, scale, window,
                                      num_splits, kv_scales, **knobs)
     fused = paged_decode_attention(q, fused_cache[0], fused_cache[1], tables, lens, scale, window, num_splits,
-                                   kv_scales, new_tokens=NewTokens(k, v, cos, sin, slots), **knobs)
+                                   kv_scales, new_tokens=NewTokens(k, v, cos, sin, slots, norms), **knobs)
     return unfused, fused, unfused_cache, fused_cache
 
 
@@ -68,6 +72,41 @@ def assert_same(unfused, fused, unfused_cache, fused_cache):
 @pytest.mark.parametrize("case", CASES)
 def test_fused_rope_decode_equals_rope_store_kv_then_decode_fp32(case, num_splits):
     assert_same(*both_paths(case, torch.float32, num_splits))
+
+
+def head_norms(head_dim: int, dtype, unit_offset: bool = False) -> HeadNorms:
+    """Weights far from 1 (a norm that scales nothing would pass unnoticed), q's and k's unlike each other."""
+    return HeadNorms(randn((head_dim,), dtype, 7) + 1.5, randn((head_dim,), dtype, 8) * 2, 1e-6, unit_offset)
+
+
+def assert_close(unfused, fused, unfused_cache, fused_cache, tol: float):
+    new = unfused_cache.isnan()  # the NaN slots of padding rows stay NaN on both paths
+    assert not fused.isnan().any() and torch.equal(new, fused_cache.isnan())
+    torch.testing.assert_close(fused, unfused, atol=tol, rtol=tol)
+    torch.testing.assert_close(fused_cache.float().nan_to_num(), unfused_cache.float().nan_to_num(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("unit_offset", [False, True])
+@pytest.mark.parametrize("case", [CASES[0], CASES[2], CASES[4]])
+def test_fused_head_norms_equal_the_norms_then_rope_store_kv_fp32(case, unit_offset):
+    norms = head_norms(case[2], torch.float32, unit_offset)
+    assert_close(*both_paths(case, torch.float32, 2, norms=norms), tol=1e-5)
+
+
+def test_fused_head_norms_half_and_float8_cache():
+    case = CASES[1]
+    assert_close(*both_paths(case, LOW_DTYPE, 2, norms=head_norms(case[2], LOW_DTYPE)), tol=2e-2)
+    norms = head_norms(case[2], torch.float32)
+    assert_close(*both_paths(case, torch.float32, 1, FP8_KV_DTYPE, KVScales(k=0.37, v=1.9), norms=norms,
+                             fp8_qk=False), tol=1e-5)
+
+
+def test_fused_head_norms_change_the_rows():
+    """The norms are applied: without them the kernel's output and cache differ."""
+    case = CASES[1]
+    normed, _, normed_cache, _ = both_paths(case, torch.float32, 2, norms=head_norms(case[2], torch.float32))
+    plain, _, plain_cache, _ = both_paths(case, torch.float32, 2)
+    assert not torch.allclose(normed, plain) and not torch.allclose(normed_cache.nan_to_num(), plain_cache.nan_to_num())
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])

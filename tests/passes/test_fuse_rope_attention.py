@@ -99,3 +99,23 @@ def test_compiled_with_the_op_gives_the_eager_tokens(lowering, tiny_model_dir, t
     got = Engine.load(str(tmp_path / "art"), device="cpu").generate(prompts, greedy)
     expected = Engine.from_pretrained(str(folder), dtype="float32", device="cpu").generate(prompts, greedy)
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+
+
+@pytest.mark.parametrize("arch", ("qwen3", "gemma3"))  # per-head q/k norms; Gemma 3's scale by 1 + weight
+def test_head_norms_fold_into_the_op_after_fuse_add_rmsnorm(arch):
+    """Once fuse_add_rmsnorm has turned the q/k norms into graphllm.rms_norm nodes, they move into the op (its
+    q_norm / k_norm arguments) and the graph computes the same function; fold_head_norms=False leaves them."""
+    from graphllm.passes.fusion.fuse_add_rmsnorm import FuseAddRMSNorm
+    before, config = tiny_step_graph(arch)
+    FuseAddRMSNorm()(before)
+    after, kept = copy_graph(before), copy_graph(before)
+    layers = config.num_hidden_layers
+    assert FuseRopeAttention()(after) == {"fused": layers, "head_norms": layers}
+    assert FuseRopeAttention(fold_head_norms=False)(kept) == {"fused": layers}
+    norms = lambda g: targets(g).count(ops.rms_norm.default)  # noqa: E731
+    assert norms(after) == norms(kept) - 2 * layers
+    fused = [n for n in after.graph.nodes if n.target == ops.rope_attention.default]
+    assert all(len(n.args) == 18 and n.args[14].op == n.args[15].op == "get_attr" for n in fused)  # q_norm, k_norm
+    assert {n.args[17] for n in fused} == {arch == "gemma3"}  # unit_offset
+    assert_same_function(before, after, config, seeds=(1, 2))
+    assert FuseRopeAttention().uuid() != FuseRopeAttention(fold_head_norms=False).uuid()

@@ -17,6 +17,19 @@ and after, for one layer (apply_rotary of graphllm/kernels/rotary.py, as capture
 
 The trailing scalars (scale, sliding_window and, when given, logit_softcap) move over as they are.
 
+A per-head RMSNorm before both rotations (Qwen3's q_norm / k_norm, Gemma 3's; graphllm.rms_norm nodes by then,
+fuse_add_rmsnorm runs first) moves in too, when nothing else reads the normed q and k, both norms have the same
+eps and unit_offset, and each keeps its input's dtype:
+
+    xq = graphllm.rms_norm.default(q_view, wq, 1e-06)    # and xk from k_view with wk
+    ... the rotary and attention above
+->
+    out = graphllm.rope_attention.default(q_view, k_view, v, cos, sin, kv_cache, ..., logit_softcap,
+                                          wq, wk, 1e-06, False)
+
+so that at decode the triton backend's decode kernel norms the heads it already loads (rope_decode.py): two
+launches a layer fewer. Other paths run the norms first (rotary.normed_heads).
+
 Both rotations must use the same cos and sin nodes, of x's dtype and shape [T, D]. Rotary nodes
 that nothing else reads are erased. Like skinny_linear, only graphs whose example inputs are on
 the listed devices are rewritten (`devices`, which the pass manager reads): on CPU the op would run the rotary eagerly, no faster than
@@ -30,6 +43,7 @@ import torch
 from torch import fx
 
 import graphllm.ops.attention  # noqa: F401  (registers torch.ops.graphllm.rope_attention)
+import graphllm.ops.rms_norm  # noqa: F401  (registers torch.ops.graphllm.rms_norm, the head norms it folds)
 from graphllm.ir.graph import StepGraph, new_node
 from graphllm.passes.base import GraphPass
 
@@ -99,6 +113,29 @@ def _shapes_fit(x: fx.Node, cos: fx.Node, sin: fx.Node) -> bool:
             and xv.dtype == cv.dtype == sv.dtype)
 
 
+def _head_norm(x: fx.Node) -> tuple | None:
+    """(input, weight, eps, unit_offset) for x = graphllm.rms_norm(input, weight, eps[, unit_offset]) that keeps
+    its input's dtype; else None."""
+    if not any(_call(x, torch.ops.graphllm.rms_norm.default, n) for n in (3, 4)):
+        return None
+    x_in, weight, eps, *offset = x.args
+    xv, wv = _val(x_in), _val(x)
+    if not (isinstance(xv, torch.Tensor) and isinstance(wv, torch.Tensor) and xv.dtype == wv.dtype):
+        return None
+    return x_in, weight, eps, bool(offset and offset[0])
+
+
+def _foldable_norms(rq: Rotary, rk: Rotary) -> tuple | None:
+    """((q input, k input), (q weight, k weight, eps, unit_offset)) when both rotations read a head norm that
+    only they read, with one eps and unit_offset; else None."""
+    nq, nk = _head_norm(rq.x), _head_norm(rk.x)
+    if nq is None or nk is None or nq[2:] != nk[2:] or rq.x is rk.x:
+        return None
+    if not (set(rq.x.users) <= set(rq.nodes) and set(rk.x.users) <= set(rk.nodes)):
+        return None
+    return (nq[0], nk[0]), (nq[1], nk[1], *nq[2:])
+
+
 def _erase_unused(graph: fx.Graph, nodes: list[fx.Node]) -> None:
     """Erase the nodes that nothing reads any more (in order, so users go before what they read)."""
     for node in nodes:
@@ -107,15 +144,22 @@ def _erase_unused(graph: fx.Graph, nodes: list[fx.Node]) -> None:
 
 
 class FuseRopeAttention(GraphPass):
-    """attention(rotary(xq), rotary(xk), ...) -> graphllm.rope_attention(xq, xk, ..., cos, sin, ...)."""
+    """attention(rotary(xq), rotary(xk), ...) -> graphllm.rope_attention(xq, xk, ..., cos, sin, ...); with
+    fold_head_norms (the default) a per-head rms_norm of q and k before the rotary moves in too."""
 
     name = "fuse_rope_attention"
-    version = 1
+    version = 2
 
     devices = ("cuda",)
 
+    def __init__(self, fold_head_norms: bool = True):
+        self.fold_head_norms = fold_head_norms
+
+    def uuid(self) -> str:
+        return f"{super().uuid()}:norms={self.fold_head_norms}"
+
     def apply(self, graph: StepGraph) -> dict[str, int]:
-        fused = 0
+        fused = norms = 0
         for node in list(graph.graph.nodes):
             if not any(_call(node, torch.ops.graphllm.attention.default, n) for n in (11, 12)):  # logit_softcap
                 continue
@@ -123,12 +167,16 @@ class FuseRopeAttention(GraphPass):
             rq, rk = match_rotary(q), match_rotary(k)
             if rq is None or rk is None or (rq.cos, rq.sin) != (rk.cos, rk.sin):
                 continue
+            folded = _foldable_norms(rq, rk) if self.fold_head_norms else None
+            xq, xk = (rq.x, rk.x) if folded is None else folded[0]
+            args = (xq, xk, v, rq.cos, rq.sin, *rest)
+            if folded is not None:
+                args = (*args, *([0.0] if len(rest) == 8 else []), *folded[1])  # an explicit logit_softcap first
             with graph.graph.inserting_before(node):
-                new = new_node(graph.graph, torch.ops.graphllm.rope_attention.default,
-                                (rq.x, rk.x, v, rq.cos, rq.sin, *rest), node)
+                new = new_node(graph.graph, torch.ops.graphllm.rope_attention.default, args, node)
             node.replace_all_uses_with(new)
             graph.graph.erase_node(node)
-            _erase_unused(graph.graph, rq.nodes)
-            _erase_unused(graph.graph, rk.nodes)
+            _erase_unused(graph.graph, rq.nodes + rk.nodes + ([rq.x, rk.x] if folded is not None else []))
             fused += 1
-        return {"fused": fused}
+            norms += folded is not None
+        return {"fused": fused, **({"head_norms": norms} if norms else {})}
