@@ -77,6 +77,10 @@
 #              cold-disk start (the artifact evicted from the page cache), each with its start-up phases
 #   startup-full  startup with --cudagraph-mode FULL (the mixed-step graphs' capture time and memory)
 #   startup-prof  benchmarks/startup_profile.py: cProfile of a cold compile and of Engine.load (issue 19)
+#   norm-tests the decode kernel's folded q/k head norms (rope_decode NORM) on the GPU, and the Qwen3 / Gemma 3
+#              engines through compiled graphs against transformers;  ab-moe-lat  moe-lat from .ab/ (its A/B)
+#   fp8gemm    benchmarks/fp8_gemm_large_m.py: row-wise and per-tensor _scaled_mm, with and without use_fast_accum,
+#              against bf16 cuBLAS at 128-4,096 rows (issue 15's throughput)
 #   moe-lat / moe-prof / moe-tput  (issue 20) bench latency (batch 1, 8, 32; moe-lat-fp8: float8 experts and
 #              linears), its kernel profile at batch 32 (moe-prof1: at batch 1), and bench
 #              throughput of qwen3-30b-a3b with 12 of its 48 layers (preset and artifact of all 48 would not fit the disk)
@@ -268,6 +272,13 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --json "$OUT/r/$tag.json"; rm -rf $WORK/startup ;;
     startup-full) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \
         --cudagraph-mode FULL --json "$OUT/r/$tag.json"; rm -rf $WORK/startup ;;
+    ab-moe-lat) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency --preset qwen3-30b-a3b \
+        --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 --output-len 256 $LIMITS --work $WORK \
+        --json "$OUT/r/$tag.json") ;;
+    norm-tests) timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_rope_decode.py "tests/gpu/test_attention_backends.py::test_float32_graphs_match_transformers" \
+        tests/gpu/test_cuda_graphs.py -k "qwen3 or gemma3 or rope_decode or head_norms or fused" 2>&1 | grep -v "^\.*$" | tail -30 ;;
+    fp8gemm) timeout 300 python3 benchmarks/fp8_gemm_large_m.py "$OUT/r/$tag.json" ;;
     moe-lat) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
         --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     moe-lat-pdl) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
