@@ -79,6 +79,7 @@
 #   startup-prof  benchmarks/startup_profile.py: cProfile of a cold compile and of Engine.load (issue 19)
 #   norm-tests the decode kernel's folded q/k head norms (rope_decode NORM) on the GPU, and the Qwen3 / Gemma 3
 #              engines through compiled graphs against transformers;  ab-moe-lat  moe-lat from .ab/ (its A/B)
+#   fastacc-tests  the fp8 matmul kernel tests and the fp8 GPU engine tests (their agreement) alone
 #   fp8gemm    benchmarks/fp8_gemm_large_m.py: row-wise and per-tensor _scaled_mm, with and without use_fast_accum,
 #              against bf16 cuBLAS at 128-4,096 rows (issue 15's throughput)
 #   moe-lat / moe-prof / moe-tput  (issue 20) bench latency (batch 1, 8, 32; moe-lat-fp8: float8 experts and
@@ -278,6 +279,9 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     norm-tests) timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_rope_decode.py "tests/gpu/test_attention_backends.py::test_float32_graphs_match_transformers" \
         tests/gpu/test_cuda_graphs.py -k "qwen3 or gemma3 or rope_decode or head_norms or fused" 2>&1 | grep -v "^\.*$" | tail -30 ;;
+    fastacc-tests) timeout 240 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_fp8_matmul.py tests/gpu/test_quantized.py -k "fp8" 2>&1 \
+        | grep -E "FAILED|ERROR|Error|agreement|passed|failed|^E " | tail -30 ;;
     fp8gemm) timeout 300 python3 benchmarks/fp8_gemm_large_m.py "$OUT/r/$tag.json" ;;
     moe-lat) bench latency --preset qwen3-30b-a3b --preset-layers 12 --batch-sizes 1,8,32 --input-len 128 \
         --output-len 256 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;

@@ -127,12 +127,15 @@ def measure_gemm_tflops(device: torch.device, dtype: torch.dtype, n: int = 8192,
 
 def measure_fp8_gemm_tflops(device: torch.device, n: int = 8192, reps: int = 10) -> float:
     """Median rate of an n x n x n float8 e4m3 matmul with row-wise scales and bfloat16 out (torch._scaled_mm,
-    what fp8 W8A8 linears run past the small-M tiles: kernels/fp8_matmul.py), in TFLOP/s."""
+    what fp8 W8A8 linears run past the small-M tiles, with their fast accumulation: kernels/fp8_matmul.py), in
+    TFLOP/s."""
+    from graphllm.kernels.fp8_matmul import FAST_ACCUM
     a = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
     b = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)  # [N, K] row-major: b.t() is column-major
     scale_a, scale_b = torch.rand(n, 1, device=device) + 0.5, torch.rand(1, n, device=device) + 0.5
     seconds = _median_seconds(lambda: torch._scaled_mm(a, b.t(), scale_a=scale_a, scale_b=scale_b,
-                                                       out_dtype=torch.bfloat16), reps)
+                                                       out_dtype=torch.bfloat16, use_fast_accum=FAST_ACCUM),
+                             reps)
     a = b = None
     torch.cuda.empty_cache()
     return 2 * n**3 / seconds / 1e12

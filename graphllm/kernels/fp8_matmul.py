@@ -38,6 +38,7 @@ one row: float32 multiply-add.
 Where it rounds: x / x_scale is rounded once to float8 (a correctly rounded quotient, as torch divides);
 the products of two float8 values are exact; sums in float32; then * x_scale * weight_scale, + bias, one
 rounding to x's dtype (the reference's order; with SPLIT_K > 1 each split is scaled before the sum).
+_scaled_mm's rows sum in the float8 MMA's accumulator throughout (FAST_ACCUM), as vLLM's do.
 Under Triton's CPU interpreter the float32 -> float8 cast is wrong where rounding carries into the
 exponent (triton 3.9: 31.08 -> 16), so the CPU tests feed values that float8 holds exactly.
 """
@@ -92,6 +93,10 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (64, 128256, 4096): {'BLOCK_M': 64, 'BLOCK_N': 128, 'BLOCK_K': 128, 'SWAP_AB': False, 'GROUP_M': 8, 'FUSE_QUANT': False, 'num_warps': 4, 'num_stages': 4},
 }
 X_DYNAMIC, X_STATIC, X_QUANTIZED = 0, 1, 2
+# _scaled_mm sums in the float8 MMA's own accumulator, not promoted to float32 every few K steps (vLLM's sm_90 fp8
+# GEMMs do the same: CUTLASS's FP8FastAccum schedules): 10-17% off gate_up / qkv at 256-4,096 rows on an H100
+# (benchmarks/fp8_gemm_large_m.py, 2026-12-06), its max error 5e-3..1.2e-2 of max |y| against 3e-3 promoted
+FAST_ACCUM = True
 
 
 @triton.jit
@@ -315,7 +320,7 @@ def fp8_matmul_quantized(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.
     if config is None and takes_scaled_mm(m) and scaled_mm_takes(out_dtype, weight, bias):
         n = weight.shape[0]
         return torch._scaled_mm(xq, weight.t(), scale_a=x_scale.view(m, 1), scale_b=weight_scale.view(1, n),
-                                bias=bias, out_dtype=out_dtype)
+                                bias=bias, out_dtype=out_dtype, use_fast_accum=FAST_ACCUM)
     return _launch(xq, x_scale, X_QUANTIZED, weight, weight_scale, bias, out_dtype,
                    config or default_config(m, weight.shape[0], k, xq.device))
 
