@@ -5,41 +5,27 @@ without use_fast_accum, against bf16 cuBLAS; x already float8 (the graph quantiz
     python benchmarks/fp8_gemm_large_m.py OUT.json [MS]      (an sm_89+ GPU; about a minute)
 
 Timings replay a CUDA graph of calls over distinct weight copies (together ~400 MB, so the weights stream from
-HBM at the small M), the median of 7 replays; TFLOP/s counts 2 * M * N * K. Each variant's output is checked
-against the float32 product of the dequantized operands (max error relative to max |ref|), fast accumulation
-included, so that its rounding cost is on the same line as its speed.
+HBM at the small M), the median of 7 replays (quant_kernel_sweep.graph_seconds); TFLOP/s counts 2 * M * N * K.
+Each variant's output is checked against the float32 product of the dequantized operands (max error relative to
+max |ref|), fast accumulation included, so that its rounding cost is on the same line as its speed.
 """
 
 import json
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
+from quant_kernel_sweep import graph_seconds  # benchmarks/, the script's own folder
+
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 MS = (128, 256, 512, 1024, 2048, 4096)
-STREAM_BYTES, TRIALS = 400e6, 7
+STREAM_BYTES = 400e6
 
 
 def graph_us(calls: list) -> float:
     """Median microseconds of one call, from CUDA-graph replays of all calls in sequence."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    times = []
-    for _ in range(TRIALS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / len(calls))
-    return statistics.median(times)
+    return graph_seconds(calls) * 1e6
 
 
 def row_quantize(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
