@@ -45,7 +45,7 @@ from torch import fx
 import graphllm.ops.attention  # noqa: F401  (registers torch.ops.graphllm.rope_attention)
 import graphllm.ops.rms_norm  # noqa: F401  (registers torch.ops.graphllm.rms_norm, the head norms it folds)
 from graphllm.ir.graph import StepGraph, new_node
-from graphllm.passes.base import GraphPass
+from graphllm.passes.base import GraphPass, source_uuid
 
 aten = torch.ops.aten
 
@@ -156,7 +156,7 @@ class FuseRopeAttention(GraphPass):
         self.fold_head_norms = fold_head_norms
 
     def uuid(self) -> str:
-        return f"{super().uuid()}:norms={self.fold_head_norms}"
+        return source_uuid(type(self).__module__, f"{self.name}:{self.version}:norms={self.fold_head_norms}")
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
         fused = norms = 0
