@@ -28,11 +28,11 @@ def test_attention_kernels_compile_for_sm90_and_rope_keeps_eager_rounding():
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     # 12 + 2 soft-capped + 4 rotary split-kernel (bf16 and the two float8 conversions, fp8_convert.py; the rotary:
-    # bf16 and converted as loaded, rope_decode.py) + 6 over the head's halves (HALVES: split and direct, plain and
+    # bf16 and converted as loaded, rope_decode.py) + 2 with the heads' RMSNorm first (NORM: weight, 1 + weight) + 6 over the head's halves (HALVES: split and direct, plain and
     # mixed, 128-key tiles, one with the rotary) + 4 with q.K in float8 (FP8_QK), 2 reduce, 6 + 2
     # soft-capped prefill, 2 rope variants, 6 + 2 verify, a windowed prefill and verify
     # + MLA: 4 split decode, 2 reduce, 2 prefill; + MoE: 2 routing, align, 4 x 2 expert GEMMs, k-sum; + fp8: 2
     # prologues, the pre-quantized path; + programmatic dependent launch: split, reduce, rope, 3 skinny_matmul,
     # fp8, int4 GEMV, RMSNorm, SwiGLU, SwiGLU to float8 (one pass and two), routing, align, 2 expert kernels, k-sum,
     # 2 skinny_matmul with the SwiGLU epilogue
-    assert run.stdout.count("cubin") == 33 + 4 + 3 + 8 + 2 + 8 + 12 + 3 + 17 + 2, run.stdout
+    assert run.stdout.count("cubin") == 33 + 4 + 3 + 8 + 2 + 8 + 12 + 3 + 17 + 2 + 2, run.stdout
