@@ -56,6 +56,8 @@ VOCAB_WIDE = 1 << 16  # output features: a vocabulary
 PROLOGUES = {"none": 0, "rms_norm": 1, "add_rms_norm": 2, "silu_mul": 3, "gelu_mul": 4}
 EPILOGUES = {"none": 0, "silu_mul": 1, "gelu_mul": 2}  # matmul_act_mul: act(x @ gate^T) * (x @ up^T)
 MAX_COLUMN_TILES = 1 << 16  # split-K counters per device
+SUMSQ_GROUP = 16  # columns per partial sum of squares (_store_row_sumsq); column tiles are multiples of it
+_GROUP = tl.constexpr(SUMSQ_GROUP)
 # (m, N, K) -> config where a shape's one-row launch measured better than default_config's rule, each also faster
 # than cuBLAS there, so beats_cublas routes them here (benchmarks/kernel_sweep.py prologue-FAMILY, H200, 2026-11-29,
 # CUDA-graph replay, us: this config against the rule's config / cuBLAS, or the unfused ops for a prologue shape)
@@ -151,13 +153,41 @@ def _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm,
 
 
 @triton.jit
+def _store_row_sumsq(y, res_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask, n_mask, N, stride_rm,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The add_rms_norm after this product, its row statistics: h = y + residual rounded to y's dtype (as the
+    norm's add rounds it), and sumsq[m, g] = sum of h^2 over the 16 columns 16g .. 16g + 15 (float32), for the
+    BLOCK_N / 16 groups of this column tile. sumsq: [M, N // 16]."""
+    mask = m_mask[:, None] & n_mask[None, :]
+    res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)
+    h = (y.to(tl.float32) + res.to(tl.float32)).to(y.dtype).to(tl.float32)
+    groups = tl.sum(tl.reshape(h * h, (BLOCK_M, BLOCK_N // _GROUP, _GROUP)), 2)
+    g = pid_n * (BLOCK_N // _GROUP) + tl.arange(0, BLOCK_N // _GROUP)
+    G = N // _GROUP
+    tl.store(sumsq_ptr + offs_m[:, None] * G + g[None, :], groups, mask=m_mask[:, None] & (g < G)[None, :])
+
+
+@triton.jit
+def _sumsq_rstd(sumsq_ptr, offs_m, m_mask, K, eps, GROUPS: tl.constexpr):
+    """1 / sqrt(mean(h^2) + eps) per row from _store_row_sumsq's K // 16 group sums (summed here in one tree, the
+    same order in every program): [BLOCK_M, 1] float32."""
+    g = tl.arange(0, GROUPS)
+    G = K // _GROUP
+    s = tl.load(sumsq_ptr + offs_m[:, None] * G + g[None, :], mask=m_mask[:, None] & (g < G)[None, :], other=0.0)
+    return tl.math.rsqrt(tl.sum(s, 1) / K + eps)[:, None]
+
+
+@triton.jit
 def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
-                stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+                stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+                res_ptr=None, sumsq_ptr=None, stride_rm=0, SUMSQ: tl.constexpr = False):
     """Stores out + bias ([BLOCK_M, BLOCK_N] float32, this program's product) in out_ptr's dtype; with
     SPLIT_K > 1 out is one K split's partial, and the program of column tile pid_n that arrives last sums
     all splits' partials in split order (the deterministic scheme of the module docstring). Shared with the
     quantized siblings (fp8_matmul, int8_matmul, int4_matmul), whose tiles hold offs_m < BLOCK_M when split;
-    m_mask says which of those rows are real (the partials of the others are neither stored nor read)."""
+    m_mask says which of those rows are real (the partials of the others are neither stored nor read).
+    SUMSQ: the program that stores the tile also stores its rows' sums of squares with res_ptr's residual
+    added (_store_row_sumsq)."""
     if SPLIT_K > 1:
         # Partial [SPLIT_K, BLOCK_M, N] float32; the last program of this column tile to arrive sums them. Only
         # the M real rows travel (a 16-row tile at one row would write and read 16x the partial bytes).
@@ -175,12 +205,18 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
                 out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
                      mask=m_mask[:, None] & n_mask[None, :])
+            if SUMSQ:
+                _store_row_sumsq(out.to(out_ptr.dtype.element_ty), res_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask,
+                                 n_mask, N, stride_rm, BLOCK_M, BLOCK_N)
             tl.atomic_xchg(count_ptr + pid_n, 0)
     else:
         if HAS_BIAS:
             out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=m_mask[:, None] & n_mask[None, :])
+        if SUMSQ:
+            _store_row_sumsq(out.to(out_ptr.dtype.element_ty), res_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask,
+                             n_mask, N, stride_rm, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -202,12 +238,13 @@ def _act_and_mul(gate, up, bias_ptr, offs_n, n_mask, N, dtype: tl.constexpr, HAS
 
 @triton.jit(do_not_specialize=["M", "eps"])  # 2..16 rows share one compile
 def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
-                          M, N, K, K_SPLIT, eps, stride_xm, stride_rm, stride_wn, stride_om,
+                          sumsq_ptr, M, N, K, K_SPLIT, eps, stride_xm, stride_rm, stride_wn, stride_om,
                           PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
                           BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                           EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
-                          PDL: tl.constexpr, EPILOGUE: tl.constexpr = 0):
+                          PDL: tl.constexpr, EPILOGUE: tl.constexpr = 0, SUMSQ: tl.constexpr = 0,
+                          GROUPS: tl.constexpr = 1):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -221,7 +258,9 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
     if PDL:  # nothing the kernels before write is read or written before this
         dependent_start(weight_lines(w_ptr, offs_n, N, k_lo, stride_wn, BLOCK_K))
     rstd = tl.zeros([BLOCK_M, 1], dtype=tl.float32)
-    if PROLOGUE == 1 or PROLOGUE == 2:
+    if (PROLOGUE == 1 or PROLOGUE == 2) and SUMSQ == 2:  # the product before stored the rows' statistics
+        rstd = _sumsq_rstd(sumsq_ptr, offs_m, m_mask, K, eps, GROUPS)
+    elif PROLOGUE == 1 or PROLOGUE == 2:
         rstd = _row_rstd(x_ptr, res_ptr, offs_m, m_mask, K, eps, stride_xm, stride_rm, BLOCK_M, BLOCK_K, PROLOGUE)
     w_ptrs = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + (k_lo + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     if BLOCK_M == 1:
@@ -275,9 +314,9 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
         out = _act_and_mul(out, out_u, bias_ptr, offs_n, n_mask, N, out_ptr.dtype.element_ty, HAS_BIAS, EPILOGUE)
         finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
                     stride_om, False, BLOCK_M, BLOCK_N, 1)
-    else:
+    else:  # SUMSQ 1: res_ptr is the residual of the add_rms_norm after this product (PROLOGUE 0, 3 or 4)
         finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
-                    stride_om, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)
+                    stride_om, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K, res_ptr, sumsq_ptr, stride_rm, SUMSQ == 1)
 
 
 @functools.lru_cache(maxsize=None)
@@ -359,10 +398,25 @@ def fuses_activation(m: int, n: int, k: int) -> bool:
 
 def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
             config: dict | None, residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-            eps: float = 0.0, unit_offset: bool = False, epilogue: str = "none") -> tuple[torch.Tensor, torch.Tensor | None]:
+            eps: float = 0.0, unit_offset: bool = False, epilogue: str = "none",
+            sumsq: torch.Tensor | None = None, sumsq_residual: torch.Tensor | None = None,
+            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """sumsq with a norm prologue: the rows' statistics that the product before stored (row_sumsq_matmul), read in
+    place of the rows; sumsq with sumsq_residual: this product stores them into sumsq ([M, N // 16] float32)."""
     m = x.shape[0]
     n, k = weight.shape
     assert m <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1
+    sumsq_mode = 0
+    if sumsq is not None:
+        norm = prologue in ("rms_norm", "add_rms_norm")
+        assert norm == (sumsq_residual is None) and epilogue == "none", (prologue, epilogue)
+        groups = k if norm else n
+        assert groups % SUMSQ_GROUP == 0 and sumsq.shape == (m, groups // SUMSQ_GROUP), (sumsq.shape, m, groups)
+        assert sumsq.dtype == torch.float32 and sumsq.is_contiguous()
+        sumsq_mode = 2 if norm else 1
+        if sumsq_residual is not None:
+            assert sumsq_residual.shape == (m, n) and sumsq_residual.stride(-1) == 1, (sumsq_residual.shape, m, n)
+            residual = sumsq_residual
     assert x.shape[1] == (2 * k if prologue in ("silu_mul", "gelu_mul") else k), (prologue, x.shape, weight.shape)
     if epilogue != "none":  # weight [gate; up]: the output is act(gate) * up, half as wide
         assert n % 2 == 0 and prologue not in ("silu_mul", "gelu_mul"), (prologue, epilogue, weight.shape)
@@ -371,13 +425,14 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         n //= 2
     out = x.new_empty((m, n))
     new_residual = None
-    if residual is not None:
+    if residual is not None and sumsq_mode != 1:
         assert residual.shape == x.shape and residual.stride(-1) == 1
         new_residual = x.new_empty((m, k))
     if m == 0:
         return out, new_residual
     config = config or default_config(m, n, k, x.device)
     block_m, block_n, block_k = 1 if m == 1 else MAX_ROWS, config["BLOCK_N"], config["BLOCK_K"]
+    assert sumsq_mode != 1 or block_n % SUMSQ_GROUP == 0, config
     split_k = config.get("SPLIT_K", 1)
     k_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
     split_k = triton.cdiv(k, k_split)  # no empty splits
@@ -390,12 +445,14 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     _skinny_matmul_kernel[(tiles, split_k)](
         x, x if residual is None else residual, x if norm_weight is None else norm_weight,
         out if new_residual is None else new_residual, weight, weight if bias is None else bias, out, partial,
-        counters, m, n, k, k_split, eps, x.stride(0), 0 if residual is None else residual.stride(0),
+        counters, out if sumsq is None else sumsq, m, n, k, k_split, eps, x.stride(0),
+        0 if residual is None else residual.stride(0),
         weight.stride(0), out.stride(0),
         PROLOGUE=PROLOGUES[prologue], UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", EPILOGUE=EPILOGUES[epilogue],
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", EPILOGUE=EPILOGUES[epilogue], SUMSQ=sumsq_mode,
+        GROUPS=triton.next_power_of_2(k // SUMSQ_GROUP) if sumsq_mode == 2 else 1,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl_launch(x.device))
     return out, new_residual
 
@@ -409,13 +466,46 @@ def skinny_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 def rms_norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                     bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-                    config: dict | None = None, unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    config: dict | None = None, unit_offset: bool = False,
+                    sumsq: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(rms_norm(h) * norm_weight) @ weight^T + bias with h = x (+ residual): x, residual: [M, K],
     norm_weight: [K] in x's dtype -> ([M, N], h as a new [M, K] when residual is given, else None).
-    unit_offset: the norm scales by 1 + norm_weight in float32 (Gemma's)."""
+    unit_offset: the norm scales by 1 + norm_weight in float32 (Gemma's). sumsq: h's statistics as
+    row_sumsq_matmul stored them ([M, K // 16]): each program reads those instead of the rows whole."""
     assert norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
     return _launch("rms_norm" if residual is None else "add_rms_norm", x, weight, bias, config,
-                   residual=residual, norm_weight=norm_weight, eps=eps, unit_offset=unit_offset)
+                   residual=residual, norm_weight=norm_weight, eps=eps, unit_offset=unit_offset, sumsq=sumsq)
+
+
+def row_sumsq_matmul(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor | None = None,
+                     config: dict | None = None, act: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, sumsq): y = a @ weight^T + bias as skinny_matmul computes it, a = x, or with act "silu" / "gelu"
+    act(x[:, :K]) * x[:, K:] as silu_mul_matmul computes it; sumsq: [M, N // 16] float32, the sums of h^2 over
+    each 16 columns of h = y + residual (residual: [M, N], the sum rounded to x's dtype): what
+    rms_norm_matmul(y, ..., residual=residual, sumsq=sumsq) needs to normalise h without reading its rows whole.
+    The column tile must be a multiple of 16 columns, N too."""
+    prologue = {"none": "none", "silu": "silu_mul", "gelu": "gelu_mul"}[act]
+    sumsq = torch.empty((x.shape[0], weight.shape[0] // SUMSQ_GROUP), dtype=torch.float32, device=x.device)
+    out, _ = _launch(prologue, x, weight, bias, config, sumsq=sumsq, sumsq_residual=residual)
+    return out, sumsq
+
+
+def row_sumsq_reference(y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """row_sumsq_matmul's sumsq from its y, in float32: [M, N // 16]."""
+    h = (y.float() + residual.float()).to(y.dtype).float()
+    return (h * h).view(y.shape[0], -1, SUMSQ_GROUP).sum(-1)
+
+
+def takes_row_sumsq(m: int, before: tuple[int, int], after: tuple[int, int]) -> bool:
+    """Where a product of weight shape `before` ([N, K]; down_proj's with SwiGLU in its prologue too) stores the
+    row statistics of the add_rms_norm after it, and the product after it, of weight shape `after` ([N2, N]),
+    takes the norm in its prologue from them (rms_norm_matmul's sumsq): 2-8 rows where both products run this
+    kernel anyway (beats_cublas). Two norm kernels a decode layer go at those rows (the post-attention norm
+    between o_proj and gate_up, the next layer's input norm between down and qkv). One row keeps its own fused
+    norm, which reads a row of K whole in every program (gate_up at 8 rows measured 95 us against 59 for the two
+    launches that way, kernel_sweep prologue, H200, 2026-11-21; one row's 8 KB is cheap)."""
+    (n, k), (n2, k2) = before, after
+    return 2 <= m <= 8 and k2 == n and n % SUMSQ_GROUP == 0 and beats_cublas(m, n, k) and beats_cublas(m, n2, k2)
 
 
 def epilogue_config(m: int, n: int, k: int, device: torch.device) -> dict:

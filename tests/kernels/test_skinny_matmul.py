@@ -9,8 +9,8 @@ pytest.importorskip("triton")
 
 from graphllm.kernels.skinny_matmul import (  # noqa: E402
     CONFIGS, MAX_ROWS, _counters, beats_cublas, default_config, epilogue_config, fuses_activation, matmul_act_mul,
-    rms_norm_matmul,
-    rms_norm_matmul_reference, silu_mul_matmul, silu_mul_matmul_reference, skinny_matmul, skinny_matmul_reference)
+    rms_norm_matmul, rms_norm_matmul_reference, row_sumsq_matmul, row_sumsq_reference, silu_mul_matmul,
+    silu_mul_matmul_reference, skinny_matmul, skinny_matmul_reference, takes_row_sumsq)
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, assert_close, gpu_only, randn  # noqa: E402
 
 
@@ -107,6 +107,63 @@ def test_activation_folds_where_the_product_takes_the_kernel():
     assert all(fuses_activation(m, 4096, 14336) for m in (2, 4, 8))  # the 8B down at the buckets in CONFIGS
     assert not fuses_activation(16, 4096, 14336) and not fuses_activation(3, 4096, 14336)  # cuBLAS's rows
     assert not fuses_activation(8, 3072, 8192)  # Phi-3-mini's down at 8 rows runs cuBLAS, after silu_and_mul
+
+
+@pytest.mark.parametrize("act", ("none", "silu", "gelu"))
+@pytest.mark.parametrize("m, dtype, split_k", [(2, LOW_DTYPE, 1), (5, torch.float32, 2), (8, LOW_DTYPE, 3)])
+def test_row_sumsq_epilogue(m, dtype, split_k, act):
+    """The product is skinny_matmul's (or silu_mul_matmul's) to the bit, and sumsq holds the 16-column sums of
+    (y + residual)^2 with the sum rounded as the norm's add rounds it. N = 80: the last 32-column tile is half
+    past N (its second group is not stored)."""
+    k = 96
+    x = randn((m, 2 * k if act != "none" else k), dtype, 0) * 2
+    w, b = randn((80, k), dtype, 1) / k ** 0.5, randn((80,), dtype, 2)
+    r = randn((m, 80), dtype, 3) * 4
+    y, sumsq = row_sumsq_matmul(x, w, r, b, config=tiles(split_k), act=act)
+    plain = (skinny_matmul(x, w, b, config=tiles(split_k)) if act == "none"
+             else silu_mul_matmul(x, w, b, config=tiles(split_k), gelu=act == "gelu"))
+    assert torch.equal(y, plain)
+    assert sumsq.shape == (m, 5) and sumsq.dtype == torch.float32
+    torch.testing.assert_close(sumsq, row_sumsq_reference(y, r), rtol=1e-6, atol=0)
+    assert not torch.allclose(sumsq, row_sumsq_reference(y, torch.zeros_like(r)), rtol=1e-2)  # the residual counts
+    assert _counters(DEVICE).count_nonzero() == 0
+
+
+@pytest.mark.parametrize("unit_offset", (False, True))
+@pytest.mark.parametrize("m, dtype, split_k", [(2, LOW_DTYPE, 1), (4, torch.float32, 1), (8, LOW_DTYPE, 2)])
+def test_norm_prologue_from_row_sumsq(m, dtype, split_k, unit_offset):
+    """o_proj then gate_up at 2-8 rows: the second product normalises h = y + residual with the first one's
+    statistics instead of reading the rows whole, and gives the norm-then-product result (h to the bit; the
+    product within the dtype's tolerance: the mean square is summed in another order); wrong statistics would
+    show."""
+    k = 160
+    a, r = randn((m, 64), dtype, 0), randn((m, k), dtype, 1) * 3
+    w_o = randn((k, 64), dtype, 2) / 8
+    norm_w, w_up = 1 + randn((k,), dtype, 3) / 4, randn((96, k), dtype, 4) / k ** 0.5
+    y, sumsq = row_sumsq_matmul(a, w_o, r, config=tiles(1))
+    got, h = rms_norm_matmul(y, norm_w, 1e-5, w_up, residual=r, config=tiles(split_k), unit_offset=unit_offset,
+                             sumsq=sumsq)
+    want, want_h = rms_norm_matmul_reference(y, norm_w, 1e-5, w_up, residual=r, unit_offset=unit_offset)
+    assert torch.equal(h, want_h)
+    assert_close(got, want)
+    same, _ = rms_norm_matmul(y, norm_w, 1e-5, w_up, residual=r, config=tiles(split_k), unit_offset=unit_offset)
+    assert_close(got, same)
+    off, _ = rms_norm_matmul(y, norm_w, 1e-5, w_up, residual=r, config=tiles(split_k), unit_offset=unit_offset,
+                             sumsq=sumsq * 4)
+    assert not torch.allclose(off.float(), want.float(), atol=1e-2)
+
+
+def test_row_sumsq_takes_the_pairs_that_run_the_kernel():
+    """Llama-3-8B at the buckets 2, 4, 8: o_proj -> gate_up and down -> the next qkv; not one row (its own fused
+    norm), not 16 rows (cuBLAS), not a pair with a product on cuBLAS (Phi-3-mini's down and qkv at 8 rows)."""
+    o_proj, gate_up, down, qkv = (4096, 4096), (28672, 4096), (4096, 14336), (6144, 4096)
+    for m in (2, 4, 8):
+        assert takes_row_sumsq(m, o_proj, gate_up) and takes_row_sumsq(m, down, qkv)
+    assert not any(takes_row_sumsq(m, o_proj, gate_up) or takes_row_sumsq(m, down, qkv) for m in (1, 9, 16))
+    assert takes_row_sumsq(3, o_proj, gate_up) and not takes_row_sumsq(3, down, qkv)  # qkv at 3 rows: cuBLAS
+    assert takes_row_sumsq(8, (3072, 3072), (16384, 3072))  # Phi-3-mini's o_proj -> gate_up
+    assert not takes_row_sumsq(8, (3072, 8192), (9216, 3072))
+    assert not takes_row_sumsq(8, o_proj, (6144, 2048))  # the second product must read the first one's columns
 
 
 def act_mul_tiles(block_n: int) -> dict:
