@@ -84,6 +84,7 @@ class EngineConfig:
     skinny_linear: bool = True
     linear_prologue: bool = True
     linear_epilogue: bool = False
+    row_sumsq: bool = False
     fp8_linear_prologue: bool = False
     quantization: str | None = None
     quantization_group_size: int = 128
@@ -136,6 +137,7 @@ class EngineConfig:
         return CompileConfig(dtype=self.dtype, max_model_len=self.max_model_len,
                              fuse_rope_attention=self.fuse_rope_attention, skinny_linear=self.skinny_linear,
                              linear_prologue=self.linear_prologue, linear_epilogue=self.linear_epilogue,
+                             row_sumsq=self.row_sumsq,
                              fp8_linear_prologue=self.fp8_linear_prologue,
                              inductor_pdl=self.enable_pdl,
                              quantization=self.quantization,
@@ -194,6 +196,10 @@ class CompileConfig:
     # GPU graphs: SwiGLU / GeGLU in gate_up's own launch (its epilogue over [gate; up]) instead of down's prologue
     # or a kernel of its own (needs skinny_linear; graphllm/passes/lowering/linear_epilogue.py)
     linear_epilogue: bool = False
+    # GPU graphs: at 2-8 rows the product before an add_rms_norm computes the norm's row statistics in its epilogue
+    # and the next product normalises with them, so no norm kernel runs between them (needs linear_prologue;
+    # graphllm/passes/lowering/row_sumsq.py)
+    row_sumsq: bool = False
     # GPU graphs, fp8 W8A8: the norms and SwiGLU fold into the fp8 linears they feed too, so that at one row
     # the fp8 kernel computes them, the row's scale and the float8 operand itself (no norm + quantize kernel,
     # no silu_and_mul_fp8); other rows run the norm's own kernel, then fp8_linear, instead of Inductor's fused

@@ -16,7 +16,8 @@ SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
     "--seed": (int, "seed"), "--n": (int, "n"), "--logprobs": (int, "logprobs"),
 }
 # CompileConfig / EngineConfig fields that change the generated code
-PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue", "linear_epilogue", "fp8_linear_prologue",
+PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue", "linear_epilogue", "row_sumsq",
+                 "fp8_linear_prologue",
                  "quantization", "quantization_group_size", "quantize_lm_head", "tensor_parallel_size")
 
 
@@ -42,6 +43,9 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--linear-epilogue", action=argparse.BooleanOptionalAction, default=False,
                         help="GPU graphs: SwiGLU / GeGLU in gate_up's own matmul launch, not in down_proj's prologue "
                              "(batch 1) or a kernel of its own (off by default: measured slower on an H200)")
+    parser.add_argument("--row-sumsq", action=argparse.BooleanOptionalAction, default=False,
+                        help="GPU graphs: at 2-8 rows, o_proj and down_proj compute the next RMSNorm's row statistics "
+                             "in their epilogue, and the next matmul normalises with them (no norm kernel between)")
     parser.add_argument("--fp8-linear-prologue", action="store_true",
                         help="GPU graphs, fp8: fold norms and SwiGLU into the fp8 linears too (one launch at batch 1 "
                              "that also quantizes the activation; off by default: measured slower on an H200)")

@@ -478,14 +478,16 @@ def rms_norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weig
 
 
 def row_sumsq_matmul(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor | None = None,
-                     config: dict | None = None, act: str = "none") -> tuple[torch.Tensor, torch.Tensor]:
+                     config: dict | None = None, act: str = "none",
+                     sumsq: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(y, sumsq): y = a @ weight^T + bias as skinny_matmul computes it, a = x, or with act "silu" / "gelu"
     act(x[:, :K]) * x[:, K:] as silu_mul_matmul computes it; sumsq: [M, N // 16] float32, the sums of h^2 over
     each 16 columns of h = y + residual (residual: [M, N], the sum rounded to x's dtype): what
     rms_norm_matmul(y, ..., residual=residual, sumsq=sumsq) needs to normalise h without reading its rows whole.
-    The column tile must be a multiple of 16 columns, N too."""
+    The column tile must be a multiple of 16 columns, N too. sumsq: where to store them (else a new tensor)."""
     prologue = {"none": "none", "silu": "silu_mul", "gelu": "gelu_mul"}[act]
-    sumsq = torch.empty((x.shape[0], weight.shape[0] // SUMSQ_GROUP), dtype=torch.float32, device=x.device)
+    if sumsq is None:
+        sumsq = torch.empty((x.shape[0], weight.shape[0] // SUMSQ_GROUP), dtype=torch.float32, device=x.device)
     out, _ = _launch(prologue, x, weight, bias, config, sumsq=sumsq, sumsq_residual=residual)
     return out, sumsq
 

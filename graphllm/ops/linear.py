@@ -236,3 +236,67 @@ def add_rms_norm_linear_act_and_mul(x: torch.Tensor, residual: torch.Tensor, nor
 @add_rms_norm_linear_act_and_mul.register_fake
 def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False, gelu=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0] // 2)), x.new_empty(x.shape)
+
+
+# The row_sumsq pass's ops: at 2-8 rows the product before an add_rms_norm_linear stores the norm's row statistics
+# (skinny_matmul.row_sumsq_matmul), and the add_rms_norm_linear's prologue reads them instead of the norm's row
+# kernel running between the two products:
+#     y, sumsq = graphllm.linear_row_sumsq(x, weight, bias, residual, rows, act)
+#                                  = (linear(x, weight, bias), the 16-column sums of (y + residual)^2), act 0;
+#                                    act 1 / 2: silu_and_mul_linear / gelu_tanh_and_mul_linear's product
+#     graphllm.add_rms_norm_linear_sumsq(x, residual, sumsq, norm_weight, eps, weight, bias, unit_offset, rows)
+#                                  = add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias, unit_offset)
+# rows is a bit mask of the row counts where both products run skinny_matmul (skinny_matmul.takes_row_sumsq over
+# the two weights' shapes, fixed at compile time). Both ops take the kernel path at exactly those row counts in half
+# precision on CUDA (row_sumsq_active, the same test on the same rows, dtype and device); elsewhere they are the ops
+# they stand for, sumsq is left unwritten and the second op does not read it.
+ACTS = (None, False, True)  # linear_row_sumsq's act -> _act_and_mul's gelu (0: no activation)
+
+
+def row_sumsq_active(x: torch.Tensor, rows: int) -> bool:
+    """Whether linear_row_sumsq and add_rms_norm_linear_sumsq take their kernels for x's rows: a row count in the
+    bit mask `rows`, in half precision on CUDA."""
+    m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return x.is_cuda and x.dtype in HALF_DTYPES and 0 < m < 64 and bool(rows >> m & 1)
+
+
+@torch.library.custom_op("graphllm::linear_row_sumsq", mutates_args=())
+def linear_row_sumsq(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor,
+                     rows: int, act: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(y, sumsq): y = linear(x, weight, bias), or with act 1 / 2 silu_and_mul_linear / gelu_tanh_and_mul_linear's
+    product; sumsq: [..., N // 16] float32, the sums of h^2 over each 16 columns of h = y + residual (rounded to
+    x's dtype), written only where row_sumsq_active(x, rows)."""
+    n = weight.shape[0]
+    sumsq = x.new_empty((*x.shape[:-1], n // 16), dtype=torch.float32)
+    if row_sumsq_active(x, rows):
+        from graphllm.kernels.skinny_matmul import row_sumsq_matmul
+        y, _ = row_sumsq_matmul(_rows(x), weight, _rows(residual), bias, act=("none", "silu", "gelu")[act],
+                                sumsq=sumsq.view(-1, n // 16))
+        return y.view(*x.shape[:-1], n), sumsq
+    y = linear(x, weight, bias) if act == 0 else _act_and_mul_linear(x, weight, bias, gelu=ACTS[act])
+    return y, sumsq
+
+
+@linear_row_sumsq.register_fake
+def _(x, weight, bias, residual, rows, act=0):
+    n = weight.shape[0]
+    return x.new_empty((*x.shape[:-1], n)), x.new_empty((*x.shape[:-1], n // 16), dtype=torch.float32)
+
+
+@torch.library.custom_op("graphllm::add_rms_norm_linear_sumsq", mutates_args=())
+def add_rms_norm_linear_sumsq(x: torch.Tensor, residual: torch.Tensor, sumsq: torch.Tensor, norm_weight: torch.Tensor,
+                              eps: float, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                              unit_offset: bool = False, rows: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias, unit_offset); where row_sumsq_active(x,
+    rows), the norm's statistics come from sumsq (linear_row_sumsq's, for h = x + residual)."""
+    if row_sumsq_active(x, rows):
+        from graphllm.kernels.skinny_matmul import rms_norm_matmul
+        out, h = rms_norm_matmul(_rows(x), norm_weight, eps, weight, bias, residual=_rows(residual),
+                                 unit_offset=unit_offset, sumsq=sumsq.view(-1, sumsq.shape[-1]))
+        return out.view(*x.shape[:-1], weight.shape[0]), h.view(x.shape)
+    return add_rms_norm_linear(x, residual, norm_weight, eps, weight, bias, unit_offset)
+
+
+@add_rms_norm_linear_sumsq.register_fake
+def _(x, residual, sumsq, norm_weight, eps, weight, bias=None, unit_offset=False, rows=0):
+    return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape)

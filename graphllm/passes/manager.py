@@ -5,7 +5,8 @@ float ones; with fp8, --quantization or a pre-quantized checkpoint, quantize_fp8
 quantize_fp8 for the MoE experts, and a rank's shard_tp runs before both, so each rank quantizes its
 own slices), gate/up must be fused before silu·mul can match its split, and skinny_linear
 comes after every pass that matches aten.linear, linear_prologue after it (it folds norms
-into graphllm.linear), linear_epilogue after that (it takes SwiGLU out of down's prologue into gate_up), and for fp8 quantize_fp8_activations after all of them (one activation
+into graphllm.linear), linear_epilogue after that (it takes SwiGLU out of down's prologue into gate_up), row_sumsq
+after those (it pairs a product with the add_rms_norm_linear after it), and for fp8 quantize_fp8_activations after all of them (one activation
 quantization per fused linear); clean-up (no-op elimination, then dead code) always runs last. A pass
 meant for some devices only (`GraphPass.devices`) is skipped on other graphs, and its report
 says why. `uuid()` hashes the list and every pass's uuid,
@@ -66,6 +67,7 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
     from graphllm.passes.lowering.linear_epilogue import LinearEpilogue
     from graphllm.passes.lowering.linear_prologue import LinearPrologue
+    from graphllm.passes.lowering.row_sumsq import RowSumsq
     from graphllm.passes.lowering.skinny_linear import SkinnyLinear
     from graphllm.passes.quantization.quantize_fp8_activations import QuantizeFP8Activations
     from graphllm.passes.quantization.quantize_fp8_experts import QuantizeFP8Experts
@@ -79,7 +81,8 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
               (config.skinny_linear, SkinnyLinear),
               (config.skinny_linear and config.linear_prologue,
                lambda: LinearPrologue(fp8=config.fp8_linear_prologue)),
-              (config.skinny_linear and config.linear_epilogue, LinearEpilogue)]
+              (config.skinny_linear and config.linear_epilogue, LinearEpilogue),
+              (config.skinny_linear and config.linear_prologue and config.row_sumsq, RowSumsq)]
     linears = quantization_pass(config, prequantized)
     quantize = [linears] if linears else []
     scheme = prequantized.scheme if prequantized is not None else config.quantization

@@ -1,0 +1,113 @@
+"""RowSumsq: the product before an add_rms_norm_linear stores the norm's row statistics; same logits and KV writes."""
+
+import pytest
+import torch
+
+from graphllm.config import CompileConfig
+from graphllm.ops.linear import (add_rms_norm_linear, add_rms_norm_linear_sumsq, gelu_tanh_and_mul_linear,
+                                 linear_row_sumsq, silu_and_mul_linear)
+from graphllm.passes.lowering import row_sumsq
+from graphllm.passes.lowering.linear_epilogue import LinearEpilogue
+from graphllm.passes.lowering.linear_prologue import LinearPrologue
+from graphllm.passes.lowering.row_sumsq import RowSumsq, row_mask
+from graphllm.passes.manager import PassManager
+from graphllm.passes.utility.dce import DeadCodeElimination
+from tests.passes.harness import assert_same_function, copy_graph
+from tests.passes.test_linear_prologue import prepared, targets
+
+ops = torch.ops.graphllm
+
+
+def rewritten(arch: str, epilogue: bool = False):
+    before, config = prepared(arch)
+    LinearPrologue()(before)
+    if epilogue:
+        LinearEpilogue()(before)
+    after = copy_graph(before)
+    counts = RowSumsq()(after)
+    DeadCodeElimination()(after)
+    return before, after, counts, config
+
+
+def test_tiny_llama_pairs_o_proj_with_gate_up():
+    """The tiny Llama's o_proj [64, 64] and gate_up [256, 64] both run the kernel at 2-8 rows; its down [64, 128]
+    and qkv [128, 64] do not (cuBLAS), so those norms stay. The same function, exactly (CPU: the ops' parts)."""
+    before, after, counts, config = rewritten("llama")
+    layers = config.num_hidden_layers
+    assert counts == {"none": layers, "silu": 0, "gelu": 0}
+    found = targets(after)
+    assert found.count(ops.linear_row_sumsq.default) == layers
+    assert found.count(ops.add_rms_norm_linear_sumsq.default) == layers
+    assert found.count(ops.add_rms_norm_linear.default) == layers - 1  # the next layers' input norms
+    masks = {n.args[4] for n in after.graph.nodes if n.target == ops.linear_row_sumsq.default}
+    assert masks == {sum(1 << m for m in range(2, 9))}
+    assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen2"))  # qwen2: the qkv bias goes along
+def test_every_pair_when_every_shape_takes_the_kernel(arch, monkeypatch):
+    """With the rule saying yes to every shape, down_proj (SwiGLU in its prologue) pairs with the next layer's qkv
+    too, and no add_rms_norm_linear is left; the last layer's down stays (the final norm is a plain add_rms_norm
+    before the row gather)."""
+    monkeypatch.setattr(row_sumsq, "takes_row_sumsq", lambda m, before, after: 2 <= m <= 8)
+    before, after, counts, config = rewritten(arch)
+    layers = config.num_hidden_layers
+    assert counts == {"none": layers, "silu": layers - 1, "gelu": 0}
+    found = targets(after)
+    assert ops.add_rms_norm_linear.default not in found and ops.silu_and_mul_linear.default in found  # the last down
+    acts = sorted(n.args[5] for n in after.graph.nodes if n.target == ops.linear_row_sumsq.default)
+    assert acts == [0] * layers + [1] * (layers - 1)
+    assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
+
+
+def test_with_the_epilogue_pass_only_down_pairs(monkeypatch):
+    """linear_epilogue takes gate_up's norm into add_rms_norm_linear_act_and_mul: that pair stays; down (a plain
+    linear now) still pairs with the next qkv."""
+    monkeypatch.setattr(row_sumsq, "takes_row_sumsq", lambda m, before, after: 2 <= m <= 8)
+    before, after, counts, config = rewritten("llama", epilogue=True)
+    assert counts == {"none": config.num_hidden_layers - 1, "silu": 0, "gelu": 0}
+    assert_same_function(before, after, config, seeds=(1,), atol=0.0)
+
+
+def test_gemma_post_norms_leave_nothing_to_pair():
+    """Gemma 2 normalises attention's output before the add (its post-norm): o_proj does not feed the
+    add_rms_norm_linear, so nothing is rewritten."""
+    _, _, counts, _ = rewritten("gemma2")
+    assert counts == {"none": 0, "silu": 0, "gelu": 0}
+
+
+def test_row_mask():
+    full = sum(1 << m for m in range(2, 9))
+    assert row_mask((4096, 4096), (28672, 4096)) == full  # Llama-3-8B o_proj -> gate_up
+    assert row_mask((4096, 14336), (6144, 4096)) == (1 << 2) | (1 << 4) | (1 << 8)  # down -> qkv: CONFIGS' buckets
+    assert row_mask((3072, 8192), (9216, 3072)) == 0  # Phi-3-mini's down and qkv at 2-8 rows: cuBLAS
+    assert row_mask(None, (28672, 4096)) == 0 and row_mask((4096, 4096), (28672, 2048)) == 0
+
+
+def test_ops_equal_their_parts_off_the_kernel_path():
+    """CPU (and rows outside the mask on CUDA): the product is the op it stands for, exactly, and the norm op is
+    add_rms_norm_linear, whatever sumsq holds."""
+    gen = torch.Generator().manual_seed(0)
+    x, r = torch.randn(5, 3, 32, generator=gen), torch.randn(5, 3, 48, generator=gen)
+    w, b = torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen)
+    full = sum(1 << m for m in range(2, 9))
+    y, sumsq = linear_row_sumsq(x, w, b, r, full, 0)
+    assert torch.equal(y, torch.nn.functional.linear(x, w, b)) and sumsq.shape == (5, 3, 3)
+    wide = torch.randn(5, 3, 64, generator=gen)
+    assert torch.equal(linear_row_sumsq(wide, w, None, r, full, 1)[0], silu_and_mul_linear(wide, w))
+    assert torch.equal(linear_row_sumsq(wide, w, None, r, full, 2)[0], gelu_tanh_and_mul_linear(wide, w))
+    nw, w2 = torch.randn(48, generator=gen), torch.randn(16, 48, generator=gen)
+    out, h = add_rms_norm_linear_sumsq(y, r, torch.full_like(sumsq, float("nan")), nw, 1e-5, w2, None, True, full)
+    want, want_h = add_rms_norm_linear(y, r, nw, 1e-5, w2, None, True)
+    assert torch.equal(out, want) and torch.equal(h, want_h)
+
+
+def test_the_switch_is_in_the_pass_list_and_its_uuid():
+    on, off = PassManager(CompileConfig(row_sumsq=True)), PassManager(CompileConfig())
+    names = [p.name for p in on.passes]
+    assert "row_sumsq" in names and "row_sumsq" not in [p.name for p in off.passes]
+    assert names.index("linear_prologue") < names.index("row_sumsq")
+    both = [p.name for p in PassManager(CompileConfig(row_sumsq=True, linear_epilogue=True)).passes]
+    assert both.index("linear_epilogue") < both.index("row_sumsq")
+    assert on.uuid() != off.uuid()
+    assert "row_sumsq" not in [p.name for p in PassManager(CompileConfig(row_sumsq=True, linear_prologue=False)).passes]
