@@ -8,6 +8,8 @@
 #   skinny     the skinny_matmul / row-kernel tests and the skinny_linear / linear_prologue pass tests alone
 #   nofused8-B steps8-B compiled with --no-linear-prologue (norms and SwiGLU as their own kernels again)
 #   latency1-B bench latency at batch 1 and 8 only, backend B
+#   STAGE-sumsq  a bench stage compiled with --row-sumsq (o_proj / down store the next norm's row statistics at
+#              2-8 rows);  sumsq-tests  its kernel tests on the GPU and its 8-row teacher-forced agreement
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager); 540 s: with a
 #              cold Triton cache tests/kernels alone took most of the old 330 s limit on 2026-11-24
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
@@ -127,6 +129,7 @@ for tag in "$@"; do
   stage=$tag BENCH_EXTRA=""  # tag names the outputs; stage picks the commands below
   case $tag in *-nopdl) stage=${tag%-nopdl} BENCH_EXTRA="--no-enable-pdl" ;; esac
   case $stage in *-noepi) stage=${stage%-noepi} BENCH_EXTRA="$BENCH_EXTRA --no-linear-epilogue" ;; esac
+  case $stage in *-sumsq) stage=${stage%-sumsq} BENCH_EXTRA="$BENCH_EXTRA --row-sumsq" ;; esac
   # a stage that writes a preset and its artifact needs ~35 GB at the 8B-9B shapes: on a machine that already
   # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk). A stage whose preset
   # is already there needs at most another artifact (~16 GB): it keeps them unless under 20 GB are free (every 8B
@@ -182,7 +185,10 @@ for tag in "$@"; do
     skinny) timeout 120 python3 -m pytest -q -rs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_rms_norm.py tests/kernels/test_silu_and_mul.py \
         tests/passes/test_skinny_linear.py tests/passes/test_linear_prologue.py tests/passes/test_linear_epilogue.py \
-        2>&1 | tail -8 ;;
+        tests/passes/test_row_sumsq.py 2>&1 | tail -8 ;;
+    sumsq-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_skinny_matmul.py tests/gpu/test_attention_backends.py -k "sumsq or act_prologue" 2>&1 \
+        | grep -E "agreement|passed|failed|FAIL|Error" | tail -12 ;;
     full-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/gpu/test_mixed_graphs.py tests/runtime/test_mixed_graphs.py tests/gpu/test_cuda_graphs.py 2>&1 \
         | grep -v "DEBUG" | tail -30 ;;

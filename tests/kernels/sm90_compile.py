@@ -234,6 +234,14 @@ def pdl_variants():
     yield skinny_matmul._skinny_matmul_kernel, types, dict(
         tile, PROLOGUE=skinny_matmul.PROLOGUES["silu_mul"], BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=2), \
         {"num_stages": 4, "launch_pdl": True}
+    # row_sumsq at 2-8 rows: o_proj (32-column tiles) and the 8B down (SwiGLU prologue, 2 K splits) store the next
+    # norm's row statistics; gate_up / qkv (64-column tiles) normalise with them (K 4096: 256 groups)
+    sumsq_types = dict(types, sumsq_ptr="*fp32")
+    for prologue, block_n, split_k, sumsq, groups in ((0, 32, 1, 1, 1), (skinny_matmul.PROLOGUES["silu_mul"], 64, 2, 1, 1),
+                                                      (skinny_matmul.PROLOGUES["add_rms_norm"], 64, 1, 2, 256)):
+        yield skinny_matmul._skinny_matmul_kernel, sumsq_types, dict(
+            tile, PROLOGUE=prologue, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=256, SPLIT_K=split_k, SUMSQ=sumsq,
+            GROUPS=groups), {"num_stages": 4, "launch_pdl": True}
     # the SwiGLU epilogue over [gate; up] (linear_epilogue): batch 1's gate_up with its norm, 8 rows' dot tiles
     for prologue, block_m, block_n in ((skinny_matmul.PROLOGUES["add_rms_norm"], 1, 8), (0, 16, 32)):
         yield skinny_matmul._skinny_matmul_kernel, types, dict(
@@ -294,7 +302,7 @@ def main() -> int:
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
                                                                "WINDOWED", "ROPE", "HALVES",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
-                                                               "X_MODE", "PROLOGUE", "EPILOGUE", "PDL")}
+                                                               "X_MODE", "PROLOGUE", "EPILOGUE", "SUMSQ", "PDL")}
         try:
             print(f"{kernel.__name__} {flags}: {check(kernel, types, constexprs, options)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every variant, then fail
