@@ -196,9 +196,9 @@ class CompileConfig:
     # GPU graphs: SwiGLU / GeGLU in gate_up's own launch (its epilogue over [gate; up]) instead of down's prologue
     # or a kernel of its own (needs skinny_linear; graphllm/passes/lowering/linear_epilogue.py)
     linear_epilogue: bool = False
-    # GPU graphs: at 2-8 rows the product before an add_rms_norm computes the norm's row statistics in its epilogue
-    # and the next product normalises with them, so no norm kernel runs between them (needs linear_prologue;
-    # graphllm/passes/lowering/row_sumsq.py)
+    # GPU graphs: at 1-8 rows the product before an add_rms_norm computes the norm's row statistics in its epilogue
+    # and the next product normalises with them: no norm kernel between them at 2-8 rows, no read of the row
+    # before the weight stream at one (needs linear_prologue; graphllm/passes/lowering/row_sumsq.py)
     row_sumsq: bool = False
     # GPU graphs, fp8 W8A8: the norms and SwiGLU fold into the fp8 linears they feed too, so that at one row
     # the fp8 kernel computes them, the row's scale and the float8 operand itself (no norm + quantize kernel,

@@ -44,7 +44,7 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
                         help="GPU graphs: SwiGLU / GeGLU in gate_up's own matmul launch, not in down_proj's prologue "
                              "(batch 1) or a kernel of its own (off by default: measured slower on an H200)")
     parser.add_argument("--row-sumsq", action=argparse.BooleanOptionalAction, default=False,
-                        help="GPU graphs: at 2-8 rows, o_proj and down_proj compute the next RMSNorm's row statistics "
+                        help="GPU graphs: at 1-8 rows, o_proj and down_proj compute the next RMSNorm's row statistics "
                              "in their epilogue, and the next matmul normalises with them (no norm kernel between)")
     parser.add_argument("--fp8-linear-prologue", action="store_true",
                         help="GPU graphs, fp8: fold norms and SwiGLU into the fp8 linears too (one launch at batch 1 "

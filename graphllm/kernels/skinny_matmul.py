@@ -501,13 +501,19 @@ def row_sumsq_reference(y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor
 def takes_row_sumsq(m: int, before: tuple[int, int], after: tuple[int, int]) -> bool:
     """Where a product of weight shape `before` ([N, K]; down_proj's with SwiGLU in its prologue too) stores the
     row statistics of the add_rms_norm after it, and the product after it, of weight shape `after` ([N2, N]),
-    takes the norm in its prologue from them (rms_norm_matmul's sumsq): 2-8 rows where both products run this
-    kernel anyway (beats_cublas). Two norm kernels a decode layer go at those rows (the post-attention norm
-    between o_proj and gate_up, the next layer's input norm between down and qkv). One row keeps its own fused
-    norm, which reads a row of K whole in every program (gate_up at 8 rows measured 95 us against 59 for the two
-    launches that way, kernel_sweep prologue, H200, 2026-11-21; one row's 8 KB is cheap)."""
+    takes the norm in its prologue from them (rms_norm_matmul's sumsq):
+    - one row where the first product runs this kernel (the norm after it is the next product's one-row prologue
+      whatever that product's shape, ops/linear.takes_fused_kernel): each of its programs read the row whole
+      first, 8 KB at K 4096 (plus the residual's), K / BLOCK_K dependent steps before its weight stream;
+    - 2-8 rows where both products run this kernel anyway (beats_cublas): the norm's row kernel between them goes
+      (the prologue would read the rows whole in every program: gate_up at 8 rows measured 95 us against 59 for
+      the two launches that way, kernel_sweep prologue, H200, 2026-11-21).
+    A decode layer's two norms (the post-attention norm between o_proj and gate_up, the next layer's input norm
+    between down and qkv) are the pairs."""
     (n, k), (n2, k2) = before, after
-    return 2 <= m <= 8 and k2 == n and n % SUMSQ_GROUP == 0 and beats_cublas(m, n, k) and beats_cublas(m, n2, k2)
+    if k2 != n or n % SUMSQ_GROUP or not beats_cublas(m, n, k):
+        return False
+    return m == 1 or (2 <= m <= 8 and beats_cublas(m, n2, k2))
 
 
 def epilogue_config(m: int, n: int, k: int, device: torch.device) -> dict:

@@ -238,9 +238,9 @@ def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False, gelu=
     return x.new_empty((*x.shape[:-1], weight.shape[0] // 2)), x.new_empty(x.shape)
 
 
-# The row_sumsq pass's ops: at 2-8 rows the product before an add_rms_norm_linear stores the norm's row statistics
+# The row_sumsq pass's ops: at 1-8 rows the product before an add_rms_norm_linear stores the norm's row statistics
 # (skinny_matmul.row_sumsq_matmul), and the add_rms_norm_linear's prologue reads them instead of the norm's row
-# kernel running between the two products:
+# kernel running between the two products (2-8 rows) or of reading the row whole first (one row):
 #     y, sumsq = graphllm.linear_row_sumsq(x, weight, bias, residual, rows, act)
 #                                  = (linear(x, weight, bias), the 16-column sums of (y + residual)^2), act 0;
 #                                    act 1 / 2: silu_and_mul_linear / gelu_tanh_and_mul_linear's product

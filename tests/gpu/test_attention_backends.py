@@ -175,12 +175,13 @@ def test_bf16_teacher_forced_batch1_through_fused_prologues(bf16_model, historie
     assert value >= transformers_agreement - 0.01
 
 
-def test_bf16_eight_rows_with_row_sumsq(bf16_model, histories_and_reference, transformers_agreement,
-                                       fuse_rope_attention):
-    """row_sumsq: the eight sequences decode together from the 8-row graph, where o_proj stores the post-attention
-    norm's row statistics and gate_up normalises with them (this model's o_proj [512, 512] and gate_up [2048, 512]
-    both run skinny_matmul at 8 rows): as close to the eager engine as transformers is, within one point, and the
-    rows nearly all those of the same engine without the pass (the mean square is summed in another order)."""
+def test_bf16_with_row_sumsq_at_one_and_eight_rows(bf16_model, histories_and_reference, transformers_agreement,
+                                                   fuse_rope_attention):
+    """row_sumsq: o_proj stores the post-attention norm's row statistics and gate_up normalises with them (this
+    model's o_proj [512, 512] and gate_up [2048, 512] run skinny_matmul at 1-8 rows; down with the next qkv at one
+    row), decoding the eight sequences together (the 8-row graph) and one at a time (the 1-row graph): as close
+    to the eager engine as transformers is, within one point, and the rows nearly all those of the same engine
+    without the pass (the mean square is summed in another order)."""
     histories, reference = histories_and_reference
     config = bf16_config(bf16_model, fuse_rope_attention)
     arts = {on: compile_cached(dataclasses.replace(config, row_sumsq=on), bf16_model) for on in (False, True)}
@@ -189,13 +190,15 @@ def test_bf16_eight_rows_with_row_sumsq(bf16_model, histories_and_reference, tra
     rows = {}
     for on in (False, True):
         engine = Engine.load(arts[on], attention_backend="triton", async_scheduling=False)
-        rows[on] = teacher_forced_top1(engine, histories)
-        assert engine.runner.graphs.replays >= FORCED_LEN - 1
+        rows[on] = teacher_forced_top1(engine, histories), [
+            row for history in histories for row in teacher_forced_top1(engine, [history])]
+        assert engine.runner.graphs.replays >= 2 * (FORCED_LEN - 1)
         del engine
-    value, same = agreement(reference, rows[True]), agreement(rows[False], rows[True])
-    print(f"row_sumsq, 8 rows: teacher-forced top-1 agreement with the eager engine {value:.4f}, "
-          f"with the same engine without the pass {same:.4f}")
-    assert value >= transformers_agreement - 0.01 and same >= 0.98
+    for i, batch in enumerate(("8 rows", "1 row")):
+        value, same = agreement(reference, rows[True][i]), agreement(rows[False][i], rows[True][i])
+        print(f"row_sumsq, {batch}: teacher-forced top-1 agreement with the eager engine {value:.4f}, "
+              f"with the same engine without the pass {same:.4f}")
+        assert value >= transformers_agreement - 0.01 and same >= 0.98
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),

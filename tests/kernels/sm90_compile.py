@@ -237,10 +237,13 @@ def pdl_variants():
     # row_sumsq at 2-8 rows: o_proj (32-column tiles) and the 8B down (SwiGLU prologue, 2 K splits) store the next
     # norm's row statistics; gate_up / qkv (64-column tiles) normalise with them (K 4096: 256 groups)
     sumsq_types = dict(types, sumsq_ptr="*fp32")
-    for prologue, block_n, split_k, sumsq, groups in ((0, 32, 1, 1, 1), (skinny_matmul.PROLOGUES["silu_mul"], 64, 2, 1, 1),
-                                                      (skinny_matmul.PROLOGUES["add_rms_norm"], 64, 1, 2, 256)):
+    # (at one row: o_proj's and down's 32-column tiles in 4 K splits, and the fused qkv's 16 x 512 reading them)
+    silu, norm = skinny_matmul.PROLOGUES["silu_mul"], skinny_matmul.PROLOGUES["add_rms_norm"]
+    for block_m, prologue, block_n, block_k, split_k, sumsq, groups in (
+            (16, 0, 32, 256, 1, 1, 1), (16, silu, 64, 256, 2, 1, 1), (16, norm, 64, 256, 1, 2, 256),
+            (1, 0, 32, 256, 4, 1, 1), (1, silu, 32, 256, 4, 1, 1), (1, norm, 16, 512, 1, 2, 256)):
         yield skinny_matmul._skinny_matmul_kernel, sumsq_types, dict(
-            tile, PROLOGUE=prologue, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=256, SPLIT_K=split_k, SUMSQ=sumsq,
+            tile, PROLOGUE=prologue, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, SUMSQ=sumsq,
             GROUPS=groups), {"num_stages": 4, "launch_pdl": True}
     # the SwiGLU epilogue over [gate; up] (linear_epilogue): batch 1's gate_up with its norm, 8 rows' dot tiles
     for prologue, block_m, block_n in ((skinny_matmul.PROLOGUES["add_rms_norm"], 1, 8), (0, 16, 32)):

@@ -110,7 +110,8 @@ def test_activation_folds_where_the_product_takes_the_kernel():
 
 
 @pytest.mark.parametrize("act", ("none", "silu", "gelu"))
-@pytest.mark.parametrize("m, dtype, split_k", [(2, LOW_DTYPE, 1), (5, torch.float32, 2), (8, LOW_DTYPE, 3)])
+@pytest.mark.parametrize("m, dtype, split_k", [(1, LOW_DTYPE, 1), (1, torch.float32, 4), (2, LOW_DTYPE, 1),
+                                              (5, torch.float32, 2), (8, LOW_DTYPE, 3)])
 def test_row_sumsq_epilogue(m, dtype, split_k, act):
     """The product is skinny_matmul's (or silu_mul_matmul's) to the bit, and sumsq holds the 16-column sums of
     (y + residual)^2 with the sum rounded as the norm's add rounds it. N = 80: the last 32-column tile is half
@@ -130,9 +131,10 @@ def test_row_sumsq_epilogue(m, dtype, split_k, act):
 
 
 @pytest.mark.parametrize("unit_offset", (False, True))
-@pytest.mark.parametrize("m, dtype, split_k", [(2, LOW_DTYPE, 1), (4, torch.float32, 1), (8, LOW_DTYPE, 2)])
+@pytest.mark.parametrize("m, dtype, split_k", [(1, LOW_DTYPE, 1), (1, torch.float32, 2), (2, LOW_DTYPE, 1),
+                                              (4, torch.float32, 1), (8, LOW_DTYPE, 2)])
 def test_norm_prologue_from_row_sumsq(m, dtype, split_k, unit_offset):
-    """o_proj then gate_up at 2-8 rows: the second product normalises h = y + residual with the first one's
+    """o_proj then gate_up at 1-8 rows: the second product normalises h = y + residual with the first one's
     statistics instead of reading the rows whole, and gives the norm-then-product result (h to the bit; the
     product within the dtype's tolerance: the mean square is summed in another order); wrong statistics would
     show."""
@@ -154,12 +156,14 @@ def test_norm_prologue_from_row_sumsq(m, dtype, split_k, unit_offset):
 
 
 def test_row_sumsq_takes_the_pairs_that_run_the_kernel():
-    """Llama-3-8B at the buckets 2, 4, 8: o_proj -> gate_up and down -> the next qkv; not one row (its own fused
-    norm), not 16 rows (cuBLAS), not a pair with a product on cuBLAS (Phi-3-mini's down and qkv at 8 rows)."""
+    """Llama-3-8B at one row and the buckets 2, 4, 8: o_proj -> gate_up and down -> the next qkv (at one row the
+    second product is the fused one-row launch whatever its shape); not 16 rows (cuBLAS), not a pair with a
+    product on cuBLAS (Phi-3-mini's down and qkv at 8 rows)."""
     o_proj, gate_up, down, qkv = (4096, 4096), (28672, 4096), (4096, 14336), (6144, 4096)
-    for m in (2, 4, 8):
+    for m in (1, 2, 4, 8):
         assert takes_row_sumsq(m, o_proj, gate_up) and takes_row_sumsq(m, down, qkv)
-    assert not any(takes_row_sumsq(m, o_proj, gate_up) or takes_row_sumsq(m, down, qkv) for m in (1, 9, 16))
+    assert not any(takes_row_sumsq(m, o_proj, gate_up) or takes_row_sumsq(m, down, qkv) for m in (9, 16))
+    assert not takes_row_sumsq(1, (14336, 4096), (4096, 14336))  # a first product on cuBLAS at one row
     assert takes_row_sumsq(3, o_proj, gate_up) and not takes_row_sumsq(3, down, qkv)  # qkv at 3 rows: cuBLAS
     assert takes_row_sumsq(8, (3072, 3072), (16384, 3072))  # Phi-3-mini's o_proj -> gate_up
     assert not takes_row_sumsq(8, (3072, 8192), (9216, 3072))

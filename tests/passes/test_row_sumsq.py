@@ -29,18 +29,18 @@ def rewritten(arch: str, epilogue: bool = False):
     return before, after, counts, config
 
 
-def test_tiny_llama_pairs_o_proj_with_gate_up():
-    """The tiny Llama's o_proj [64, 64] and gate_up [256, 64] both run the kernel at 2-8 rows; its down [64, 128]
-    and qkv [128, 64] do not (cuBLAS), so those norms stay. The same function, exactly (CPU: the ops' parts)."""
+def test_tiny_llama_pairs_every_norm_after_a_product():
+    """The tiny Llama's o_proj [64, 64] and gate_up [256, 64] both run the kernel at 1-8 rows; its down [64, 128]
+    runs it at one row only (qkv [128, 64] at 2-8 rows and down there: cuBLAS), so down pairs with the next qkv
+    for one row. The same function, exactly (CPU: the ops' parts)."""
     before, after, counts, config = rewritten("llama")
     layers = config.num_hidden_layers
-    assert counts == {"none": layers, "silu": 0, "gelu": 0}
+    assert counts == {"none": layers, "silu": layers - 1, "gelu": 0}
     found = targets(after)
-    assert found.count(ops.linear_row_sumsq.default) == layers
-    assert found.count(ops.add_rms_norm_linear_sumsq.default) == layers
-    assert found.count(ops.add_rms_norm_linear.default) == layers - 1  # the next layers' input norms
-    masks = {n.args[4] for n in after.graph.nodes if n.target == ops.linear_row_sumsq.default}
-    assert masks == {sum(1 << m for m in range(2, 9))}
+    assert found.count(ops.linear_row_sumsq.default) == 2 * layers - 1
+    assert ops.add_rms_norm_linear.default not in found
+    masks = {n.args[5]: n.args[4] for n in after.graph.nodes if n.target == ops.linear_row_sumsq.default}
+    assert masks == {0: sum(1 << m for m in range(1, 9)), 1: 1 << 1}
     assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
 
 
@@ -49,7 +49,7 @@ def test_every_pair_when_every_shape_takes_the_kernel(arch, monkeypatch):
     """With the rule saying yes to every shape, down_proj (SwiGLU in its prologue) pairs with the next layer's qkv
     too, and no add_rms_norm_linear is left; the last layer's down stays (the final norm is a plain add_rms_norm
     before the row gather)."""
-    monkeypatch.setattr(row_sumsq, "takes_row_sumsq", lambda m, before, after: 2 <= m <= 8)
+    monkeypatch.setattr(row_sumsq, "takes_row_sumsq", lambda m, before, after: 1 <= m <= 8)
     before, after, counts, config = rewritten(arch)
     layers = config.num_hidden_layers
     assert counts == {"none": layers, "silu": layers - 1, "gelu": 0}
@@ -63,7 +63,7 @@ def test_every_pair_when_every_shape_takes_the_kernel(arch, monkeypatch):
 def test_with_the_epilogue_pass_only_down_pairs(monkeypatch):
     """linear_epilogue takes gate_up's norm into add_rms_norm_linear_act_and_mul: that pair stays; down (a plain
     linear now) still pairs with the next qkv."""
-    monkeypatch.setattr(row_sumsq, "takes_row_sumsq", lambda m, before, after: 2 <= m <= 8)
+    monkeypatch.setattr(row_sumsq, "takes_row_sumsq", lambda m, before, after: 1 <= m <= 8)
     before, after, counts, config = rewritten("llama", epilogue=True)
     assert counts == {"none": config.num_hidden_layers - 1, "silu": 0, "gelu": 0}
     assert_same_function(before, after, config, seeds=(1,), atol=0.0)
@@ -77,11 +77,12 @@ def test_gemma_post_norms_leave_nothing_to_pair():
 
 
 def test_row_mask():
-    full = sum(1 << m for m in range(2, 9))
+    full = sum(1 << m for m in range(1, 9))
     assert row_mask((4096, 4096), (28672, 4096)) == full  # Llama-3-8B o_proj -> gate_up
-    assert row_mask((4096, 14336), (6144, 4096)) == (1 << 2) | (1 << 4) | (1 << 8)  # down -> qkv: CONFIGS' buckets
-    assert row_mask((3072, 8192), (9216, 3072)) == 0  # Phi-3-mini's down and qkv at 2-8 rows: cuBLAS
+    assert row_mask((4096, 14336), (6144, 4096)) == 2 | 4 | 16 | 256  # down -> qkv: one row and CONFIGS' buckets
+    assert row_mask((3072, 8192), (9216, 3072)) == 2  # Phi-3-mini's down and qkv at 2-8 rows: cuBLAS
     assert row_mask(None, (28672, 4096)) == 0 and row_mask((4096, 4096), (28672, 2048)) == 0
+    assert row_mask((14336, 4096), (4096, 14336)) == 0  # a product on cuBLAS at every row count
 
 
 def test_ops_equal_their_parts_off_the_kernel_path():
@@ -90,7 +91,7 @@ def test_ops_equal_their_parts_off_the_kernel_path():
     gen = torch.Generator().manual_seed(0)
     x, r = torch.randn(5, 3, 32, generator=gen), torch.randn(5, 3, 48, generator=gen)
     w, b = torch.randn(48, 32, generator=gen), torch.randn(48, generator=gen)
-    full = sum(1 << m for m in range(2, 9))
+    full = sum(1 << m for m in range(1, 9))
     y, sumsq = linear_row_sumsq(x, w, b, r, full, 0)
     assert torch.equal(y, torch.nn.functional.linear(x, w, b)) and sumsq.shape == (5, 3, 3)
     wide = torch.randn(5, 3, 64, generator=gen)

@@ -1,11 +1,13 @@
 """RowSumsq: the product before an add_rms_norm_linear computes that norm's row statistics in its epilogue.
 
-Runs after `linear_prologue` (and `linear_epilogue` when on) on GPU graphs. At 2-8 rows a norm in a product's
-prologue would read its rows whole in every program (graphllm/kernels/skinny_matmul.py), so linear_prologue's
-add_rms_norm_linear runs the norm's row kernel there, then the product. With this pass the product before it
-(o_proj, or down_proj with SwiGLU in its prologue) adds the residual to each output tile it stores and stores the
-16-column sums of squares of that sum; the next product normalises each operand tile with them. A decode layer at
-2-8 rows then runs no norm kernel: the post-attention norm and the next layer's input norm go. Before and after:
+Runs after `linear_prologue` (and `linear_epilogue` when on) on GPU graphs. A norm in a product's prologue reads
+its rows whole in every program before the weight stream (graphllm/kernels/skinny_matmul.py): at one row that is
+the fused launch linear_prologue makes, at 2-8 rows it measured too slow, so add_rms_norm_linear runs the norm's row
+kernel there, then the product. With this pass the product before it (o_proj, or down_proj with SwiGLU in its
+prologue) adds the residual to each output tile it stores and stores the 16-column sums of squares of that sum; the
+next product normalises each operand tile with them (skinny_matmul.takes_row_sumsq says where). At 2-8 rows a
+decode layer then runs no norm kernel (the post-attention norm and the next layer's input norm go); at one row the
+fused launches start their weight streams without first reading the rows. Before and after:
 
     o = graphllm.linear.default(attn, w_o)
     f = graphllm.add_rms_norm_linear.default(h, o, w_norm, eps, w_gate_up)
@@ -50,7 +52,7 @@ def row_mask(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> i
     """The rows bit mask for products of weight shapes before and after ([N, K], [N2, N]); 0 where not known."""
     if before is None or after is None or len(before) != 2 or len(after) != 2:
         return 0
-    return sum(1 << m for m in range(2, 9) if takes_row_sumsq(m, before, after))
+    return sum(1 << m for m in range(1, 9) if takes_row_sumsq(m, before, after))
 
 
 class RowSumsq(GraphPass):
