@@ -120,16 +120,19 @@ WORK=/tmp/bench-work
 LIMITS="--max-num-seqs 256 --max-model-len 2064 --max-num-batched-tokens 8192"  # one artifact for all stages
 PCLIMITS="--max-num-seqs 256 --max-model-len 2320 --max-num-batched-tokens 8192"  # the pc-* stages' one artifact
 BENCH_EXTRA=""  # a -nopdl stage's --no-enable-pdl
-bench() { python3 -m graphllm.cli bench "$@" $BENCH_EXTRA; }
+BENCH_TIMEOUT=0  # a -sumsq stage's limit: past it SIGABRT, and faulthandler prints every thread's stack
+bench() { PYTHONFAULTHANDLER=1 timeout -s ABRT $BENCH_TIMEOUT python3 -m graphllm.cli bench "$@" $BENCH_EXTRA; }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/r/nvidia-smi.txt"
 date -u +%FT%TZ | tee "$OUT/r/run.txt"  # the device copy's .git is not the working tree: record the commit where you launch
 free_gb() { df -BG --output=avail /tmp | tail -1 | tr -dc 0-9; }
 for tag in "$@"; do
   start=$(date +%s)
-  stage=$tag BENCH_EXTRA=""  # tag names the outputs; stage picks the commands below
+  stage=$tag BENCH_EXTRA="" BENCH_TIMEOUT=0  # tag names the outputs; stage picks the commands below
   case $tag in *-nopdl) stage=${tag%-nopdl} BENCH_EXTRA="--no-enable-pdl" ;; esac
   case $stage in *-noepi) stage=${stage%-noepi} BENCH_EXTRA="$BENCH_EXTRA --no-linear-epilogue" ;; esac
-  case $stage in *-sumsq) stage=${stage%-sumsq} BENCH_EXTRA="$BENCH_EXTRA --row-sumsq" ;; esac
+  # (the first 8B compile with --row-sumsq, 2026-12-06 on an H100, sat in Inductor's lowering for 7 minutes: 200 s, then
+  # the stacks)
+  case $stage in *-sumsq) stage=${stage%-sumsq} BENCH_EXTRA="$BENCH_EXTRA --row-sumsq" BENCH_TIMEOUT=200 ;; esac
   # a stage that writes a preset and its artifact needs ~35 GB at the 8B-9B shapes: on a machine that already
   # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk). A stage whose preset
   # is already there needs at most another artifact (~16 GB): it keeps them unless under 20 GB are free (every 8B
