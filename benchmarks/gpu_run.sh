@@ -130,9 +130,9 @@ for tag in "$@"; do
   stage=$tag BENCH_EXTRA="" BENCH_TIMEOUT=0  # tag names the outputs; stage picks the commands below
   case $tag in *-nopdl) stage=${tag%-nopdl} BENCH_EXTRA="--no-enable-pdl" ;; esac
   case $stage in *-noepi) stage=${stage%-noepi} BENCH_EXTRA="$BENCH_EXTRA --no-linear-epilogue" ;; esac
-  # (the first 8B compile with --row-sumsq, 2026-12-06 on an H100, sat in Inductor's lowering for 7 minutes: 200 s, then
+  # (the first 8B compile with --row-sumsq, 2026-12-06 on an H100, sat in Inductor's lowering for 7 minutes: 150 s, then
   # the stacks)
-  case $stage in *-sumsq) stage=${stage%-sumsq} BENCH_EXTRA="$BENCH_EXTRA --row-sumsq" BENCH_TIMEOUT=200 ;; esac
+  case $stage in *-sumsq) stage=${stage%-sumsq} BENCH_EXTRA="$BENCH_EXTRA --row-sumsq" BENCH_TIMEOUT=150 ;; esac
   # a stage that writes a preset and its artifact needs ~35 GB at the 8B-9B shapes: on a machine that already
   # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk). A stage whose preset
   # is already there needs at most another artifact (~16 GB): it keeps them unless under 20 GB are free (every 8B
