@@ -389,11 +389,11 @@ def beats_cublas(m: int, n: int, k: int) -> bool:
 
 def fuses_activation(m: int, n: int, k: int) -> bool:
     """Where silu_mul_matmul (SwiGLU / GeGLU in the prologue) replaces silu_and_mul's row kernel and the product:
-    one row, and 2-8 rows where the plain product beats cuBLAS anyway (the 8B down_proj at the buckets 2-8 in
-    CONFIGS). A norm prologue has no such rule past one row: it first reads the rows whole for their mean square,
-    in every program (gate_up at 8 rows measured 95 us against 59 for the two launches, kernel_sweep prologue,
-    H200, 2026-11-21); the activation is computed per operand tile and needs no such pass."""
-    return m == 1 or (1 < m <= 8 and beats_cublas(m, n, k))
+    one row. At 2-8 rows (01fc21e took the 8B down_proj there) the prologue's activation over padded 16-row operand
+    tiles made batch 8 18% slower: 1,092.5 against 1,339.7 tok/s without it (H100, same call, 2026-12-06; step
+    p50 7.31 against 5.96 ms), so those rows run silu_and_mul's row kernel, then the product. n, k: the product's
+    weight shape (kept for the callers' rule)."""
+    return m == 1
 
 
 def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,

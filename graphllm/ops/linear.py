@@ -25,9 +25,8 @@ no norm or activation kernel of its own (graphllm/kernels/skinny_matmul.py's pro
     graphllm.silu_and_mul_linear(x, weight, bias)                        = linear(silu_and_mul(x))
     graphllm.gelu_tanh_and_mul_linear(x, weight, bias)                   = linear(gelu_tanh_and_mul(x))
 
-One row on CUDA in float16/bfloat16 is one skinny_matmul launch (`takes_fused_kernel`), and so
-are SwiGLU / GeGLU before a down_proj that runs skinny_matmul at 2-8 rows (`takes_act_prologue`);
-anything else runs the two ops (graphllm's row kernels on CUDA, the references elsewhere) and
+One row on CUDA in float16/bfloat16 is one skinny_matmul launch (`takes_fused_kernel`,
+`takes_act_prologue`); anything else runs the two ops (graphllm's row kernels on CUDA, the references elsewhere) and
 then `linear` above. `CompileConfig.linear_prologue=False` (`--no-linear-prologue`) leaves the norms
 and SwiGLU as ops of their own.
 """
@@ -131,9 +130,8 @@ def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False):
 
 
 def takes_act_prologue(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """silu_mul_matmul (SwiGLU or GeGLU in down_proj's prologue), in half precision on CUDA: one row, or 2-8 rows
-    where the plain product runs skinny_matmul anyway (skinny_matmul.fuses_activation), so that the activation's
-    row kernel goes too."""
+    """silu_mul_matmul (SwiGLU or GeGLU in down_proj's prologue), in half precision on CUDA: where
+    skinny_matmul.fuses_activation says (one row; at 2-8 rows it measured slower than the two launches)."""
     if not _half_on_cuda(x, weight, bias):
         return False
     from graphllm.kernels.skinny_matmul import fuses_activation
@@ -270,6 +268,8 @@ def linear_row_sumsq(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     sumsq = x.new_empty((*x.shape[:-1], n // 16), dtype=torch.float32)
     if row_sumsq_active(x, rows):
         from graphllm.kernels.skinny_matmul import row_sumsq_matmul
+        if act and not takes_act_prologue(x, weight, bias):  # 2-8 rows: silu_and_mul's row kernel first
+            x, act = _act_and_mul(x, ACTS[act]), 0
         y, _ = row_sumsq_matmul(_rows(x), weight, _rows(residual), bias, act=("none", "silu", "gelu")[act],
                                 sumsq=sumsq.view(-1, n // 16))
         return y.view(*x.shape[:-1], n), sumsq

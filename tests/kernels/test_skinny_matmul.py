@@ -93,8 +93,8 @@ def test_silu_mul_prologue(m, dtype, split_k):
 @pytest.mark.parametrize("gelu", (False, True))
 @pytest.mark.parametrize("m, split_k", [(5, 1), (8, 2)])
 def test_act_prologue_is_the_two_launches(m, split_k, gelu):
-    """At 2-8 rows (fuses_activation) the prologue replaces silu_and_mul's row kernel before the same product: the
-    same operand tiles, so the same bits."""
+    """At 2-8 rows the prologue gives what silu_and_mul's row kernel before the same product gives: the same
+    operand tiles, so the same bits (the engine takes it at one row only: fuses_activation)."""
     from graphllm.kernels.silu_and_mul import silu_and_mul
     x, w = randn((m, 2 * 96), LOW_DTYPE, 0) * 2, randn((48, 96), LOW_DTYPE, 1) / 96 ** 0.5
     config = tiles(split_k)
@@ -104,8 +104,8 @@ def test_act_prologue_is_the_two_launches(m, split_k, gelu):
 
 def test_activation_folds_where_the_product_takes_the_kernel():
     assert fuses_activation(1, 4096, 14336) and fuses_activation(1, 3072, 8192)  # every one-row down_proj
-    assert all(fuses_activation(m, 4096, 14336) for m in (2, 4, 8))  # the 8B down at the buckets in CONFIGS
-    assert not fuses_activation(16, 4096, 14336) and not fuses_activation(3, 4096, 14336)  # cuBLAS's rows
+    # not the 8B down at 2-8 rows: batch 8 measured 18% slower that way (H100, 2026-12-06)
+    assert not any(fuses_activation(m, 4096, 14336) for m in (2, 4, 8, 16))
     assert not fuses_activation(8, 3072, 8192)  # Phi-3-mini's down at 8 rows runs cuBLAS, after silu_and_mul
 
 
@@ -290,7 +290,7 @@ def test_llama_8b_shapes(m, n, k):
     assert torch.equal(h, want_h)
     gate_up = randn((m, 2 * k), torch.bfloat16, 10)
     assert_close(silu_mul_matmul(gate_up, w), silu_mul_matmul_reference(gate_up, w))
-    if fuses_activation(m, n, k) and m > 1:  # the engine's launch in place of silu_and_mul's and the product's
+    if m > 1:  # the prologue at several rows is the two launches' result (the engine runs it at one row only)
         from graphllm.kernels.silu_and_mul import silu_and_mul
         assert torch.equal(silu_mul_matmul(gate_up, w), skinny_matmul(silu_and_mul(gate_up), w))
     assert _counters(gate_up.device).count_nonzero() == 0
