@@ -6,7 +6,6 @@ import torch
 from graphllm.config import CompileConfig
 from graphllm.ops.linear import (add_rms_norm_linear, add_rms_norm_linear_sumsq, gelu_tanh_and_mul_linear,
                                  linear_row_sumsq, silu_and_mul_linear)
-from graphllm.passes.lowering import row_sumsq
 from graphllm.passes.lowering.linear_epilogue import LinearEpilogue
 from graphllm.passes.lowering.linear_prologue import LinearPrologue
 from graphllm.passes.lowering.row_sumsq import RowSumsq, row_mask
@@ -49,7 +48,7 @@ def test_every_pair_when_every_shape_takes_the_kernel(arch, monkeypatch):
     """With the rule saying yes to every shape, down_proj (SwiGLU in its prologue) pairs with the next layer's qkv
     too, and no add_rms_norm_linear is left; the last layer's down stays (the final norm is a plain add_rms_norm
     before the row gather)."""
-    monkeypatch.setattr(row_sumsq, "takes_row_sumsq", lambda m, before, after: 1 <= m <= 8)
+    monkeypatch.setattr("graphllm.kernels.skinny_matmul.takes_row_sumsq", lambda m, before, after: 1 <= m <= 8)
     before, after, counts, config = rewritten(arch)
     layers = config.num_hidden_layers
     assert counts == {"none": layers, "silu": layers - 1, "gelu": 0}
@@ -63,7 +62,7 @@ def test_every_pair_when_every_shape_takes_the_kernel(arch, monkeypatch):
 def test_with_the_epilogue_pass_only_down_pairs(monkeypatch):
     """linear_epilogue takes gate_up's norm into add_rms_norm_linear_act_and_mul: that pair stays; down (a plain
     linear now) still pairs with the next qkv."""
-    monkeypatch.setattr(row_sumsq, "takes_row_sumsq", lambda m, before, after: 1 <= m <= 8)
+    monkeypatch.setattr("graphllm.kernels.skinny_matmul.takes_row_sumsq", lambda m, before, after: 1 <= m <= 8)
     before, after, counts, config = rewritten("llama", epilogue=True)
     assert counts == {"none": config.num_hidden_layers - 1, "silu": 0, "gelu": 0}
     assert_same_function(before, after, config, seeds=(1,), atol=0.0)

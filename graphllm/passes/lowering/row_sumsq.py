@@ -33,7 +33,6 @@ from torch import fx
 
 import graphllm.ops.linear  # noqa: F401  (registers the ops)
 from graphllm.ir.graph import StepGraph, new_node
-from graphllm.kernels.skinny_matmul import takes_row_sumsq
 from graphllm.passes.base import GraphPass
 from graphllm.passes.lowering.linear_prologue import _call
 
@@ -52,6 +51,7 @@ def row_mask(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> i
     """The rows bit mask for products of weight shapes before and after ([N, K], [N2, N]); 0 where not known."""
     if before is None or after is None or len(before) != 2 or len(after) != 2:
         return 0
+    from graphllm.kernels.skinny_matmul import takes_row_sumsq  # Triton: imported where a GPU graph needs it
     return sum(1 << m for m in range(1, 9) if takes_row_sumsq(m, before, after))
 
 
