@@ -229,8 +229,8 @@ def pdl_variants():
     for prologue, block_m in ((skinny_matmul.PROLOGUES["add_rms_norm"], 1), (0, 1), (0, 16)):
         yield skinny_matmul._skinny_matmul_kernel, types, dict(tile, PROLOGUE=prologue, BLOCK_M=block_m), \
             {"num_stages": 4, "launch_pdl": True}
-    # SwiGLU in down_proj's prologue at 2-8 rows (ops/linear.takes_act_prologue: the 8B down's CONFIGS tile, 64 x
-    # 256 in 2 K splits)
+    # SwiGLU in down_proj's prologue at 2-8 rows (the 8B down's CONFIGS tile, 64 x 256 in 2 K splits; the engine
+    # takes it at one row only since s28, but silu_mul_matmul still offers it)
     yield skinny_matmul._skinny_matmul_kernel, types, dict(
         tile, PROLOGUE=skinny_matmul.PROLOGUES["silu_mul"], BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, SPLIT_K=2), \
         {"num_stages": 4, "launch_pdl": True}
