@@ -16,8 +16,15 @@ bf16/fp16 (the residual sum before RMSNorm, the rotary products, silu before the
 the fused kernels round it too, so the compiled step computes the eager model's function in
 half precision as well, not a more precise neighbour of it. That costs a few conversions in
 memory-bound kernels.
+
+Inductor formats every graphllm op it meets first as an implicit fallback into a log line, eagerly in torch 2.11
+(`OperatorIssue.operator_str`; 2.13 defers it). An IR node's text holds its inputs' text, so where a layer's op
+reads two outputs of the op before it (row_sumsq's residual and row statistics) the text doubles per layer: the
+8B step's first down_proj of its kind sits 32 layers deep, and its log line never finished (2026-12-06, H100).
+lower_inductor formats those arguments by name and shape only.
 """
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -57,10 +64,48 @@ def lower_inductor(exported: torch.export.ExportedProgram, path: Path, pdl: bool
     from graphllm.compiler.decompositions import inductor_decompositions
     gm = exported.graph_module  # weights lifted: placeholders for parameters, buffers, then user inputs
     fake_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    with inductor_decompositions(), torch._inductor.config.patch(inductor_options(pdl)):
+    with inductor_decompositions(), torch._inductor.config.patch(inductor_options(pdl)), shallow_operator_str():
         compiled = torch._inductor.standalone_compile(gm, fake_inputs, dynamic_shapes="from_graph")
     compiled.save(path=str(path), format="binary")
     return lifted_weight_names(exported)
+
+
+def _shallow(arg) -> str:
+    """An argument of an op as Inductor's messages show it, without its inputs: an IR node by buffer name and
+    size, a list item by item, anything else as itself."""
+    if isinstance(arg, (list, tuple)):
+        return "[" + ", ".join(_shallow(a) for a in arg) + "]"
+    from torch._inductor import ir
+    if isinstance(arg, ir.IRNode):
+        try:
+            name = arg.get_name()
+        except Exception:  # an unrealised node (a view, a pointwise body) has no buffer name
+            name = "?"
+        try:
+            size = list(arg.get_size())
+        except Exception:
+            size = "?"
+        return f"{type(arg).__name__}(name={name}, size={size})"
+    return str(arg)
+
+
+@contextlib.contextmanager
+def shallow_operator_str():
+    """Inductor's operator messages (implicit fallbacks, lowering errors) with each argument shown by _shallow."""
+    from torch._inductor import exc
+
+    def operator_str(target, args, kwargs) -> str:
+        lines = [f"target: {target}"] + [f"args[{i}]: {_shallow(a)}" for i, a in enumerate(args)]
+        if kwargs:
+            lines.append("kwargs: {" + ", ".join(f"{k}: {_shallow(v)}" for k, v in kwargs.items()) + "}")
+        return "\n".join("  " + line for line in lines)
+
+    original = exc.OperatorIssue.__dict__["operator_str"]
+    exc.OperatorIssue.operator_str = staticmethod(operator_str)
+    try:
+        yield
+    finally:
+        exc.OperatorIssue.operator_str = original
 
 
 def lifted_weight_names(exported: torch.export.ExportedProgram) -> list[str]:
