@@ -12,7 +12,8 @@
 #              2-8 rows);  sumsq-tests  its kernel tests on the GPU and its 8-row teacher-forced agreement
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager); 540 s: with a
 #              cold Triton cache tests/kernels alone took most of the old 330 s limit on 2026-11-24
-#   tests-1, tests-2  its halves (tests/kernels before test_paged_prefill; the rest and tests/gpu), one call each
+#   tests-1, tests-2  its halves (tests/kernels before test_paged_prefill; the rest and tests/gpu), one call each;
+#              TESTS_LIMIT=S in the environment: S seconds instead of 540 (a call with less device time left)
 #   moe-shapes  the fused MoE kernels at Qwen3-30B-A3B's and Mixtral's shapes
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
 #   profile-B  bench latency at batch 1 with --profile, backend B;  profile8-B  the same at batch 8;
@@ -247,7 +248,7 @@ for tag in "$@"; do
         first=$(ls tests/kernels/test_*.py | awk '$0 < "tests/kernels/test_paged_prefill"')
         [ $stage = tests-1 ] && files=$first
         [ $stage = tests-2 ] && files="$(ls tests/kernels/test_*.py | grep -vxF "$first") tests/gpu"
-        timeout -s INT 540 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        timeout -s INT ${TESTS_LIMIT:-540} python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         --junitxml="$OUT/r/$tag.xml" $files -s 2>&1 | grep -v "^\.*$" ;;
     moe-shapes) timeout -s INT 200 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_fused_moe.py -k "model_shapes" 2>&1 | tail -60 ;;
