@@ -12,8 +12,8 @@
 #              2-8 rows);  sumsq-tests  its kernel tests on the GPU and its 8-row teacher-forced agreement
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager); 540 s: with a
 #              cold Triton cache tests/kernels alone took most of the old 330 s limit on 2026-11-24
-#   tests-1, tests-2  its halves (tests/kernels before test_paged_prefill; the rest and tests/gpu), one call each;
-#              TESTS_LIMIT=S in the environment: S seconds instead of 540 (a call with less device time left)
+#   tests-kernels, tests-gpu  its two parts (tests/kernels in TESTS_WORKERS=8 processes where .whl has
+#              pytest-xdist); TESTS_LIMIT=S in the environment: S seconds a part instead of 540
 #   moe-shapes  the fused MoE kernels at Qwen3-30B-A3B's and Mixtral's shapes
 #   latency-B  graphllm bench latency, 8B shape, attention backend B (flashinfer|triton|torch)
 #   profile-B  bench latency at batch 1 with --profile, backend B;  profile8-B  the same at batch 8;
@@ -242,14 +242,16 @@ for tag in "$@"; do
         --no-fuse-rope-decode --attention-backend "${stage#unfused1-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     latency1-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 \
         --attention-backend "${stage#latency1-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
-    # the whole GPU suite (1,090 tests) ran past 540 s (2026-12-06, H100: 629 done): tests-1 and tests-2 are its halves.
-    # SIGINT at the limit: pytest still prints the failures so far
-    tests|tests-1|tests-2) files="tests/kernels tests/gpu"
-        first=$(ls tests/kernels/test_*.py | awk '$0 < "tests/kernels/test_paged_prefill"')
-        [ $stage = tests-1 ] && files=$first
-        [ $stage = tests-2 ] && files="$(ls tests/kernels/test_*.py | grep -vxF "$first") tests/gpu"
-        timeout -s INT ${TESTS_LIMIT:-540} python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
-        --junitxml="$OUT/r/$tag.xml" $files -s 2>&1 | grep -v "^\.*$" ;;
+    # the whole GPU suite (1,090 tests) ran past 540 s (2026-12-06, H100: 629 done), most of it Triton compiling
+    # (the prefill attention tests 4-14 s each, cold): tests/kernels runs in TESTS_WORKERS processes (pytest-xdist,
+    # from .whl: ../shared/device/wheels.sh pytest-xdist==3.8.0 execnet==2.1.2), tests/gpu after it in one (its
+    # engines size their KV caches from the free memory). SIGINT at the limit: pytest still prints the failures so far
+    tests|tests-kernels|tests-gpu) pytest_q="python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest"
+        workers=""; python3 -c "import xdist" 2>/dev/null && workers="-n ${TESTS_WORKERS:-8}"
+        [ $stage = tests-gpu ] || timeout -s INT ${TESTS_LIMIT:-540} $pytest_q $workers \
+          --junitxml="$OUT/r/$tag-kernels.xml" tests/kernels 2>&1 | grep -v "^\.*$"
+        [ $stage = tests-kernels ] || timeout -s INT ${TESTS_LIMIT:-540} $pytest_q --junitxml="$OUT/r/$tag-gpu.xml" \
+          tests/gpu -s 2>&1 | grep -v "^\.*$" ;;
     moe-shapes) timeout -s INT 200 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_fused_moe.py -k "model_shapes" 2>&1 | tail -60 ;;
     teacher) timeout 300 python3 -m pytest -q -rfs -s -p no:cacheprovider -p no:hypothesispytest tests/gpu -k teacher 2>&1 \
