@@ -128,6 +128,7 @@ bench() { PYTHONFAULTHANDLER=1 timeout -s ABRT $BENCH_TIMEOUT python3 -m graphll
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/r/nvidia-smi.txt"
 date -u +%FT%TZ | tee "$OUT/r/run.txt"  # the device copy's .git is not the working tree: record the commit where you launch
 free_gb() { df -BG --output=avail /tmp | tail -1 | tr -dc 0-9; }
+runs=""
 for tag in "$@"; do
   start=$(date +%s)
   stage=$tag BENCH_EXTRA="" BENCH_TIMEOUT=0  # tag names the outputs; stage picks the commands below
@@ -136,6 +137,9 @@ for tag in "$@"; do
   # (the first 8B compile with --row-sumsq, 2026-12-06 on an H100, sat in Inductor's lowering for 7 minutes: 150 s, then
   # the stacks)
   case $stage in *-sumsq) stage=${stage%-sumsq} BENCH_EXTRA="$BENCH_EXTRA --row-sumsq" BENCH_TIMEOUT=150 ;; esac
+  # a tag given again names its outputs TAG.2, TAG.3, ... (call 1 of 2026-12-06 ran A/B pairs twice under one tag,
+  # and the second run's files replaced the first's)
+  runs="$runs $tag"; n=$(echo $runs | tr ' ' '\n' | grep -cxF -- "$tag"); [ $n -gt 1 ] && tag="$tag.$n"
   # a stage that writes a preset and its artifact needs ~35 GB at the 8B-9B shapes: on a machine that already
   # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk). A stage whose preset
   # is already there needs at most another artifact (~16 GB): it keeps them unless under 20 GB are free (every 8B
