@@ -20,7 +20,8 @@ memory-bound kernels.
 Inductor formats every graphllm op it meets first as an implicit fallback into a log line, eagerly in torch 2.11
 (`OperatorIssue.operator_str`; 2.13 defers it). An IR node's text holds its inputs' text, so where a layer's op
 reads two outputs of the op before it (row_sumsq's residual and row statistics) the text doubles per layer: the
-8B step's first down_proj of its kind sits 32 layers deep, and its log line never finished (2026-12-06, H100).
+8B step's compile under row_sumsq never finished (2026-12-06, H100; its one unpaired down_proj, the first op of
+its kind, is 31 layers deep).
 lower_inductor formats those arguments by name and shape only.
 """
 
