@@ -22,7 +22,7 @@ Inductor formats every graphllm op it meets first as an implicit fallback into a
 reads two outputs of the op before it (row_sumsq's residual and row statistics) the text doubles per layer: the
 8B step's compile under row_sumsq never finished (2026-12-06, H100; its one unpaired down_proj, the first op of
 its kind, is 31 layers deep).
-lower_inductor formats those arguments by name and shape only.
+lower_inductor (and lower.py's AOTInductor compile) format those arguments by name and shape only.
 """
 
 import contextlib

@@ -21,8 +21,9 @@ SOURCE_NODES = re.compile(r"//\s*Topologically Sorted Source Nodes: \[(.*?)\], O
 def lower(graph: StepGraph, package: Path) -> torch.export.ExportedProgram:
     """Compile graph into the AOTInductor package at `package`; returns the exported program lowered."""
     from graphllm.compiler.decompositions import inductor_decompositions
+    from graphllm.compiler.inductor_lowering import shallow_operator_str
     exported = graph.export()
-    with inductor_decompositions():
+    with inductor_decompositions(), shallow_operator_str():
         torch._inductor.aoti_compile_and_package(exported, package_path=str(package),
                                                  inductor_configs=INDUCTOR_CONFIGS)
     return exported
