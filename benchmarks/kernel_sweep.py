@@ -1,7 +1,7 @@
 """GPU microbenchmarks of graphllm's decode kernels at the Llama-3-8B shapes (H200 runs).
 
     python benchmarks/kernel_sweep.py OUT.json [matmul] [matmul8] [attention] [attention-gemma] [mixed] [prefill]
-        [prologue] [prologue-FAMILY] [chain]
+        [prologue] [prologue-FAMILY] [chain] [epilogue]
 
 matmul: skinny_matmul against cuBLAS (F.linear) for each projection at M = 1, 8, 16, over a grid
 of tile configs (the best and default_config's are reported), plus cuBLAS at M = 128, 256.
@@ -27,6 +27,12 @@ cost inside a graph. (The run of 2026-11-21 also tried programmatic dependent la
 without an L2 weight prefetch before gdc_wait: no gain without the prefetch, slower with it;
 results/2026-11-21-h200-kernel-sweep-chain.json.)
 
+epilogue: the MLP's SwiGLU at 1, 2 and 8 rows (8B and Phi-3-mini shapes, under PDL as the engine runs):
+gate_up alone as the engine runs it and through matmul_act_mul over an interleaved weight (default and a small
+grid of tiles), and the MLP (gate_up, SwiGLU, down) four ways: the two products with silu_and_mul's row kernel
+between them, SwiGLU in down's prologue (one row), the halves epilogue (--linear-epilogue) and the interleaved
+epilogue.
+
 Every timing replays a CUDA graph (no launch overhead, as in decode) of calls over several
 distinct weight / KV copies, together larger than the L2 cache, so each call streams from HBM.
 Bandwidth = bytes each call must read / its time.
@@ -47,7 +53,9 @@ from graphllm.kernels.rms_norm import rms_norm
 from graphllm.kernels.rope_decode import NewTokens
 from graphllm.kernels.rope_store_kv import rope_store_kv
 from graphllm.kernels.silu_and_mul import gelu_tanh_and_mul, silu_and_mul
-from graphllm.kernels.skinny_matmul import default_config, rms_norm_matmul, silu_mul_matmul, skinny_matmul
+from graphllm.kernels.launch import programmatic_launch
+from graphllm.kernels.skinny_matmul import (default_config, interleave_gate_up, interleaved_config, matmul_act_mul,
+                                            rms_norm_matmul, silu_mul_matmul, skinny_matmul)
 from graphllm.ops.linear import add_rms_norm_linear, linear, silu_and_mul_linear
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
@@ -280,6 +288,58 @@ def sweep_chain() -> list[dict]:
             row[f"{key}_tb_s"] = nbytes / s / 1e12
         rows.append(row)
         print(json.dumps(row), flush=True)
+    return rows
+
+
+EPILOGUE_SHAPES = {"llama-3-8b": ((28672, 4096), (4096, 14336)), "phi-3-mini": ((16384, 3072), (3072, 8192))}
+
+
+def interleaved_configs(m: int):
+    for bn, bk, stages in itertools.product((16, 32, 64) if m == 1 else (32, 64, 128),
+                                            (256, 512) if m == 1 else (128, 256), (3, 4)):
+        yield {"BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1, "num_warps": 4, "num_stages": stages}
+
+
+def sweep_epilogue() -> list[dict]:
+    """us per call (CUDA-graph replay under PDL, weights streamed from HBM): see the module docstring."""
+    from graphllm.ops.linear import linear_act_and_mul
+    from graphllm.ops.silu_and_mul import silu_and_mul as silu_and_mul_op
+    rows = []
+    for family, ((n, k), (n2, k2)) in EPILOGUE_SHAPES.items():
+        copies = max(2, int(STREAM_BYTES // ((n * k + n2 * k2) * 2)) + 1)
+        pairs = [(torch.randn(n, k, device="cuda", dtype=DTYPE) / k ** 0.5,
+                  torch.randn(n2, k2, device="cuda", dtype=DTYPE) / k2 ** 0.5) for _ in range(copies)]
+        pairs = [(gu, interleave_gate_up(gu), down) for gu, down in pairs]
+        for m in (1, 2, 8):
+            x = torch.randn(m, k, device="cuda", dtype=DTYPE)
+            ref = silu_and_mul(linear(x, pairs[0][0])).float()
+            row = {"family": family, "m": m}
+            with programmatic_launch(True):
+                grid = time_configs(lambda c: lambda w: matmul_act_mul(x, w, config=c, interleaved=True)[0],
+                                    interleaved_configs(m), [p[1] for p in pairs], ref, (family, m))
+                best_s, best = min(grid, key=lambda t: t[0])
+                row["interleaved_best_config"] = best
+                default = interleaved_config(m, n, k, x.device)
+                mlps = {
+                    "gate_up_us": lambda gu, il, down: linear(x, gu),
+                    "interleaved_gate_up_us": lambda gu, il, down: matmul_act_mul(x, il, interleaved=True)[0],
+                    "two_launch_mlp_us": lambda gu, il, down: linear(silu_and_mul_op(linear(x, gu)), down),
+                    "prologue_mlp_us": lambda gu, il, down: silu_and_mul_linear(linear(x, gu), down),
+                    "halves_mlp_us": lambda gu, il, down: linear(linear_act_and_mul(x, gu), down),
+                    "interleaved_mlp_us": lambda gu, il, down: linear(matmul_act_mul(x, il, interleaved=True)[0], down),
+                    "interleaved_best_mlp_us": lambda gu, il, down: linear(
+                        matmul_act_mul(x, il, config=best, interleaved=True)[0], down),
+                }
+                want = linear(silu_and_mul(linear(x, pairs[0][0])), pairs[0][2]).float()
+                for key, mlp in mlps.items():
+                    if key.endswith("mlp_us"):
+                        got = mlp(*pairs[0]).float()
+                        assert (got - want).abs().max().item() < 0.1 * want.abs().max().item() + 1e-2, (key, m)
+                    row[key] = graph_seconds([lambda p=p, f=mlp: f(*p) for p in pairs]) * 1e6
+            row["interleaved_best_us"] = best_s * 1e6
+            row["interleaved_default_config"] = default
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
@@ -552,6 +612,8 @@ def main() -> None:
                 c for c in prologue_configs() if c["num_warps"] == 4))
     if "chain" in parts:
         report["chain"] = sweep_chain()
+    if "epilogue" in parts:
+        report["epilogue"] = sweep_epilogue()
     with open(out, "w") as f:
         json.dump(report, f, indent=1)
     print("\nshape     m  cuBLAS TB/s  ours(default) TB/s  ours(best) TB/s  best config")
@@ -582,6 +644,12 @@ def main() -> None:
         cells = "  ".join(f"{k.removesuffix('_us_per_layer')} {v:.1f} us ({r[k.replace('us_per_layer', 'tb_s')]:.2f} TB/s)"
                           for k, v in r.items() if k.endswith("_us_per_layer"))
         print(f"chain M={r['m']} per layer: {cells}")
+    for r in report.get("epilogue", []):
+        c = r["interleaved_best_config"]
+        print(f"{r['family']:<11} M={r['m']} gate_up {r['gate_up_us']:.1f} us, interleaved epilogue "
+              f"{r['interleaved_gate_up_us']:.1f} (best {r['interleaved_best_us']:.1f}: {c['BLOCK_N']}x{c['BLOCK_K']} "
+              f"s{c['num_stages']}); MLP us: " + " ".join(f"{key.removesuffix('_mlp_us')} {v:.1f}" for key, v in r.items()
+                                               if key.endswith("_mlp_us")))
     for r in report.get("mixed", []):
         print(f"decode rows B={r['batch']} ctx={r['context']}: decode kernel {r['decode_tb_s']:.2f} TB/s, "
               f"prefill kernel {r['prefill_tb_s']:.2f} TB/s")

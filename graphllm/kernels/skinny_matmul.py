@@ -244,7 +244,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                           EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
                           PDL: tl.constexpr, EPILOGUE: tl.constexpr = 0, SUMSQ: tl.constexpr = 0,
-                          GROUPS: tl.constexpr = 1):
+                          GROUPS: tl.constexpr = 1, INTERLEAVED: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -269,7 +269,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     u_ptrs = w_ptrs
     acc_u = acc
-    if EPILOGUE != 0:  # the up rows of [gate; up], N below the gate rows, into a second accumulator
+    if EPILOGUE != 0 and not INTERLEAVED:  # the up rows of [gate; up], N below the gate rows, into a second accumulator
         u_ptrs = w_ptrs + N.to(tl.int64) * stride_wn
         acc_u = tl.zeros(acc.shape, dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -291,7 +291,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
             acc += w.to(tl.float32) * a.to(tl.float32)  # [BLOCK_N, BLOCK_K] * [1, BLOCK_K]
         else:
             acc = tl.dot(a.to(w.dtype), tl.trans(w), acc, input_precision=PRECISION)
-        if EPILOGUE != 0:
+        if EPILOGUE != 0 and not INTERLEAVED:
             if EVEN_N and EVEN_K:
                 u = tl.load(u_ptrs)
             else:
@@ -306,7 +306,15 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
         out = tl.sum(acc, 1)[None, :]  # [1, BLOCK_N]
     else:
         out = acc
-    if EPILOGUE != 0:  # SPLIT_K 1: gate and up rounded as the linear's output, then silu_and_mul's rounding
+    if INTERLEAVED:  # rows (gate j, up j) side by side: the tile's columns pair up; SPLIT_K 1, rounded as below
+        if HAS_BIAS:
+            out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        gate, up = tl.split(tl.reshape(out, [BLOCK_M, BLOCK_N // 2, 2]))
+        out = _act_and_mul(gate, up, bias_ptr, offs_n, n_mask, N, out_ptr.dtype.element_ty, False, EPILOGUE)
+        offs_o = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_o, m_mask,
+                    offs_o < N // 2, N // 2, stride_om, False, BLOCK_M, BLOCK_N // 2, 1)
+    elif EPILOGUE != 0:  # SPLIT_K 1: gate and up rounded as the linear's output, then silu_and_mul's rounding
         if BLOCK_M == 1:
             out_u = tl.sum(acc_u, 1)[None, :]
         else:
@@ -400,9 +408,11 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
             config: dict | None, residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
             eps: float = 0.0, unit_offset: bool = False, epilogue: str = "none",
             sumsq: torch.Tensor | None = None, sumsq_residual: torch.Tensor | None = None,
-            ) -> tuple[torch.Tensor, torch.Tensor | None]:
+            interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """sumsq with a norm prologue: the rows' statistics that the product before stored (row_sumsq_matmul), read in
-    place of the rows; sumsq with sumsq_residual: this product stores them into sumsq ([M, N // 16] float32)."""
+    place of the rows; sumsq with sumsq_residual: this product stores them into sumsq ([M, N // 16] float32).
+    interleaved (with an epilogue): the weight's rows are gate and up in turn (interleave_gate_up), and a tile of
+    the plain product's columns holds both halves of its outputs."""
     m = x.shape[0]
     n, k = weight.shape
     assert m <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1
@@ -420,10 +430,11 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     assert x.shape[1] == (2 * k if prologue in ("silu_mul", "gelu_mul") else k), (prologue, x.shape, weight.shape)
     if epilogue != "none":  # weight [gate; up]: the output is act(gate) * up, half as wide
         assert n % 2 == 0 and prologue not in ("silu_mul", "gelu_mul"), (prologue, epilogue, weight.shape)
-        config = config or epilogue_config(m, n, k, x.device)
+        config = config or (interleaved_config if interleaved else epilogue_config)(m, n, k, x.device)
         assert config.get("SPLIT_K", 1) == 1, config
-        n //= 2
-    out = x.new_empty((m, n))
+        if not interleaved:
+            n //= 2
+    out = x.new_empty((m, n // 2 if interleaved else n))
     new_residual = None
     if residual is not None and sumsq_mode != 1:
         assert residual.shape == x.shape and residual.stride(-1) == 1
@@ -452,7 +463,7 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         BLOCK_N=block_n, BLOCK_K=block_k,
         SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", EPILOGUE=EPILOGUES[epilogue], SUMSQ=sumsq_mode,
-        GROUPS=triton.next_power_of_2(k // SUMSQ_GROUP) if sumsq_mode == 2 else 1,
+        GROUPS=triton.next_power_of_2(k // SUMSQ_GROUP) if sumsq_mode == 2 else 1, INTERLEAVED=interleaved,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl_launch(x.device))
     return out, new_residual
 
@@ -526,20 +537,36 @@ def epilogue_config(m: int, n: int, k: int, device: torch.device) -> dict:
     return config
 
 
+def interleaved_config(m: int, n: int, k: int, device: torch.device) -> dict:
+    """The config of matmul_act_mul over an interleaved weight: default_config's for the whole [n, k] weight (a
+    tile of the plain product's columns holds both halves of half as many outputs), no K split."""
+    return {**default_config(m, n, k, device), "SPLIT_K": 1}
+
+
+def interleave_gate_up(weight: torch.Tensor) -> torch.Tensor:
+    """[gate; up] ([2N, ...]: a weight or a bias) -> its rows in the order gate 0, up 0, gate 1, up 1, ...: the
+    layout of matmul_act_mul's interleaved=True, a new contiguous tensor."""
+    n = weight.shape[0] // 2
+    assert weight.shape[0] == 2 * n, weight.shape
+    return torch.stack((weight[:n], weight[n:]), dim=1).reshape(weight.shape).contiguous()
+
+
 def matmul_act_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                    config: dict | None = None, gelu: bool = False, residual: torch.Tensor | None = None,
                    norm_weight: torch.Tensor | None = None, eps: float = 0.0,
-                   unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   unit_offset: bool = False, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """silu_and_mul(a @ weight^T + bias) in one launch, for weight [gate; up]: [2N, K], bias [2N] or None ->
     ([M, N], h or None), a = x, or with norm_weight rms_norm(h) * norm_weight with h = x (+ residual) as
     rms_norm_matmul takes it; gelu: tanh GELU in place of silu (GeGLU). Gate and up are rounded to x's dtype,
     then act(gate) and the product as silu_and_mul rounds them: the two ops' result, one launch and no [M, 2N]
-    intermediate. config: epilogue_config's keys, SPLIT_K 1."""
+    intermediate. config: epilogue_config's keys, SPLIT_K 1. interleaved: weight and bias are
+    interleave_gate_up's of [gate; up] (config: interleaved_config's), and each program streams one tile of rows
+    for both halves."""
     prologue = "none" if norm_weight is None else "rms_norm" if residual is None else "add_rms_norm"
     if norm_weight is not None:
         assert norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
     return _launch(prologue, x, weight, bias, config, residual=residual, norm_weight=norm_weight, eps=eps,
-                   unit_offset=unit_offset, epilogue="gelu_mul" if gelu else "silu_mul")
+                   unit_offset=unit_offset, epilogue="gelu_mul" if gelu else "silu_mul", interleaved=interleaved)
 
 
 def silu_mul_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

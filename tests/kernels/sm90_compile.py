@@ -250,6 +250,11 @@ def pdl_variants():
         yield skinny_matmul._skinny_matmul_kernel, types, dict(
             tile, PROLOGUE=prologue, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=256,
             EPILOGUE=skinny_matmul.EPILOGUES["silu_mul"]), {"num_stages": 4, "launch_pdl": True}
+    # ...and over the interleaved weight: one tile of rows for both halves (one row with its norm; 8 rows' dots)
+    for prologue, block_m, block_n in ((skinny_matmul.PROLOGUES["add_rms_norm"], 1, 16), (0, 16, 64)):
+        yield skinny_matmul._skinny_matmul_kernel, types, dict(
+            tile, PROLOGUE=prologue, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=256,
+            EPILOGUE=skinny_matmul.EPILOGUES["silu_mul"], INTERLEAVED=True), {"num_stages": 4, "launch_pdl": True}
 
 
 def with_defaults(kernel: triton.JITFunction, constexprs: dict) -> dict:

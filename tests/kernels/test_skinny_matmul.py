@@ -8,7 +8,8 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm.kernels.skinny_matmul import (  # noqa: E402
-    CONFIGS, MAX_ROWS, _counters, beats_cublas, default_config, epilogue_config, fuses_activation, matmul_act_mul,
+    CONFIGS, MAX_ROWS, _counters, beats_cublas, default_config, epilogue_config, fuses_activation, interleave_gate_up,
+    matmul_act_mul,
     rms_norm_matmul, rms_norm_matmul_reference, row_sumsq_matmul, row_sumsq_reference, silu_mul_matmul,
     silu_mul_matmul_reference, skinny_matmul, skinny_matmul_reference, takes_row_sumsq)
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, assert_close, gpu_only, randn  # noqa: E402
@@ -193,6 +194,35 @@ def test_act_mul_epilogue_is_the_two_ops(m, dtype, n, k, bias, gelu):
     plain = skinny_matmul(x, w, b, config={**act_mul_tiles(16), "BLOCK_N": 16})
     assert torch.equal(got, silu_and_mul(plain, gelu=gelu))
     assert_close(got, eager(skinny_matmul_reference(x, w, b)))
+
+
+@pytest.mark.parametrize("gelu", (False, True))
+@pytest.mark.parametrize("m, dtype", [(1, torch.float32), (1, LOW_DTYPE), (5, LOW_DTYPE), (MAX_ROWS, torch.float32)])
+@pytest.mark.parametrize("n, k, bias", [(64, 128, False), (40, 200, True)])
+def test_interleaved_act_mul_epilogue_is_the_two_ops(m, dtype, n, k, bias, gelu):
+    """Over interleave_gate_up's weight and bias, one tile of rows holds both halves: the same result as the
+    plain product over that weight (the same tiles: the same sums), its columns put back as [gate; up], through
+    silu_and_mul's row kernel, exactly; the eager ops over [gate; up] within tolerance; with a norm prologue too.
+    (40, 200): ragged N and K."""
+    from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_silu_and_mul
+    from graphllm.kernels.silu_and_mul import silu_and_mul
+    eager = reference_gelu_tanh_and_mul if gelu else reference_silu_and_mul
+    x = randn((m, k), dtype, 0) * 2
+    w = randn((2 * n, k), dtype, 1) / k ** 0.5
+    b = randn((2 * n,), dtype, 2) if bias else None
+    w_il, b_il = interleave_gate_up(w), None if b is None else interleave_gate_up(b)
+    assert torch.equal(w_il[0::2], w[:n]) and torch.equal(w_il[1::2], w[n:])
+    got, h = matmul_act_mul(x, w_il, b_il, config=act_mul_tiles(32), gelu=gelu, interleaved=True)
+    assert h is None and got.shape == (m, n) and got.is_contiguous()
+    halves = lambda y: torch.cat((y[:, 0::2], y[:, 1::2]), dim=1)  # noqa: E731
+    plain = skinny_matmul(x, w_il, b_il, config=act_mul_tiles(32))
+    assert torch.equal(got, silu_and_mul(halves(plain), gelu=gelu))
+    assert_close(got, eager(skinny_matmul_reference(x, w, b)))
+    norm_w, r = 1 + randn((k,), dtype, 3) / 4, randn((m, k), dtype, 4)
+    got, h = matmul_act_mul(x, w_il, b_il, config=act_mul_tiles(32), gelu=gelu, residual=r, norm_weight=norm_w,
+                            eps=1e-5, interleaved=True)
+    plain, want_h = rms_norm_matmul(x, norm_w, 1e-5, w_il, b_il, residual=r, config=act_mul_tiles(32))
+    assert torch.equal(got, silu_and_mul(halves(plain), gelu=gelu)) and torch.equal(h, want_h)
 
 
 @pytest.mark.parametrize("m, dtype", [(1, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])
