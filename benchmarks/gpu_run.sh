@@ -37,6 +37,8 @@
 #   fusion-tests  the decode kernel tests, its rotary tests and the engines with it on (GPU rows)
 #   STAGE-noepi  any bench stage with --no-linear-epilogue (SwiGLU back in down's prologue / its own kernel: the
 #              A/B of linear_epilogue), e.g. latency1-triton-noepi, fam-phi-3-mini-noepi; combines with -nopdl after it
+#   STAGE-epi  any bench stage with --linear-epilogue (gate_up's rows interleaved, SwiGLU in its epilogue: the A/B
+#              against the stage without it), e.g. latency1-triton-epi;  epi-tests  its kernel, op and engine tests
 #   STAGE-nopdl  any bench stage with --no-enable-pdl (PDL is on by default since s25): e.g. qlat-int4-nopdl,
 #              qtput-none-nopdl, moe-lat-nopdl; the pdl* stages name --enable-pdl, which is now the default
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
@@ -134,6 +136,7 @@ for tag in "$@"; do
   stage=$tag BENCH_EXTRA="" BENCH_TIMEOUT=0  # tag names the outputs; stage picks the commands below
   case $tag in *-nopdl) stage=${tag%-nopdl} BENCH_EXTRA="--no-enable-pdl" ;; esac
   case $stage in *-noepi) stage=${stage%-noepi} BENCH_EXTRA="$BENCH_EXTRA --no-linear-epilogue" ;; esac
+  case $stage in *-epi) stage=${stage%-epi} BENCH_EXTRA="$BENCH_EXTRA --linear-epilogue" ;; esac
   # (the first 8B compile with --row-sumsq, 2026-12-06 on an H100, sat in Inductor's lowering for 7 minutes: 150 s, then
   # the stacks)
   case $stage in *-sumsq) stage=${stage%-sumsq} BENCH_EXTRA="$BENCH_EXTRA --row-sumsq" BENCH_TIMEOUT=150 ;; esac
@@ -200,6 +203,9 @@ for tag in "$@"; do
         tests/kernels/test_skinny_matmul.py tests/kernels/test_rms_norm.py tests/kernels/test_silu_and_mul.py \
         tests/passes/test_skinny_linear.py tests/passes/test_linear_prologue.py tests/passes/test_linear_epilogue.py \
         tests/passes/test_row_sumsq.py 2>&1 | tail -8 ;;
+    epi-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_skinny_matmul.py tests/kernels/test_silu_and_mul.py tests/passes/test_linear_epilogue.py \
+        tests/gpu/test_attention_backends.py -k "act_mul or interleaved or epilogue" 2>&1 | tail -12 ;;
     sumsq-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/gpu/test_attention_backends.py -k "sumsq or act_prologue" 2>&1 \
         | grep -E "agreement|passed|failed|FAIL|Error" | tail -12 ;;

@@ -10,6 +10,9 @@ Rounding follows reference_silu_and_mul (F.silu(gate) * up in x's dtype) step by
     out = (a.float() * up.float()).to(x.dtype)
 
 GELU_TANH: the same with Gemma's GeGLU, a = gelu(gate.float(), approximate="tanh").to(x.dtype).
+INTERLEAVED: x's columns are gate 0, up 0, gate 1, up 1, ... (a product over skinny_matmul.interleave_gate_up's
+weight, where linear_epilogue's ops take the rows the fused kernel does not): each program reads its columns'
+pairs side by side.
 """
 
 import torch
@@ -38,15 +41,19 @@ def gelu_tanh(x):
 
 @triton.jit
 def _silu_and_mul_kernel(x_ptr, out_ptr, size, stride_xm, BLOCK: tl.constexpr, GELU_TANH: tl.constexpr,
-                         PDL: tl.constexpr = False):
+                         PDL: tl.constexpr = False, INTERLEAVED: tl.constexpr = False):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < size
     x_row = x_ptr + row * stride_xm
-    gate = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
-    up = tl.load(x_row + size + offs, mask=mask, other=0.0).to(tl.float32)
+    if INTERLEAVED:
+        pairs = 2 * offs[:, None] + tl.arange(0, 2)[None, :]  # [BLOCK, 2]: (gate, up) of each column
+        gate, up = tl.split(tl.load(x_row + pairs, mask=mask[:, None], other=0.0).to(tl.float32))
+    else:
+        gate = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)  # [BLOCK]
+        up = tl.load(x_row + size + offs, mask=mask, other=0.0).to(tl.float32)
     if GELU_TANH:
         a = gelu_tanh(gate).to(x_ptr.dtype.element_ty).to(tl.float32)
     else:
@@ -59,9 +66,9 @@ def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     return silu_and_mul(x, gelu=True)
 
 
-def silu_and_mul(x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, gelu: bool = False, interleaved: bool = False) -> torch.Tensor:
     """silu(x[:, :I]) * x[:, I:] (gelu: gelu_tanh_and_mul's) for x: [M, 2I] with last-dim stride 1 (M may
-    be 0); returns a new contiguous [M, I] in x's dtype."""
+    be 0); returns a new contiguous [M, I] in x's dtype. interleaved: gate x[:, 0::2], up x[:, 1::2]."""
     num_rows, width = x.shape
     assert width % 2 == 0 and x.stride(-1) == 1, f"silu_and_mul needs [M, 2I] rows of stride 1, got {x.shape}"
     size = width // 2
@@ -69,5 +76,6 @@ def silu_and_mul(x: torch.Tensor, gelu: bool = False) -> torch.Tensor:
     if num_rows == 0 or size == 0:
         return out
     _silu_and_mul_kernel[(num_rows, triton.cdiv(size, BLOCK))](
-        x, out, size, x.stride(0), BLOCK=BLOCK, GELU_TANH=gelu, num_warps=4, **pdl_launch(x.device))
+        x, out, size, x.stride(0), BLOCK=BLOCK, GELU_TANH=gelu, INTERLEAVED=interleaved, num_warps=4,
+        **pdl_launch(x.device))
     return out

@@ -147,13 +147,15 @@ def _act_and_mul_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return linear(_act_and_mul(x, gelu), weight, bias)
 
 
-def _act_and_mul(x: torch.Tensor, gelu: bool) -> torch.Tensor:
+def _act_and_mul(x: torch.Tensor, gelu: bool, interleaved: bool = False) -> torch.Tensor:
     """act(x[..., :K]) * x[..., K:] (silu, or tanh-approximated GELU): graphllm's row kernel on CUDA, else the
-    reference."""
+    reference. interleaved: gate x[..., 0::2], up x[..., 1::2] (a product over an interleave_gate_up weight)."""
     if x.is_cuda:
         from graphllm.kernels.silu_and_mul import silu_and_mul as act_and_mul_kernel
-        return act_and_mul_kernel(_rows(x), gelu=gelu).view(*x.shape[:-1], x.shape[-1] // 2)
+        return act_and_mul_kernel(_rows(x), gelu=gelu, interleaved=interleaved).view(*x.shape[:-1], x.shape[-1] // 2)
     from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_silu_and_mul
+    if interleaved:
+        x = torch.cat((x[..., 0::2], x[..., 1::2]), dim=-1)
     return (reference_gelu_tanh_and_mul if gelu else reference_silu_and_mul)(x)
 
 
@@ -180,14 +182,16 @@ def _(x, weight, bias=None):
 
 
 # The linear_epilogue pass's ops: the SwiGLU (or GeGLU) after gate_up folds into gate_up's own launch, whose
-# weight is [gate; up] (fuse_gate_up), so that down_proj reads the activation and no [rows, 2I] tensor or
-# silu_and_mul launch sits between them:
-#     graphllm.linear_act_and_mul(x, weight, bias, gelu)                      = act_and_mul(linear(x, weight, bias))
-#     graphllm.add_rms_norm_linear_act_and_mul(x, residual, norm_weight, eps, weight, bias, unit_offset, gelu)
+# weight is [gate; up] (fuse_gate_up), or with interleaved its rows gate 0, up 0, gate 1, ...
+# (skinny_matmul.interleave_gate_up, the bias too), so that down_proj reads the activation and no [rows, 2I]
+# tensor or silu_and_mul launch sits between them:
+#     graphllm.linear_act_and_mul(x, weight, bias, gelu, interleaved)        = act_and_mul(linear(x, weight, bias))
+#     graphllm.add_rms_norm_linear_act_and_mul(x, residual, norm_weight, eps, weight, bias, unit_offset, gelu,
+#                                              interleaved)
 #                                      = (act_and_mul(linear(rms_norm(x + residual), weight, bias)), x + residual)
-# (act: silu, or with gelu tanh-approximated GELU.) On CUDA in half precision one skinny_matmul launch
-# (matmul_act_mul) where the plain product takes the kernel (beats_cublas over the whole weight) or at one row;
-# anything else runs the ops above one after another.
+# (act: silu, or with gelu tanh-approximated GELU, over the product's two halves or, interleaved, its column
+# pairs.) On CUDA in half precision one skinny_matmul launch (matmul_act_mul) where the plain product takes the
+# kernel (beats_cublas over the whole weight) or at one row; anything else runs the ops above one after another.
 
 
 def takes_act_mul_kernel(x: torch.Tensor, weight: torch.Tensor, *others: torch.Tensor | None) -> bool:
@@ -202,37 +206,39 @@ def takes_act_mul_kernel(x: torch.Tensor, weight: torch.Tensor, *others: torch.T
 
 @torch.library.custom_op("graphllm::linear_act_and_mul", mutates_args=())
 def linear_act_and_mul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                       gelu: bool = False) -> torch.Tensor:
-    """act(y[..., :N]) * y[..., N:] with y = linear(x, weight, bias), weight [2N, K] -> a new [..., N]."""
+                       gelu: bool = False, interleaved: bool = False) -> torch.Tensor:
+    """act(y[..., :N]) * y[..., N:] with y = linear(x, weight, bias), weight [2N, K] -> a new [..., N];
+    interleaved: act(y[..., 0::2]) * y[..., 1::2]."""
     if takes_act_mul_kernel(x, weight, bias):
         from graphllm.kernels.skinny_matmul import matmul_act_mul
-        out, _ = matmul_act_mul(_rows(x), weight, bias, gelu=gelu)
+        out, _ = matmul_act_mul(_rows(x), weight, bias, gelu=gelu, interleaved=interleaved)
         return out.view(*x.shape[:-1], weight.shape[0] // 2)
-    return _act_and_mul(linear(x, weight, bias), gelu)
+    return _act_and_mul(linear(x, weight, bias), gelu, interleaved)
 
 
 @linear_act_and_mul.register_fake
-def _(x, weight, bias=None, gelu=False):
+def _(x, weight, bias=None, gelu=False, interleaved=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0] // 2))
 
 
 @torch.library.custom_op("graphllm::add_rms_norm_linear_act_and_mul", mutates_args=())
 def add_rms_norm_linear_act_and_mul(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                                     weight: torch.Tensor, bias: torch.Tensor | None = None, unit_offset: bool = False,
-                                    gelu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual; (linear_act_and_mul(rms_norm(h, norm_weight, eps, unit_offset), weight, bias, gelu), h)."""
+                                    gelu: bool = False, interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual; (linear_act_and_mul(rms_norm(h, norm_weight, eps, unit_offset), weight, bias, gelu,
+    interleaved), h)."""
     rows = x.numel() // x.shape[-1]
     if rows == 1 and residual.shape == x.shape and takes_act_mul_kernel(x, weight, residual, norm_weight, bias):
         from graphllm.kernels.skinny_matmul import matmul_act_mul
         out, h = matmul_act_mul(_rows(x), weight, bias, gelu=gelu, residual=_rows(residual), norm_weight=norm_weight,
-                                eps=eps, unit_offset=unit_offset)
+                                eps=eps, unit_offset=unit_offset, interleaved=interleaved)
         return out.view(*x.shape[:-1], weight.shape[0] // 2), h.view(x.shape)
     normed, h = _rms_norm(x, norm_weight, eps, residual, unit_offset)
-    return linear_act_and_mul(normed, weight, bias, gelu), h.contiguous()
+    return linear_act_and_mul(normed, weight, bias, gelu, interleaved), h.contiguous()
 
 
 @add_rms_norm_linear_act_and_mul.register_fake
-def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False, gelu=False):
+def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False, gelu=False, interleaved=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0] // 2)), x.new_empty(x.shape)
 
 

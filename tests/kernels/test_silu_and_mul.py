@@ -42,3 +42,17 @@ def test_gelu_tanh_matches_gemmas_geglu(num_rows, dtype):
     out = gelu_tanh_and_mul(x)
     assert_close(out, reference_gelu_tanh_and_mul(x))
     assert not torch.allclose(out.float(), silu_and_mul_reference(x).float(), atol=1e-2)
+
+
+@pytest.mark.parametrize("gelu", (False, True))
+@pytest.mark.parametrize("dtype", (torch.float32, LOW_DTYPE))
+def test_interleaved_is_the_halves_kernel_on_the_halves(dtype, gelu):
+    """Columns gate 0, up 0, gate 1, ... give exactly what the kernel gives on [gate; up]; with a row stride and
+    a masked tail (1,500 columns: two blocks)."""
+    wide = randn((5, 2 * 1500 + 24), dtype, seed=2) * 4
+    x = wide[:, 8:3008]
+    interleaved = torch.stack((x[:, :1500], x[:, 1500:]), dim=-1).flatten(1)
+    strided = torch.empty((5, 3024), dtype=dtype)[:, 24:]
+    strided.copy_(interleaved)
+    for xi in (interleaved, strided):
+        assert torch.equal(silu_and_mul(xi, gelu=gelu, interleaved=True), silu_and_mul(x, gelu=gelu))

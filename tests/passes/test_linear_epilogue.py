@@ -32,8 +32,22 @@ def test_after_the_prologues_same_function(arch):
     assert found.count(ops.linear.default) == 1 + 2 * layers  # lm_head, each o_proj and each down_proj
     gelu = arch == "gemma2"
     fused = [n for n in after.graph.nodes if n.target == ops.add_rms_norm_linear_act_and_mul.default]
-    assert all(n.args[-1] is gelu and n.args[-2] is gelu for n in fused)  # GeGLU; Gemma's norm unit_offset
+    assert all(n.args[-2] is gelu and n.args[-3] is gelu for n in fused)  # GeGLU; Gemma's norm unit_offset
+    assert all(n.args[-1] is True for n in fused)  # gate_up's rows interleaved
+    assert_interleaved(before, after, fused)
     assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
+
+
+def assert_interleaved(before, after, fused) -> None:
+    """Each folded gate_up reads a new weight (and bias), the old one's rows gate 0, up 0, gate 1, ..."""
+    from graphllm.ir.graph import attr_tensor
+    old = before.weights
+    for node in fused:
+        weight = node.args[4] if node.target == ops.add_rms_norm_linear_act_and_mul.default else node.args[1]
+        assert weight.target.endswith("_interleaved")
+        w, w0 = attr_tensor(after.gm, weight), old[weight.target.removesuffix("_interleaved")]
+        n = w0.shape[0] // 2
+        assert torch.equal(w[0::2], w0[:n]) and torch.equal(w[1::2], w0[n:])
 
 
 def test_olmo2_gate_up_without_a_norm():
@@ -45,6 +59,7 @@ def test_olmo2_gate_up_without_a_norm():
     DeadCodeElimination()(after)
     assert counts == {"add_rms_norm": 0, "none": config.num_hidden_layers}
     assert targets(after).count(ops.linear_act_and_mul.default) == config.num_hidden_layers
+    assert_interleaved(before, after, [n for n in after.graph.nodes if n.target == ops.linear_act_and_mul.default])
     assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
 
 
@@ -58,6 +73,20 @@ def test_without_the_prologue_pass():
     found = targets(after)
     assert ops.silu_and_mul.default not in found and ops.add_rms_norm.default in found
     assert_same_function(before, after, config, seeds=(1,), atol=0.0)
+
+
+def test_a_shared_weight_is_read_as_its_halves():
+    """A gate_up weight that is not a get_attr of this linear alone (here a graph input) is not rewritten: the op
+    reads [gate; up] (interleaved=False)."""
+    g = torch.fx.Graph()
+    x, w = g.placeholder("x"), g.placeholder("w")
+    act = g.call_function(ops.silu_and_mul.default, (g.call_function(ops.linear.default, (x, w)),))
+    g.output(act)
+    from graphllm.ir.graph import StepGraph
+    graph = StepGraph(torch.fx.GraphModule(torch.nn.Module(), g), (), None)
+    assert LinearEpilogue().apply(graph) == {"add_rms_norm": 0, "none": 1}
+    (node,) = [n for n in g.nodes if n.target == ops.linear_act_and_mul.default]
+    assert node.args[1] is w and node.args[-1] is False
 
 
 def test_a_gate_up_read_elsewhere_stays():
@@ -83,6 +112,12 @@ def test_ops_equal_their_parts_off_the_kernel_path():
     assert torch.equal(h, x + r)
     assert torch.equal(out, reference_silu_and_mul(linear(reference_rms_norm(x + r, nw, 1e-5, True), w, b)))
     assert out.shape == (5, 3, 24)
+    from graphllm.kernels.skinny_matmul import interleave_gate_up
+    wi, bi = interleave_gate_up(w), interleave_gate_up(b)
+    assert torch.equal(linear_act_and_mul(x, wi, bi, False, True), linear_act_and_mul(x, w, b))
+    out_i, h_i = add_rms_norm_linear_act_and_mul(x, r, nw, 1e-5, wi, bi, True, True, True)
+    out_g, _ = add_rms_norm_linear_act_and_mul(x, r, nw, 1e-5, w, b, True, True)
+    assert torch.equal(out_i, out_g) and torch.equal(h_i, x + r)
 
 
 def test_the_switch_is_in_the_pass_list_and_its_uuid():
