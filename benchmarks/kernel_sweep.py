@@ -11,7 +11,8 @@ matmul8: skinny_matmul against cuBLAS for qkv, o_proj, down, gate_up at M = 8, o
 K splits (SPLIT_K 1, 2, 4, 8): default_config's, the best, and the best per SPLIT_K.
 attention: paged_decode_attention at batch x context sizes, default splits and forced ones, and
 the default splits over a float8_e4m3fn copy of the cache (half the bytes). attention-gemma: Gemma 2's heads
-(256 wide, group 2, soft cap 50) at batch 1 and 8, splits x 4 / 8 warps.
+(256 wide, group 2, soft cap 50) at batch 1 and 8, splits x 4 / 8 warps; attention-phi3 the same for Phi-3-mini's
+(96 wide, 32 KV heads).
 mixed: one-token rows through paged_prefill_attention (as in a mixed step) against the decode kernel.
 prefill: what a large prefill step runs, at the 8B shapes: paged_prefill_attention over fresh prompts (8 x 1,024
 tokens as the throughput run's first steps, 2 x 2,048, 16 x 512) at 4 and 8 warps, in TFLOP/s of its causal
@@ -345,6 +346,7 @@ def sweep_epilogue() -> list[dict]:
 
 HQ, HKV, HEAD_DIM, BLOCK_SIZE, TABLE_WIDTH = 32, 8, 128, 16, 2048 // 16  # the 8B shape, max_model_len 2048
 GEMMA2_HEADS = dict(HQ=16, HKV=8, HEAD_DIM=256, SOFTCAP=50.0)  # Gemma 2 9B: attention part attention-gemma
+PHI3_HEADS = dict(HQ=32, HKV=32, HEAD_DIM=96, SOFTCAP=0.0)  # Phi-3-mini (no GQA, 96-wide heads): attention-phi3
 
 
 def paged_decode_inputs(batch: int, ctx: int, HQ=HQ, HKV=HKV, HEAD_DIM=HEAD_DIM) -> tuple:  # noqa: N803
@@ -598,6 +600,8 @@ def main() -> None:
         report["attention"] = sweep_attention()
     if "attention-gemma" in parts:
         report["attention_gemma"] = sweep_attention_heads(**GEMMA2_HEADS)
+    if "attention-phi3" in parts:
+        report["attention_phi3"] = sweep_attention_heads(**PHI3_HEADS)
     if "argmax" in parts:
         report["argmax"] = sweep_argmax()
     if "mixed" in parts:
