@@ -39,6 +39,8 @@
 #              A/B of linear_epilogue), e.g. latency1-triton-noepi, fam-phi-3-mini-noepi; combines with -nopdl after it
 #   STAGE-epi  any bench stage with --linear-epilogue (gate_up's rows interleaved, SwiGLU in its epilogue: the A/B
 #              against the stage without it), e.g. latency1-triton-epi;  epi-tests  its kernel, op and engine tests
+#   qtput-S-big  qtput-S with 512 sequences and 16,384 tokens a step (its own artifact; vLLM's offline defaults
+#              on 70+ GiB GPUs are 1,024 and 16,384)
 #   STAGE-nopdl  any bench stage with --no-enable-pdl (PDL is on by default since s25): e.g. qlat-int4-nopdl,
 #              qtput-none-nopdl, moe-lat-nopdl; the pdl* stages name --enable-pdl, which is now the default
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
@@ -137,6 +139,10 @@ for tag in "$@"; do
   case $tag in *-nopdl) stage=${tag%-nopdl} BENCH_EXTRA="--no-enable-pdl" ;; esac
   case $stage in *-noepi) stage=${stage%-noepi} BENCH_EXTRA="$BENCH_EXTRA --no-linear-epilogue" ;; esac
   case $stage in *-epi) stage=${stage%-epi} BENCH_EXTRA="$BENCH_EXTRA --linear-epilogue" ;; esac
+  # qtput-S-big: vLLM's offline batch on a large GPU (its LLM class takes 1,024 sequences and 16,384 tokens a step
+  # from 70 GiB up); 512 sequences here, what the H200's KV cache holds of this workload
+  qlimits=$LIMITS; case $stage in qtput-*-big) stage=${stage%-big}
+    qlimits="--max-num-seqs 512 --max-model-len 2064 --max-num-batched-tokens 16384" ;; esac
   # (the first 8B compile with --row-sumsq, 2026-12-06 on an H100, sat in Inductor's lowering for 7 minutes: 150 s, then
   # the stacks)
   case $stage in *-sumsq) stage=${stage%-sumsq} BENCH_EXTRA="$BENCH_EXTRA --row-sumsq" BENCH_TIMEOUT=150 ;; esac
@@ -391,10 +397,10 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         $LIMITS --work $WORK --quantization "${S%-lmhead}" --quantize-lm-head --json "$OUT/r/$tag.json" ;;
     qlat-*) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
         --quantization "${stage#qlat-}" --json "$OUT/r/$tag.json" ;;
-    qtput-fp8kv) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --quantization fp8 \
+    qtput-fp8kv) bench throughput --preset llama-3-8b --num-requests 1024 $qlimits --work $WORK --quantization fp8 \
         --kv-cache-dtype fp8 --json "$OUT/r/$tag.json" ;;
-    qtput-none) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
-    qtput-*) bench throughput --preset llama-3-8b --num-requests 1024 $LIMITS --work $WORK \
+    qtput-none) bench throughput --preset llama-3-8b --num-requests 1024 $qlimits --work $WORK --json "$OUT/r/$tag.json" ;;
+    qtput-*) bench throughput --preset llama-3-8b --num-requests 1024 $qlimits --work $WORK \
         --quantization "${stage#qtput-}" --json "$OUT/r/$tag.json" ;;
     pc-tests) timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/runtime/test_prefix_caching.py ;;
