@@ -213,11 +213,14 @@ def workload_roofline(requests: list[tuple[int, int]], weights: dict, config: Mo
 
 
 def wall_split(step_breakdown: dict, wall_s: float) -> dict:
-    """Seconds and share of the wall time spent in prefill-carrying (mixed) steps and in decode steps."""
+    """Seconds and share of the wall time spent in prefill-carrying (mixed) steps and in decode steps: by the
+    GPU timeline (gpu_ms, workload.StepTimer's events) where the breakdown has it, else by the host's step
+    totals (which, under async scheduling, put each step's GPU time into the step after it)."""
     out = {}
     for phase, d in step_breakdown.items():
-        seconds = d["steps"] * d["total_ms"] / 1e3
-        out[phase] = {"steps": d["steps"], "seconds": seconds, "share": seconds / wall_s if wall_s else None}
+        seconds = d["steps"] * d.get("gpu_ms", d["total_ms"]) / 1e3
+        out[phase] = {"steps": d["steps"], "seconds": seconds, "share": seconds / wall_s if wall_s else None,
+                      "source": "gpu" if "gpu_ms" in d else "host"}
     return out
 
 
@@ -233,10 +236,17 @@ def schedule_floor(table: dict[str, list], weights: dict, config: ModelConfig, k
     flops, bytes_per_s = gemm_tflops * 1e12, bandwidth_tbs * 1e12
     body = weights["decode_read_parameters"] - weights["lm_head_parameters"]
     weight_s = weights["decode_read_bytes"] / bytes_per_s
-    steps = zip(table["decode_seqs"], table["new_tokens"], table["context_tokens"])
-    matmul_s = kv_s = 0.0
-    for decodes, new, context in steps:  # decodes: rows sampled at least (a finishing prompt samples too)
-        matmul_s += max((2 * body * new + 2 * weights["lm_head_parameters"] * decodes) / flops, weight_s)
-        kv_s += kv_bytes_per_token * (context + new) / bytes_per_s
+    prompts = table.get("prefill_tokens") or [0] * len(table["new_tokens"])
+    steps = zip(table["decode_seqs"], table["new_tokens"], table["context_tokens"], prompts)
+    phases = {phase: {"steps": 0, "matmul_or_weights_s": 0.0, "kv_s": 0.0} for phase in ("prefill", "decode")}
+    for decodes, new, context, prompt in steps:  # decodes: rows sampled at least (a finishing prompt samples too)
+        phase = phases["prefill" if prompt else "decode"]
+        phase["steps"] += 1
+        phase["matmul_or_weights_s"] += max((2 * body * new + 2 * weights["lm_head_parameters"] * decodes) / flops,
+                                            weight_s)
+        phase["kv_s"] += kv_bytes_per_token * (context + new) / bytes_per_s
+    for phase in phases.values():
+        phase["floor_s"] = phase["matmul_or_weights_s"] + phase["kv_s"]
+    matmul_s, kv_s = (sum(p[k] for p in phases.values()) for k in ("matmul_or_weights_s", "kv_s"))
     return {"steps": len(table["new_tokens"]), "matmul_or_weights_s": matmul_s, "kv_s": kv_s,
-            "floor_s": matmul_s + kv_s}
+            "floor_s": matmul_s + kv_s, "phases": {k: v for k, v in phases.items() if v["steps"]}}

@@ -158,15 +158,22 @@ def format_table(report: dict) -> str:
     split = ours.get("wall_split", {})
     for phase, d in ours["step_breakdown_ms"].items():
         share = split.get(phase, {}).get("share")
+        gpu = f", GPU timeline {d['gpu_ms']:.2f} ms a step" if "gpu_ms" in d else ""
         lines.append(f"{phase} steps: {d['steps']}, mean {d['total_ms']:.2f} ms = schedule {d['schedule_ms']:.2f} "
-                     f"+ model {d['model_ms']:.2f} + sample {d['sample_ms']:.2f} + rest {d['rest_ms']:.2f}; "
-                     f"{split.get(phase, {}).get('seconds', 0):.2f} s in all ({fmt(share, '.1%')} of the wall time)")
+                     f"+ model {d['model_ms']:.2f} + sample {d['sample_ms']:.2f} + rest {d['rest_ms']:.2f}{gpu}; "
+                     f"{split.get(phase, {}).get('seconds', 0):.2f} s in all ({fmt(share, '.1%')} of the wall time"
+                     f"{', by the GPU timeline' if gpu else ''})")
     if "roofline" in report:
         lines.append(format_roofline(report["roofline"], report["ceilings"], ours["output_tok_s"]))
     if floor := report.get("schedule_floor"):
         lines.append(f"schedule floor: {floor['floor_s']:.4g} s for this run's {floor['steps']} steps (each step's "
                      f"matmuls or weight read {floor['matmul_or_weights_s']:.4g} s + KV {floor['kv_s']:.4g} s); "
                      f"the wall time is {ours['wall_s'] / floor['floor_s']:.2f}x it")
+        for phase, f in floor.get("phases", {}).items():
+            spent = split.get(phase, {})
+            if spent.get("source") == "gpu" and f["floor_s"]:
+                lines.append(f"  {phase} steps: {spent['seconds']:.4g} s of GPU timeline against their floor "
+                             f"{f['floor_s']:.4g} s ({spent['seconds'] / f['floor_s']:.2f}x)")
     return "\n".join(lines)
 
 

@@ -244,6 +244,13 @@ class _TimedSampler:
         return self._call(*args, **kwargs)
 
 
+def _stream_event():
+    """A timing event recorded now on the current CUDA stream (the engine's)."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
 class StepTimer:
     """Times every engine step and its parts by wrapping the instance's bound methods.
 
@@ -251,12 +258,18 @@ class StepTimer:
     the model call is followed by a device sync, so its GPU time lands in "model" (the sampler
     would wait for it anyway). With it, each step call launches one step and reads back the one
     before: "model" is the host's launch, and the GPU time lands in "sample", which then includes
-    the wait for the previous step's tokens. Step totals are then the steady-state step time.
+    the wait for the previous step's tokens. A step's host total then holds the GPU time of the step before it,
+    so on CUDA each step also ends with an event on the stream: "gpu" is the GPU timeline from the end of the
+    step before to the end of this one (the step's kernels and any idle gap before them), which attributes a
+    long prompt step's time to that step, not to the decode step after it (2026-12-06: under async scheduling the
+    host totals put ~5 ms of each mixed step into the next step).
     """
 
     def __init__(self, engine):
         self.engine, self.sync = engine, synchronizer(engine.state.device)
         self.records: list[tuple[str, dict[str, float]]] = []  # (phase, seconds per part)
+        # one event before the first step, then one after each step's launches (CUDA only)
+        self._events: list | None = [] if engine.state.device.type == "cuda" else None
         self._parts: dict[str, float] = {}
         self._phase, self._shape = "decode", {}
         self._originals = (engine.step, engine.scheduler.schedule, engine.runner.execute, engine.sampler)
@@ -302,6 +315,8 @@ class StepTimer:
     def _wrap_step(self, step):
         def wrapped():
             self._parts = {}
+            if self._events == []:
+                self._events.append(_stream_event())
             start = time.perf_counter()
             out = step()
             total = time.perf_counter() - start
@@ -309,8 +324,17 @@ class StepTimer:
                 parts = {p: self._parts.get(p, 0.0) for p in PARTS[:3]}
                 self.records.append((self._phase, {**parts, "rest": total - sum(parts.values()), "total": total,
                                                    **self._shape}))
+                if self._events is not None:
+                    self._events.append(_stream_event())
             return out
         return wrapped
+
+    def gpu_seconds(self) -> list[float] | None:
+        """Each step's span of the GPU timeline (the class docstring), once the device has synchronized; None
+        off CUDA."""
+        if not self._events:
+            return None
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(self._events, self._events[1:])]
 
     def step_table(self) -> dict[str, list]:
         """Every step as a column table: batch shape (sequences, prompt tokens computed, decoding sequences,
@@ -320,15 +344,18 @@ class StepTimer:
         table = {k: [r.get(k) for _, r in self.records] for k in keys}
         for part in ("model", "total"):
             table[f"{part}_ms"] = [round(1e3 * r[part], 3) for _, r in self.records]
+        if (gpu := self.gpu_seconds()) is not None:
+            table["gpu_ms"] = [round(1e3 * t, 3) for t in gpu]
         return table
 
     def reset(self) -> None:
         self.records = []
+        self._events = None if self._events is None else []
 
     def summary(self) -> dict[str, dict]:
         """Per phase: steps, the mean milliseconds of each part and of the whole step, and the whole step's
         median and 99th percentile (nearest rank), so a slow tail shows beside a good mean."""
-        out = {}
+        out, gpu = {}, self.gpu_seconds()
         for phase in ("prefill", "decode"):
             recs = [r for p, r in self.records if p == phase]
             if recs:
@@ -336,6 +363,9 @@ class StepTimer:
                 out[phase] = {"steps": len(recs), **{f"{k}_ms": 1e3 * sum(r[k] for r in recs) / len(recs)
                                                       for k in (*PARTS, "total")},
                               "p50_ms": percentile(totals, 50), "p99_ms": percentile(totals, 99)}
+                if gpu is not None:  # the mean span of the GPU timeline (gpu_seconds)
+                    spans = [t for (p, _), t in zip(self.records, gpu) if p == phase]
+                    out[phase]["gpu_ms"] = 1e3 * sum(spans) / len(spans)
         return out
 
 

@@ -66,8 +66,16 @@ def test_keys_attended_closed_form():
 
 def test_wall_split_adds_the_steps_of_each_phase():
     split = wall_split({"prefill": {"steps": 4, "total_ms": 25.0}, "decode": {"steps": 10, "total_ms": 5.0}}, 0.2)
-    assert split["prefill"] == {"steps": 4, "seconds": 0.1, "share": pytest.approx(0.5)}
+    assert split["prefill"] == {"steps": 4, "seconds": 0.1, "share": pytest.approx(0.5), "source": "host"}
     assert split["decode"]["seconds"] == pytest.approx(0.05) and split["decode"]["share"] == pytest.approx(0.25)
+
+
+def test_wall_split_takes_the_gpu_timeline_where_it_was_timed():
+    """Under async scheduling a step's host total holds the step before's GPU time: the events' spans decide."""
+    split = wall_split({"prefill": {"steps": 4, "total_ms": 5.0, "gpu_ms": 25.0},
+                        "decode": {"steps": 10, "total_ms": 15.0, "gpu_ms": 5.0}}, 0.2)
+    assert split["prefill"] == {"steps": 4, "seconds": 0.1, "share": pytest.approx(0.5), "source": "gpu"}
+    assert split["decode"]["seconds"] == pytest.approx(0.05) and split["decode"]["source"] == "gpu"
 
 
 def test_schedule_floor_takes_each_steps_matmuls_or_weight_read_plus_its_kv():
@@ -75,12 +83,19 @@ def test_schedule_floor_takes_each_steps_matmuls_or_weight_read_plus_its_kv():
     2 x 8,000 x 100 FLOP = 1.6 us > the read) and a decode of 2 sequences (matmul 2 x (8,000 x 2 + 2,000 x 2) FLOP
     = 40 ns > 12 ns); then weights so heavy that each step is its weight read."""
     weights = {**WEIGHTS, "decode_read_bytes": 12_000}
-    table = {"seqs": [1, 2], "decode_seqs": [0, 2], "new_tokens": [100, 2], "context_tokens": [100, 210]}
+    table = {"seqs": [1, 2], "prefill_tokens": [100, 0], "decode_seqs": [0, 2], "new_tokens": [100, 2],
+             "context_tokens": [100, 210]}
     floor = schedule_floor(table, weights, CONFIG, 10.0, gemm_tflops=1.0, bandwidth_tbs=1.0)
-    matmul = (2 * 8_000 * 100 + 2 * (8_000 * 2 + 2_000 * 2)) / 1e12
-    kv = 10.0 * ((100 + 100) + (210 + 2)) / 1e12
+    prefill_mm, decode_mm = 2 * 8_000 * 100 / 1e12, 2 * (8_000 * 2 + 2_000 * 2) / 1e12
+    prefill_kv, decode_kv = 10.0 * (100 + 100) / 1e12, 10.0 * (210 + 2) / 1e12
+    matmul, kv = prefill_mm + decode_mm, prefill_kv + decode_kv
+    phases = floor.pop("phases")
     assert floor == {"steps": 2, "matmul_or_weights_s": pytest.approx(matmul), "kv_s": pytest.approx(kv),
                      "floor_s": pytest.approx(matmul + kv)}
+    assert phases == {"prefill": {"steps": 1, "matmul_or_weights_s": pytest.approx(prefill_mm),
+                                  "kv_s": pytest.approx(prefill_kv), "floor_s": pytest.approx(prefill_mm + prefill_kv)},
+                      "decode": {"steps": 1, "matmul_or_weights_s": pytest.approx(decode_mm),
+                                 "kv_s": pytest.approx(decode_kv), "floor_s": pytest.approx(decode_mm + decode_kv)}}
     heavy = {**WEIGHTS, "decode_read_bytes": 10**9}  # 1 ms a read: each step is its weight read
     assert schedule_floor(table, heavy, CONFIG, 10.0, 1.0, 1.0)["matmul_or_weights_s"] == pytest.approx(2e-3)
     assert schedule_floor(table, weights, CONFIG, 10.0, None, 1.0) is None

@@ -70,6 +70,9 @@ def test_every_request_gets_its_output_len_and_rates_add_up(tiny_model_dir, tmp_
     floor = report["schedule_floor"]
     assert floor["steps"] == ours["steps"] and floor["floor_s"] >= ours["steps"] * report["weights"][
         "decode_read_bytes"] / 0.01e12
+    assert {p: f["steps"] for p, f in floor["phases"].items()} == {p: s["steps"] for p, s in steps.items()}
+    assert sum(f["floor_s"] for f in floor["phases"].values()) == pytest.approx(floor["floor_s"])
+    assert "gpu_ms" not in table and {s["source"] for s in split.values()} == {"host"}  # no CUDA events on a CPU
     assert sum(table["new_tokens"]) == ours["input_tokens"] + ours["output_tokens"] - NUM  # the last token never runs
     assert all(d <= n for d, n in zip(table["decode_seqs"], table["seqs"]))
     assert "transformers" not in report
