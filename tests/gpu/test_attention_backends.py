@@ -182,11 +182,20 @@ def test_bf16_with_row_sumsq_at_one_and_eight_rows(bf16_model, histories_and_ref
     row), decoding the eight sequences together (the 8-row graph) and one at a time (the 1-row graph): as close
     to the eager engine as transformers is, within one point, and the rows nearly all those of the same engine
     without the pass (the mean square is summed in another order)."""
+    after = rows_with_and_without("row_sumsq", bf16_model, histories_and_reference, transformers_agreement,
+                                  fuse_rope_attention)
+    assert "graphllm.linear_row_sumsq" in after and "graphllm.add_rms_norm_linear_sumsq" in after
+
+
+def rows_with_and_without(switch: str, bf16_model, histories_and_reference, transformers_agreement,
+                          fuse_rope_attention) -> str:
+    """Engines compiled with and without the pass `switch` (a config field), decoding the eight sequences together
+    (the 8-row graph) and one at a time (the 1-row graph) on the triton backend: with it, as close to the eager
+    engine as transformers is, within one point, and the rows nearly all those without it. Returns the graph
+    after its passes."""
     histories, reference = histories_and_reference
     config = bf16_config(bf16_model, fuse_rope_attention)
-    arts = {on: compile_cached(dataclasses.replace(config, row_sumsq=on), bf16_model) for on in (False, True)}
-    after = (Path(arts[True]) / "graphs" / "after.txt").read_text()
-    assert "graphllm.linear_row_sumsq" in after and "graphllm.add_rms_norm_linear_sumsq" in after
+    arts = {on: compile_cached(dataclasses.replace(config, **{switch: on}), bf16_model) for on in (False, True)}
     rows = {}
     for on in (False, True):
         engine = Engine.load(arts[on], attention_backend="triton", async_scheduling=False)
@@ -196,9 +205,10 @@ def test_bf16_with_row_sumsq_at_one_and_eight_rows(bf16_model, histories_and_ref
         del engine
     for i, batch in enumerate(("8 rows", "1 row")):
         value, same = agreement(reference, rows[True][i]), agreement(rows[False][i], rows[True][i])
-        print(f"row_sumsq, {batch}: teacher-forced top-1 agreement with the eager engine {value:.4f}, "
+        print(f"{switch}, {batch}: teacher-forced top-1 agreement with the eager engine {value:.4f}, "
               f"with the same engine without the pass {same:.4f}")
         assert value >= transformers_agreement - 0.01 and same >= 0.98
+    return (Path(arts[True]) / "graphs" / "after.txt").read_text()
 
 
 def test_bf16_with_the_interleaved_swiglu_epilogue_at_one_and_eight_rows(bf16_model, histories_and_reference,
@@ -207,22 +217,9 @@ def test_bf16_with_the_interleaved_swiglu_epilogue_at_one_and_eight_rows(bf16_mo
     skinny_matmul at 1-8 rows), decoding the eight sequences together and one at a time: as close to the eager
     engine as transformers is, within one point, and the rows nearly all those of the same engine without the pass
     (gate and up are the same products, from tiles of another width)."""
-    histories, reference = histories_and_reference
-    config = bf16_config(bf16_model, fuse_rope_attention)
-    arts = {on: compile_cached(dataclasses.replace(config, linear_epilogue=on), bf16_model) for on in (False, True)}
-    after = (Path(arts[True]) / "graphs" / "after.txt").read_text()
+    after = rows_with_and_without("linear_epilogue", bf16_model, histories_and_reference, transformers_agreement,
+                                  fuse_rope_attention)
     assert "graphllm.add_rms_norm_linear_act_and_mul" in after and "_interleaved" in after
-    rows = {}
-    for on in (False, True):
-        engine = Engine.load(arts[on], attention_backend="triton", async_scheduling=False)
-        rows[on] = teacher_forced_top1(engine, histories), [
-            row for history in histories for row in teacher_forced_top1(engine, [history])]
-        del engine
-    for i, batch in enumerate(("8 rows", "1 row")):
-        value, same = agreement(reference, rows[True][i]), agreement(rows[False][i], rows[True][i])
-        print(f"linear_epilogue, {batch}: teacher-forced top-1 agreement with the eager engine {value:.4f}, "
-              f"with the same engine without the pass {same:.4f}")
-        assert value >= transformers_agreement - 0.01 and same >= 0.98
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0),
