@@ -52,7 +52,7 @@ def test_interleaved_is_the_halves_kernel_on_the_halves(dtype, gelu):
     wide = randn((5, 2 * 1500 + 24), dtype, seed=2) * 4
     x = wide[:, 8:3008]
     interleaved = torch.stack((x[:, :1500], x[:, 1500:]), dim=-1).flatten(1)
-    strided = torch.empty((5, 3024), dtype=dtype)[:, 24:]
+    strided = torch.empty((5, 3024), dtype=dtype, device=x.device)[:, 24:]
     strided.copy_(interleaved)
     for xi in (interleaved, strided):
         assert torch.equal(silu_and_mul(xi, gelu=gelu, interleaved=True), silu_and_mul(x, gelu=gelu))
