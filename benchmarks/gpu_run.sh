@@ -12,6 +12,7 @@
 #              2-8 rows);  sumsq-tests  its kernel tests on the GPU and its 8-row teacher-forced agreement
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager); 540 s: with a
 #              cold Triton cache tests/kernels alone took most of the old 330 s limit on 2026-11-24
+#   tests-engines  tests/kernels' engine tests alone, one at a time (tests-gpu runs them before tests/gpu)
 #   tests-kernels, tests-gpu  its two parts (tests/kernels in TESTS_WORKERS=8 processes where .whl has
 #              pytest-xdist); TESTS_LIMIT=S in the environment: S seconds a part instead of 540
 #   moe-shapes  the fused MoE kernels at Qwen3-30B-A3B's and Mixtral's shapes
@@ -266,12 +267,17 @@ for tag in "$@"; do
     # (the prefill attention tests 4-14 s each, cold): tests/kernels runs in TESTS_WORKERS processes (pytest-xdist,
     # from .whl: ../shared/device/wheels.sh pytest-xdist==3.8.0 execnet==2.1.2), tests/gpu after it in one (its
     # engines size their KV caches from the free memory). SIGINT at the limit: pytest still prints the failures so far
-    tests|tests-kernels|tests-gpu) pytest_q="python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest"
+    # (test_triton_backend builds engines, which size their KV caches from the free memory: in 8 processes 15 of
+    # them and the largest prefill case ran out of memory, 2026-12-06; they run with tests/gpu, one at a time)
+    tests|tests-kernels|tests-gpu|tests-engines) pytest_q="python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest"
         workers=""; python3 -c "import xdist" 2>/dev/null && workers="-n ${TESTS_WORKERS:-8}"
-        [ $stage = tests-gpu ] || timeout -s INT ${TESTS_LIMIT:-540} $pytest_q $workers \
-          --junitxml="$OUT/r/$tag-kernels.xml" tests/kernels 2>&1 | grep -v "^\.*$"
-        [ $stage = tests-kernels ] || timeout -s INT ${TESTS_LIMIT:-540} $pytest_q --junitxml="$OUT/r/$tag-gpu.xml" \
-          tests/gpu -s 2>&1 | grep -v "^\.*$" ;;
+        serial="tests/kernels/test_triton_backend.py tests/kernels/test_paged_prefill_attention.py::test_prefill_matches_reference_large"
+        case $stage in tests|tests-kernels) timeout -s INT ${TESTS_LIMIT:-540} $pytest_q $workers \
+          --junitxml="$OUT/r/$tag-kernels.xml" tests/kernels --deselect $serial \
+          --ignore tests/kernels/test_triton_backend.py 2>&1 | grep -v "^\.*$" ;; esac
+        case $stage in tests|tests-gpu|tests-engines) [ $stage = tests-engines ] || serial="$serial tests/gpu"
+          timeout -s INT ${TESTS_LIMIT:-540} $pytest_q --junitxml="$OUT/r/$tag-gpu.xml" $serial -s 2>&1 \
+          | grep -v "^\.*$" ;; esac ;;
     moe-shapes) timeout -s INT 200 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_fused_moe.py -k "model_shapes" 2>&1 | tail -60 ;;
     teacher) timeout 300 python3 -m pytest -q -rfs -s -p no:cacheprovider -p no:hypothesispytest tests/gpu -k teacher 2>&1 \
