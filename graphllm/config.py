@@ -193,8 +193,8 @@ class CompileConfig:
     # GPU graphs: norms and SwiGLU folded into the linear they feed, one launch at batch 1 (needs
     # skinny_linear; False: they run as their own kernels; was GRAPHLLM_FUSED_PROLOGUE=0)
     linear_prologue: bool = True
-    # GPU graphs: SwiGLU / GeGLU in gate_up's own launch (its epilogue over gate_up's rows interleaved) instead of down's prologue
-    # or a kernel of its own (needs skinny_linear; graphllm/passes/lowering/linear_epilogue.py)
+    # GPU graphs: SwiGLU / GeGLU in gate_up's own launch (its epilogue, over gate_up's rows interleaved) instead of
+    # down's prologue or a kernel of its own (needs skinny_linear; graphllm/passes/lowering/linear_epilogue.py)
     linear_epilogue: bool = False
     # GPU graphs: at 1-8 rows the product before an add_rms_norm computes the norm's row statistics in its epilogue
     # and the next product normalises with them: no norm kernel between them at 2-8 rows, no read of the row
