@@ -42,7 +42,6 @@ from torch import fx
 import graphllm.ops.linear  # noqa: F401  (registers the ops)
 import graphllm.ops.silu_and_mul  # noqa: F401
 from graphllm.ir.graph import StepGraph, attr_tensor, new_node
-from graphllm.kernels.skinny_matmul import interleave_gate_up
 from graphllm.passes.base import GraphPass
 from graphllm.passes.lowering.linear_prologue import _call
 
@@ -63,6 +62,7 @@ def _interleaved(graph: StepGraph, weight: fx.Node, bias: fx.Node | None, like: 
     operands = [weight] if bias is None else [weight, bias]
     if not all(isinstance(p, fx.Node) and p.op == "get_attr" and len(p.users) == 1 for p in operands):
         return None
+    from graphllm.kernels.skinny_matmul import interleave_gate_up  # Triton: imported where a graph needs it
     new = [graph.add_weight(f"{p.target}_interleaved", interleave_gate_up(attr_tensor(graph.gm, p)), like)
            for p in operands]
     return new[0], new[1] if bias is not None else None
