@@ -48,6 +48,7 @@ def assert_interleaved(before, after, fused) -> None:
         w, w0 = attr_tensor(after.gm, weight), old[weight.target.removesuffix("_interleaved")]
         n = w0.shape[0] // 2
         assert torch.equal(w[0::2], w0[:n]) and torch.equal(w[1::2], w0[n:])
+        assert weight.target.removesuffix("_interleaved") not in after.weights  # the artifact stores one copy
 
 
 def test_olmo2_gate_up_without_a_norm():
