@@ -330,10 +330,11 @@ class StepTimer:
         return wrapped
 
     def gpu_seconds(self) -> list[float] | None:
-        """Each step's span of the GPU timeline (the class docstring), once the device has synchronized; None
-        off CUDA."""
+        """Each step's span of the GPU timeline (the class docstring); None off CUDA. Waits for the last step's
+        kernels (under async scheduling the last call may have launched a step nobody waited for)."""
         if not self._events:
             return None
+        self._events[-1].synchronize()
         return [a.elapsed_time(b) / 1e3 for a, b in zip(self._events, self._events[1:])]
 
     def step_table(self) -> dict[str, list]:
