@@ -12,6 +12,8 @@
 #              2-8 rows);  sumsq-tests  its kernel tests on the GPU and its 8-row teacher-forced agreement
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager); 540 s: with a
 #              cold Triton cache tests/kernels alone took most of the old 330 s limit on 2026-11-24
+#   tests-gpu-x  tests/gpu alone in TESTS_WORKERS=6 pytest-xdist processes (each engine's KV cache is sized in GiB,
+#              not as a share of the GPU, so they fit side by side); TESTS_K=EXPR: only tests matching -k EXPR
 #   tests-engines  tests/kernels' engine tests alone, one at a time (tests-gpu runs them before tests/gpu)
 #   tests-kernels, tests-gpu  its two parts (tests/kernels in TESTS_WORKERS=8 processes where .whl has
 #              pytest-xdist); TESTS_LIMIT=S in the environment: S seconds a part instead of 540
@@ -278,6 +280,8 @@ for tag in "$@"; do
         case $stage in tests|tests-gpu|tests-engines) [ $stage = tests-engines ] || serial="$serial tests/gpu"
           timeout -s INT ${TESTS_LIMIT:-540} $pytest_q --junitxml="$OUT/r/$tag-gpu.xml" $serial -s 2>&1 \
           | grep -v "^\.*$" ;; esac ;;
+    tests-gpu-x) timeout -s INT ${TESTS_LIMIT:-540} python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        -n ${TESTS_WORKERS:-6} --junitxml="$OUT/r/$tag.xml" tests/gpu ${TESTS_K:+-k "$TESTS_K"} 2>&1 | grep -v "^\.*$" ;;
     moe-shapes) timeout -s INT 200 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_fused_moe.py -k "model_shapes" 2>&1 | tail -60 ;;
     teacher) timeout 300 python3 -m pytest -q -rfs -s -p no:cacheprovider -p no:hypothesispytest tests/gpu -k teacher 2>&1 \
