@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from graphllm.compiler import artifact as A
 from graphllm.compiler.inductor_lowering import STEP_INDUCTOR, export_step, lower_inductor
 from graphllm.compiler.lower import lower, save_node_table
+from graphllm.compiler.staging import publish, staging_dir
 from graphllm.compiler.weights_io import write_safetensors
 from graphllm.config import CHECKPOINT_QUANTIZATIONS, CompileConfig
 from graphllm.device import resolve_device, resolve_dtype
@@ -301,54 +302,55 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
         graph, reports = ranks[0]
         unquantized_expert_share(graph, config)
         after = format_graph(graph.gm), graph.gm.code
-    staging = out.with_name(out.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    lowering = resolve_lowering(config, device)
-    writer = ThreadPoolExecutor(1)  # the inductor lowering writes the weights while Inductor runs
-    try:
-        with timer.phase("lower"):
-            if lowering == "aoti":
-                exported, lowered = lower(graph, staging / A.STEP_PACKAGE), {"kind": "aoti"}
-                written = writer.submit(save_rank_weights, tensor_constants(exported), ranks, staging)
-            else:
-                exported = export_step(graph)
-                written = writer.submit(save_rank_weights, tensor_constants(exported), ranks, staging)
-                lowered = {"kind": "inductor",
-                           "weight_names": lower_inductor(exported, staging / STEP_INDUCTOR, config.inductor_pdl)}
-        with timer.phase("write"):  # what is left of the weights, then graphs and tokenizer files
-            aliases, weight_records = written.result()
-            for name in COPIED_FILES:
-                if (model_dir / name).is_file():
-                    shutil.copy2(model_dir / name, staging / name)
-            dumps.write(staging, before, after)
-            save_node_table(exported, staging / "graphs" / "nodes.json")
-    finally:
-        writer.shutdown(wait=True)  # after an error too: nothing writes into staging once this returns
-    manifest = {
-        "graphllm_version": __version__,
-        "cache_key": cache_key(model_dir, config, device),
-        "compile_command": command or f"graphllm compile --model {model_dir} --out {out}",
-        "model": {"source": str(model_dir), "config": hf, "architecture": model_config.architecture,
-                  "weight_fingerprints": {f.name: A.quick_fingerprint(f) for f in weight_files(model_dir)}},
-        "compile": {**dataclasses.asdict(config), "dtype": str(dtype).removeprefix("torch."),
-                    "buckets": list(config.decode_buckets),
-                    # logits rows one step may return: every token's (speculative decoding's verify rows)
-                    "max_num_logits": max_num_logits(config.max_num_batched_tokens),
-                    # sequences one step may take: a mixed-step CUDA graph's padding sequence beyond max_num_seqs
-                    "max_num_graph_seqs": config.max_num_seqs + GRAPH_PADDING_SEQS},
-        "quantization": quantization_record(config, loaded, reports, kernel_plan(graph, config.decode_buckets)),
-        "kv_scales": {str(layer): list(scales) for layer, scales in sorted(loaded.kv_scales.items())},
-        "tensor_parallel": {"size": config.tensor_parallel_size} if config.tensor_parallel_size > 1 else None,
-        "weight_aliases": aliases,
-        "lowering": lowered,
-        "passes": [dataclasses.asdict(r) for r in reports],
-        "environment": A.environment_fingerprint(device),
-        "timings": timer.seconds,
-    }
-    A.write_manifest(staging, manifest, known=weight_records)
-    shutil.rmtree(out, ignore_errors=True)
-    staging.rename(out)
+    staging = staging_dir(out)
+    try:  # a failed compile leaves out as it was, and nothing beside it
+        lowering = resolve_lowering(config, device)
+        writer = ThreadPoolExecutor(1)  # the inductor lowering writes the weights while Inductor runs
+        try:
+            with timer.phase("lower"):
+                if lowering == "aoti":
+                    exported, lowered = lower(graph, staging / A.STEP_PACKAGE), {"kind": "aoti"}
+                    written = writer.submit(save_rank_weights, tensor_constants(exported), ranks, staging)
+                else:
+                    exported = export_step(graph)
+                    written = writer.submit(save_rank_weights, tensor_constants(exported), ranks, staging)
+                    lowered = {"kind": "inductor",
+                               "weight_names": lower_inductor(exported, staging / STEP_INDUCTOR, config.inductor_pdl)}
+            with timer.phase("write"):  # what is left of the weights, then graphs and tokenizer files
+                aliases, weight_records = written.result()
+                for name in COPIED_FILES:
+                    if (model_dir / name).is_file():
+                        shutil.copy2(model_dir / name, staging / name)
+                dumps.write(staging, before, after)
+                save_node_table(exported, staging / "graphs" / "nodes.json")
+        finally:
+            writer.shutdown(wait=True)  # after an error too: nothing writes into staging once this returns
+        manifest = {
+            "graphllm_version": __version__,
+            "cache_key": cache_key(model_dir, config, device),
+            "compile_command": command or f"graphllm compile --model {model_dir} --out {out}",
+            "model": {"source": str(model_dir), "config": hf, "architecture": model_config.architecture,
+                      "weight_fingerprints": {f.name: A.quick_fingerprint(f) for f in weight_files(model_dir)}},
+            "compile": {**dataclasses.asdict(config), "dtype": str(dtype).removeprefix("torch."),
+                        "buckets": list(config.decode_buckets),
+                        # logits rows one step may return: every token's (speculative decoding's verify rows)
+                        "max_num_logits": max_num_logits(config.max_num_batched_tokens),
+                        # sequences one step may take: a mixed-step CUDA graph's padding sequence beyond max_num_seqs
+                        "max_num_graph_seqs": config.max_num_seqs + GRAPH_PADDING_SEQS},
+            "quantization": quantization_record(config, loaded, reports, kernel_plan(graph, config.decode_buckets)),
+            "kv_scales": {str(layer): list(scales) for layer, scales in sorted(loaded.kv_scales.items())},
+            "tensor_parallel": {"size": config.tensor_parallel_size} if config.tensor_parallel_size > 1 else None,
+            "weight_aliases": aliases,
+            "lowering": lowered,
+            "passes": [dataclasses.asdict(r) for r in reports],
+            "environment": A.environment_fingerprint(device),
+            "timings": timer.seconds,
+        }
+        A.write_manifest(staging, manifest, known=weight_records)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    publish(staging, out)
     timer.bar.close()
     if show_progress:
         print(timer.summary(), file=sys.stderr)

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from graphllm import Engine, SamplingParams
 from graphllm.compiler import artifact as A
+from graphllm.compiler import pipeline
 from graphllm.compiler.artifact import MANIFEST, WEIGHTS, quick_fingerprint
 from graphllm.compiler.loading import load_weights
 from graphllm.compiler.pipeline import PHASES, GraphDumps, PhaseTimer, cache_key, compile_model, save_weights
@@ -212,7 +213,23 @@ def test_a_failing_compile_leaves_the_previous_artifact_in_place(model_copy, fre
     with pytest.raises(ValueError, match="unknown architecture"):
         compile_model(model_copy, out, SMALL, device="cpu", show_progress=False)
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
-    assert not (tmp_path / "art.partial").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "model"]  # no staging directory beside it
+
+
+def test_a_compile_failing_after_it_began_writing_removes_what_it_wrote(tiny_model_dir, fresh, tmp_path, monkeypatch):
+    path, _ = tiny_model_dir("llama")
+    out = shutil.copytree(fresh[1], tmp_path / "art")
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+
+    def failing_lowering(graph, package):  # the CPU's lowering (AOTInductor), after writing part of its file
+        package.write_bytes(b"half a package")
+        raise RuntimeError("the lowering failed")
+
+    monkeypatch.setattr(pipeline, "lower", failing_lowering)
+    with pytest.raises(RuntimeError, match="the lowering failed"):
+        compile_model(path, out, SMALL, device="cpu", show_progress=False)
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
 
 
 def test_every_module_the_graph_is_traced_from_is_in_the_cache_key():
