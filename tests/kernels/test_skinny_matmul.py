@@ -8,8 +8,8 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm.kernels.skinny_matmul import (  # noqa: E402
-    CONFIGS, MAX_ROWS, _counters, beats_cublas, default_config, epilogue_config, fuses_activation, interleave_gate_up,
-    matmul_act_mul,
+    CONFIGS, INTERLEAVED_CONFIGS, MAX_ROWS, _counters, beats_cublas, default_config, epilogue_config, fuses_activation,
+    interleave_gate_up, interleaved_config, matmul_act_mul,
     rms_norm_matmul, rms_norm_matmul_reference, row_sumsq_matmul, row_sumsq_reference, silu_mul_matmul,
     silu_mul_matmul_reference, skinny_matmul, skinny_matmul_reference, takes_row_sumsq)
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, assert_close, gpu_only, randn  # noqa: E402
@@ -223,6 +223,21 @@ def test_interleaved_act_mul_epilogue_is_the_two_ops(m, dtype, n, k, bias, gelu)
                             eps=1e-5, interleaved=True)
     plain, want_h = rms_norm_matmul(x, norm_w, 1e-5, w_il, b_il, residual=r, config=act_mul_tiles(32))
     assert torch.equal(got, silu_and_mul(halves(plain), gelu=gelu)) and torch.equal(h, want_h)
+
+
+def test_measured_interleaved_shapes_take_their_configs():
+    """INTERLEAVED_CONFIGS' entries win over the rule (only there: other rows keep it), and each distinct tile
+    computes the two ops over an interleaved weight of one tile's width and two K steps."""
+    from graphllm.kernels.silu_and_mul import silu_and_mul
+    for (m, n, k), config in INTERLEAVED_CONFIGS.items():
+        assert interleaved_config(m, n, k, DEVICE) == config
+    assert interleaved_config(16, 28672, 4096, DEVICE) == {**default_config(16, 28672, 4096, DEVICE), "SPLIT_K": 1}
+    for config in {tuple(sorted(c.items())): c for c in INTERLEAVED_CONFIGS.values()}.values():
+        n, k = config["BLOCK_N"], 2 * config["BLOCK_K"]
+        x, w = randn((3, k), LOW_DTYPE, 0), randn((n, k), LOW_DTYPE, 1) / k ** 0.5
+        got, _ = matmul_act_mul(x, w, config=config, interleaved=True)
+        plain = skinny_matmul(x, w, config=config)
+        assert torch.equal(got, silu_and_mul(torch.cat((plain[:, 0::2], plain[:, 1::2]), dim=1)))
 
 
 @pytest.mark.parametrize("m, dtype", [(1, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])
