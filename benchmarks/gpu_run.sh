@@ -40,6 +40,9 @@
 #   fusion-tests  the decode kernel tests, its rotary tests and the engines with it on (GPU rows)
 #   STAGE-noepi  any bench stage with --no-linear-epilogue (SwiGLU back in down's prologue / its own kernel: the
 #              A/B of linear_epilogue), e.g. latency1-triton-noepi, fam-phi-3-mini-noepi; combines with -nopdl after it
+#   STAGE-snp  any bench stage with --shared-norm-prologue (a MoE layer's post-attention norm in the router's one-row
+#              launch, which stores it for the experts: the A/B against the stage without it), e.g. moe-lat-snp;
+#              snp-tests  its kernel tests and the Qwen3-MoE engine's one-row rows with and without it
 #   STAGE-epi  any bench stage with --linear-epilogue (gate_up's rows interleaved, SwiGLU in its epilogue: the A/B
 #              against the stage without it), e.g. latency1-triton-epi;  epi-tests  its kernel, op and engine tests
 #   qtput-S-big  qtput-S with 512 sequences and 16,384 tokens a step (its own artifact; vLLM's offline defaults
@@ -142,6 +145,7 @@ for tag in "$@"; do
   case $tag in *-nopdl) stage=${tag%-nopdl} BENCH_EXTRA="--no-enable-pdl" ;; esac
   case $stage in *-noepi) stage=${stage%-noepi} BENCH_EXTRA="$BENCH_EXTRA --no-linear-epilogue" ;; esac
   case $stage in *-epi) stage=${stage%-epi} BENCH_EXTRA="$BENCH_EXTRA --linear-epilogue" ;; esac
+  case $stage in *-snp) stage=${stage%-snp} BENCH_EXTRA="$BENCH_EXTRA --shared-norm-prologue" ;; esac
   # qtput-S-big: vLLM's offline batch on a large GPU (its LLM class takes 1,024 sequences and 16,384 tokens a step
   # from 70 GiB up); 512 sequences here, what the H200's KV cache holds of this workload
   qlimits=$LIMITS; case $stage in qtput-*-big) stage=${stage%-big}
@@ -215,6 +219,8 @@ for tag in "$@"; do
     epi-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_silu_and_mul.py tests/passes/test_linear_epilogue.py \
         tests/gpu/test_attention_backends.py -k "act_mul or interleaved or epilogue" 2>&1 | tail -12 ;;
+    snp-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_skinny_matmul.py tests/gpu/test_shared_norm_prologue.py -k "norm or rows_with" 2>&1 | tail -12 ;;
     sumsq-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/gpu/test_attention_backends.py -k "sumsq or act_prologue" 2>&1 \
         | grep -E "agreement|passed|failed|FAIL|Error" | tail -12 ;;

@@ -85,6 +85,7 @@ class EngineConfig:
     linear_prologue: bool = True
     linear_epilogue: bool = False
     row_sumsq: bool = False
+    shared_norm_prologue: bool = False
     fp8_linear_prologue: bool = False
     quantization: str | None = None
     quantization_group_size: int = 128
@@ -137,7 +138,7 @@ class EngineConfig:
         return CompileConfig(dtype=self.dtype, max_model_len=self.max_model_len,
                              fuse_rope_attention=self.fuse_rope_attention, skinny_linear=self.skinny_linear,
                              linear_prologue=self.linear_prologue, linear_epilogue=self.linear_epilogue,
-                             row_sumsq=self.row_sumsq,
+                             row_sumsq=self.row_sumsq, shared_norm_prologue=self.shared_norm_prologue,
                              fp8_linear_prologue=self.fp8_linear_prologue,
                              inductor_pdl=self.enable_pdl,
                              quantization=self.quantization,
@@ -200,6 +201,10 @@ class CompileConfig:
     # and the next product normalises with them: no norm kernel between them at 2-8 rows, no read of the row
     # before the weight stream at one (needs linear_prologue; graphllm/passes/lowering/row_sumsq.py)
     row_sumsq: bool = False
+    # GPU graphs: a norm read by a linear and by other ops (a MoE layer's router and experts) folds into that linear,
+    # whose one-row launch stores the norm's output for the others: no norm kernel of its own at batch 1 (needs
+    # linear_prologue; graphllm/passes/lowering/shared_norm_prologue.py)
+    shared_norm_prologue: bool = False
     # GPU graphs, fp8 W8A8: the norms and SwiGLU fold into the fp8 linears they feed too, so that at one row
     # the fp8 kernel computes them, the row's scale and the float8 operand itself (no norm + quantize kernel,
     # no silu_and_mul_fp8); other rows run the norm's own kernel, then fp8_linear, instead of Inductor's fused

@@ -17,7 +17,7 @@ SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
 }
 # CompileConfig / EngineConfig fields that change the generated code
 PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue", "linear_epilogue", "row_sumsq",
-                 "fp8_linear_prologue",
+                 "shared_norm_prologue", "fp8_linear_prologue",
                  "quantization", "quantization_group_size", "quantize_lm_head", "tensor_parallel_size")
 
 
@@ -48,6 +48,10 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
                         help="GPU graphs: at 1-8 rows, o_proj and down_proj compute the next RMSNorm's row statistics "
                              "in their epilogue, and the next matmul normalises with them (no norm kernel between; off by "
                              "default: measured 2.6%% slower at batch 8 on an H100)")
+    parser.add_argument("--shared-norm-prologue", action=argparse.BooleanOptionalAction, default=False,
+                        help="GPU graphs: a norm read by a matmul and by other ops (a MoE layer's router and experts) "
+                             "runs in that matmul's launch at batch 1, which stores its output for the others (off by "
+                             "default: not yet measured on a GPU)")
     parser.add_argument("--fp8-linear-prologue", action="store_true",
                         help="GPU graphs, fp8: fold norms and SwiGLU into the fp8 linears too (one launch at batch 1 "
                              "that also quantizes the activation; off by default: measured slower on an H200)")

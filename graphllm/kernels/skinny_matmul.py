@@ -108,8 +108,10 @@ def silu_mul_matmul_reference(x, weight, bias=None):
 
 @triton.jit
 def _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, K, stride_xm, stride_rm,
-             residual_rows, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
-    """The matmul operand for columns k of the rows offs_m: [BLOCK_M, BLOCK_K] in x's dtype."""
+             residual_rows, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr, normed_ptr=None,
+             STORE_NORMED: tl.constexpr = False):
+    """The matmul operand for columns k of the rows offs_m: [BLOCK_M, BLOCK_K] in x's dtype. STORE_NORMED (a norm
+    prologue): the programs that store the new residual (residual_rows) store the norm's output too, [M, K]."""
     x = tl.load(x_ptr + offs_m[:, None] * stride_xm + k[None, :], mask=mk_mask, other=0.0)
     a = x
     if PROLOGUE == 3:  # silu_mul: x holds [gate | up], K columns each
@@ -132,6 +134,8 @@ def _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, 
         else:
             normed = (a.to(tl.float32) * rstd).to(x.dtype)
             a = (normed.to(tl.float32) * norm_w).to(x.dtype)
+        if STORE_NORMED:
+            tl.store(normed_ptr + offs_m[:, None] * K + k[None, :], a, mask=mk_mask & (offs_m < residual_rows)[:, None])
     return a
 
 
@@ -244,7 +248,8 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                           EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, PRECISION: tl.constexpr,
                           PDL: tl.constexpr, EPILOGUE: tl.constexpr = 0, SUMSQ: tl.constexpr = 0,
-                          GROUPS: tl.constexpr = 1, INTERLEAVED: tl.constexpr = False):
+                          GROUPS: tl.constexpr = 1, INTERLEAVED: tl.constexpr = False, normed_ptr=None,
+                          STORE_NORMED: tl.constexpr = False):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -252,7 +257,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
     n_mask = offs_n < N
-    residual_rows = M - M * tl.minimum(pid_n, 1)  # column tile 0 writes the new residual: M rows, others none
+    residual_rows = M - M * tl.minimum(pid_n, 1)  # column tile 0 writes the new residual (and normed): M rows
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     if PDL:  # nothing the kernels before write is read or written before this
@@ -282,7 +287,7 @@ def _skinny_matmul_kernel(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, w_ptr, bias_p
             mk_mask = m_mask[:, None] & k_mask[None, :]
             w_mask = n_mask[:, None] & k_mask[None, :]
         a = _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, offs_m, k, mk_mask, K, stride_xm, stride_rm,
-                     residual_rows, PROLOGUE, UNIT_OFFSET)
+                     residual_rows, PROLOGUE, UNIT_OFFSET, normed_ptr, STORE_NORMED)
         if EVEN_N and EVEN_K:
             w = tl.load(w_ptrs)
         else:
@@ -408,14 +413,17 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
             config: dict | None, residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
             eps: float = 0.0, unit_offset: bool = False, epilogue: str = "none",
             sumsq: torch.Tensor | None = None, sumsq_residual: torch.Tensor | None = None,
-            interleaved: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """sumsq with a norm prologue: the rows' statistics that the product before stored (row_sumsq_matmul), read in
+            interleaved: bool = False, normed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """normed (a norm prologue): where the kernel also stores the norm's output ([M, K], x's dtype). sumsq with a
+    norm prologue: the rows' statistics that the product before stored (row_sumsq_matmul), read in
     place of the rows; sumsq with sumsq_residual: this product stores them into sumsq ([M, N // 16] float32).
     interleaved (with an epilogue): the weight's rows are gate and up in turn (interleave_gate_up), and a tile of
     the plain product's columns holds both halves of its outputs."""
     m = x.shape[0]
     n, k = weight.shape
     assert m <= MAX_ROWS and weight.is_contiguous() and x.stride(-1) == 1
+    assert normed is None or (prologue in ("rms_norm", "add_rms_norm") and sumsq is None
+                              and normed.shape == x.shape and normed.is_contiguous()), prologue
     sumsq_mode = 0
     if sumsq is not None:
         norm = prologue in ("rms_norm", "add_rms_norm")
@@ -464,6 +472,7 @@ def _launch(prologue: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         SPLIT_K=split_k, EVEN_N=n % block_n == 0, EVEN_K=k_split * split_k == k,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", EPILOGUE=EPILOGUES[epilogue], SUMSQ=sumsq_mode,
         GROUPS=triton.next_power_of_2(k // SUMSQ_GROUP) if sumsq_mode == 2 else 1, INTERLEAVED=interleaved,
+        normed_ptr=out if normed is None else normed, STORE_NORMED=normed is not None,
         num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl_launch(x.device))
     return out, new_residual
 
@@ -486,6 +495,20 @@ def rms_norm_matmul(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weig
     assert norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
     return _launch("rms_norm" if residual is None else "add_rms_norm", x, weight, bias, config,
                    residual=residual, norm_weight=norm_weight, eps=eps, unit_offset=unit_offset, sumsq=sumsq)
+
+
+def rms_norm_matmul_normed(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                           bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                           config: dict | None = None,
+                           unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """rms_norm_matmul that also returns the norm's output y = rms_norm(h) * norm_weight ([M, K], new), stored by
+    the programs of the first column tile as they read it: the operand the product used, for the norm's other
+    readers (a MoE layer's router and its experts read one norm: ops/linear.add_rms_norm_linear_normed)."""
+    assert norm_weight.shape == (x.shape[1],) and norm_weight.dtype == x.dtype
+    normed = x.new_empty(x.shape)
+    out, h = _launch("rms_norm" if residual is None else "add_rms_norm", x, weight, bias, config, residual=residual,
+                     norm_weight=norm_weight, eps=eps, unit_offset=unit_offset, normed=normed)
+    return out, h, normed
 
 
 def row_sumsq_matmul(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, bias: torch.Tensor | None = None,

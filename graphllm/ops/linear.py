@@ -129,6 +129,31 @@ def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False):
     return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape)
 
 
+# The shared_norm_prologue pass's op: a norm whose output a linear and other ops read (a MoE layer's post-attention
+# norm, read by the router and by the experts) folds into that linear, whose one-row launch also stores the output:
+#     graphllm.add_rms_norm_linear_normed(x, residual, norm_weight, eps, weight, bias, unit_offset)
+#                                      = (linear(y), h, y), h = x + residual, y = rms_norm(h, norm_weight, eps)
+@torch.library.custom_op("graphllm::add_rms_norm_linear_normed", mutates_args=())
+def add_rms_norm_linear_normed(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                               weight: torch.Tensor, bias: torch.Tensor | None = None,
+                               unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(linear(y, weight, bias), h, y) as new tensors: h = x + residual, y = rms_norm(h, norm_weight, eps,
+    unit_offset). One row on CUDA in half precision: one skinny_matmul launch (rms_norm_matmul_normed); else the
+    norm, then linear."""
+    if takes_fused_kernel(x, weight, residual, norm_weight, bias) and residual.shape == x.shape:
+        from graphllm.kernels.skinny_matmul import rms_norm_matmul_normed
+        out, h, y = rms_norm_matmul_normed(_rows(x), norm_weight, eps, weight, bias, residual=_rows(residual),
+                                           unit_offset=unit_offset)
+        return out.view(*x.shape[:-1], weight.shape[0]), h.view(x.shape), y.view(x.shape)
+    normed, h = _rms_norm(x, norm_weight, eps, residual, unit_offset)
+    return linear(normed, weight, bias), h.contiguous(), normed.contiguous()
+
+
+@add_rms_norm_linear_normed.register_fake
+def _(x, residual, norm_weight, eps, weight, bias=None, unit_offset=False):
+    return x.new_empty((*x.shape[:-1], weight.shape[0])), x.new_empty(x.shape), x.new_empty(x.shape)
+
+
 def takes_act_prologue(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """silu_mul_matmul (SwiGLU or GeGLU in down_proj's prologue), in half precision on CUDA: where
     skinny_matmul.fuses_activation says (one row; at 2-8 rows it measured slower than the two launches)."""

@@ -68,6 +68,7 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     from graphllm.passes.lowering.linear_epilogue import LinearEpilogue
     from graphllm.passes.lowering.linear_prologue import LinearPrologue
     from graphllm.passes.lowering.row_sumsq import RowSumsq
+    from graphllm.passes.lowering.shared_norm_prologue import SharedNormPrologue
     from graphllm.passes.lowering.skinny_linear import SkinnyLinear
     from graphllm.passes.quantization.quantize_fp8_activations import QuantizeFP8Activations
     from graphllm.passes.quantization.quantize_fp8_experts import QuantizeFP8Experts
@@ -81,6 +82,7 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
               (config.skinny_linear, SkinnyLinear),
               (config.skinny_linear and config.linear_prologue,
                lambda: LinearPrologue(fp8=config.fp8_linear_prologue)),
+              (config.skinny_linear and config.linear_prologue and config.shared_norm_prologue, SharedNormPrologue),
               (config.skinny_linear and config.linear_epilogue, LinearEpilogue),
               (config.skinny_linear and config.linear_prologue and config.row_sumsq, RowSumsq)]
     linears = quantization_pass(config, prequantized)

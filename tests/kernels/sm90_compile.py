@@ -257,6 +257,13 @@ def pdl_variants():
             EPILOGUE=skinny_matmul.EPILOGUES["silu_mul"], INTERLEAVED=True), {"num_stages": 4, "launch_pdl": True}
 
 
+    # a norm read by the router and the experts (shared_norm_prologue): the one-row launch that also stores it (the
+    # router's 32-column tiles in 4 K splits, default_config's at K >= 2N)
+    yield skinny_matmul._skinny_matmul_kernel, dict(types, normed_ptr="*bf16"), dict(
+        tile, PROLOGUE=skinny_matmul.PROLOGUES["add_rms_norm"], BLOCK_M=1, BLOCK_N=32, BLOCK_K=256, SPLIT_K=4,
+        STORE_NORMED=True), {"num_stages": 4, "launch_pdl": True}
+
+
 def with_defaults(kernel: triton.JITFunction, constexprs: dict) -> dict:
     """constexprs plus the kernel's own defaults for the constexpr parameters they leave out (ASTSource applies
     none of its own: a left-out one would compile as a runtime int32)."""

@@ -10,8 +10,9 @@ pytest.importorskip("triton")
 from graphllm.kernels.skinny_matmul import (  # noqa: E402
     CONFIGS, INTERLEAVED_CONFIGS, MAX_ROWS, _counters, beats_cublas, default_config, epilogue_config, fuses_activation,
     interleave_gate_up, interleaved_config, matmul_act_mul,
-    rms_norm_matmul, rms_norm_matmul_reference, row_sumsq_matmul, row_sumsq_reference, silu_mul_matmul,
+    rms_norm_matmul, rms_norm_matmul_normed, rms_norm_matmul_reference, row_sumsq_matmul, row_sumsq_reference, silu_mul_matmul,
     silu_mul_matmul_reference, skinny_matmul, skinny_matmul_reference, takes_row_sumsq)
+from graphllm.kernels.rms_norm import rms_norm_reference  # noqa: E402
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, assert_close, gpu_only, randn  # noqa: E402
 
 
@@ -56,6 +57,26 @@ def test_rms_norm_prologue(m, dtype, residual, split_k):
     want, want_h = rms_norm_matmul_reference(x, norm_w, 1e-5, w, b, residual=r)
     assert_close(got, want)
     assert (h is None and want_h is None) if r is None else torch.equal(h, want_h)  # the residual add rounds once
+
+
+@pytest.mark.parametrize("split_k", (1, 3))
+@pytest.mark.parametrize("m, dtype", [(1, torch.float32), (1, LOW_DTYPE), (5, LOW_DTYPE)])
+@pytest.mark.parametrize("residual, unit_offset", [(False, False), (True, False), (True, True)])
+def test_norm_prologue_stores_the_norms_output(m, dtype, residual, unit_offset, split_k):
+    """rms_norm_matmul_normed: the product and h of rms_norm_matmul, bit for bit, and y, the operand the product
+    used (the plain product over y with the same tiles is the same result, exactly), within rounding of the norm's
+    reference; 3 column tiles and 3 K splits: only the first tile's programs store it, every K split its columns."""
+    x, r = randn((m, 200), dtype, 0), randn((m, 200), dtype, 1) if residual else None
+    norm_w, w = 1 + randn((200,), dtype, 2) / 4, randn((80, 200), dtype, 3) / 200 ** 0.5
+    b = randn((80,), dtype, 4)
+    got, h, y = rms_norm_matmul_normed(x, norm_w, 1e-5, w, b, residual=r, config=tiles(split_k),
+                                       unit_offset=unit_offset)
+    plain, plain_h = rms_norm_matmul(x, norm_w, 1e-5, w, b, residual=r, config=tiles(split_k),
+                                     unit_offset=unit_offset)
+    assert torch.equal(got, plain) and (h is None if r is None else torch.equal(h, plain_h))
+    assert y.shape == x.shape and y.dtype == x.dtype and y.is_contiguous()
+    assert torch.equal(skinny_matmul(y, w, b, config=tiles(split_k)), got)
+    assert_close(y, rms_norm_reference(x, norm_w, 1e-5, r, unit_offset)[0])
 
 
 @pytest.mark.parametrize("m, dtype", [(1, torch.float32), (1, LOW_DTYPE), (MAX_ROWS, LOW_DTYPE)])

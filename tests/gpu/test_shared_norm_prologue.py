@@ -1,0 +1,54 @@
+"""On a GPU: shared_norm_prologue in a bf16 Qwen3-MoE engine. Decoding one sequence at a time (the one-row graph,
+where the router's launch takes the post-attention norm and stores it for the experts), its teacher-forced top-1
+rows are nearly all those of the same engine without the pass: the norm's mean square is summed in another order
+than Inductor's norm kernel sums it, nothing else changes."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from graphllm import Engine
+from graphllm.config import EngineConfig
+from tests.conftest import compile_cached
+from tests.gpu.test_attention_backends import FORCED_LEN, LIMITS, NUM_SEQS, PROMPT_LEN, agreement, teacher_forced_top1
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.fixture(scope="module")
+def bf16_moe(tmp_path_factory):
+    """A Qwen3-MoE with 8 experts, 2 a token, hidden 512 (the router [8, 512] and o_proj run skinny_matmul at one
+    row), random weights and a sharpened head."""
+    config = transformers.Qwen3MoeConfig(vocab_size=2048, hidden_size=512, intermediate_size=1024,
+                                         moe_intermediate_size=256, num_experts=8, num_experts_per_tok=2,
+                                         norm_topk_prob=True, num_hidden_layers=4, num_attention_heads=4,
+                                         num_key_value_heads=2, head_dim=128, max_position_embeddings=512,
+                                         initializer_range=0.05, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    path = tmp_path_factory.mktemp("bf16-qwen3-moe")
+    model.save_pretrained(path)
+    return path
+
+
+def test_one_row_rows_with_and_without_the_pass(bf16_moe):
+    gen = torch.Generator().manual_seed(0)
+    histories = torch.randint(3, 2048, (NUM_SEQS, PROMPT_LEN + FORCED_LEN), generator=gen).tolist()
+    config = EngineConfig(model=str(bf16_moe), dtype="bfloat16", **LIMITS)
+    arts = {on: compile_cached(dataclasses.replace(config, shared_norm_prologue=on), bf16_moe) for on in (False, True)}
+    after = (Path(arts[True]) / "graphs" / "after.txt").read_text()
+    assert after.count("graphllm.add_rms_norm_linear_normed") == 4  # each layer's post-attention norm
+    rows = {}
+    for on in (False, True):
+        engine = Engine.load(arts[on], attention_backend="triton", async_scheduling=False)
+        rows[on] = [row for history in histories for row in teacher_forced_top1(engine, [history])]
+        assert engine.runner.graphs.replays >= NUM_SEQS * (FORCED_LEN - 1)
+        del engine
+    same = agreement(rows[False], rows[True])
+    print(f"shared_norm_prologue, 1 row: teacher-forced top-1 agreement with the engine without it {same:.4f}")
+    assert same >= 0.98
