@@ -13,6 +13,7 @@ import json
 import math
 import platform
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,21 +88,30 @@ def cache_dir(args: argparse.Namespace, work: Path) -> str:
 
 
 def model_folder(args: argparse.Namespace, work: Path, echo: bool = False) -> Path:
-    """--model, else the preset's folder under --work (written once, renamed into place when complete);
-    echo: presets.random_weights' (a folder of its own)."""
+    """--model, else the preset's folder under --work (written once, in a staging directory of its own renamed
+    into place when complete; a bench started beside one writing it waits for it, as compiles of one artifact do:
+    compiler/staging.py); echo: presets.random_weights' (a folder of its own)."""
     if args.model:
         return Path(args.model).expanduser()
     from graphllm.bench.presets import write_preset
+    from graphllm.compiler.staging import exclusive, publish, staging_dir
     layers = getattr(args, "preset_layers", None)
     folder = work / "models" / (args.preset + (f"-{layers}-layers" if layers else "")
                                 + ("-echo" if echo else ""))
-    if not (folder / "config.json").is_file():
-        start = time.perf_counter()
-        overrides = {"num_hidden_layers": layers} if layers else {}
-        partial = write_preset(args.preset, folder.with_name(folder.name + ".partial"), overrides=overrides,
-                               echo=echo)
-        partial.rename(folder)
-        print(f"wrote preset {args.preset} to {folder} in {time.perf_counter() - start:.1f} s", flush=True)
+    if (folder / "config.json").is_file():
+        return folder
+    with exclusive(folder.with_name(folder.name + ".lock"), f"another bench is writing {folder}; waiting for it", True):
+        if not (folder / "config.json").is_file():
+            start = time.perf_counter()
+            overrides = {"num_hidden_layers": layers} if layers else {}
+            staging = staging_dir(folder)
+            try:
+                write_preset(args.preset, staging, overrides=overrides, echo=echo)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            publish(staging, folder)
+            print(f"wrote preset {args.preset} to {folder} in {time.perf_counter() - start:.1f} s", flush=True)
     return folder
 
 

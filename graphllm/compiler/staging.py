@@ -10,14 +10,19 @@ same output; those of other hosts (a shared file system) are left alone, as thei
 
 import contextlib
 import errno
+import fcntl
+import logging
 import os
 import shutil
 import socket
+import sys
 import uuid
 from pathlib import Path
 
 STAGING, ASIDE = ".partial", ".old"
 PUBLISH_TRIES = 16
+
+logger = logging.getLogger(__name__)
 
 
 def owner_suffix() -> str:
@@ -78,3 +83,22 @@ def publish(staging: Path, out: Path) -> None:
     else:
         raise OSError(f"could not rename {staging} to {out}: other compiles kept writing it ({PUBLISH_TRIES} tries)")
     shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path, waiting: str, show_progress: bool):
+    """Holds an exclusive flock on the file lock (made if missing) for the block; says `waiting` first when
+    another process holds it. The kernel drops the lock with its process, so a killed compile frees it."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if show_progress:
+                print(waiting, file=sys.stderr, flush=True)
+            logger.info(waiting)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -49,3 +49,38 @@ def test_the_echo_preset_repeats_its_last_token():
     hf.load_state_dict(echo)
     out = hf.generate(torch.tensor([[5, 77, 200, 31]]), max_new_tokens=6, do_sample=False)
     assert out[0, 4:].tolist() == [31] * 6
+
+
+def test_two_benches_write_a_preset_once(tmp_path, monkeypatch):
+    """Two benches asking for one preset folder at once (threads: flock's locks belong to open files, so they
+    exclude each other as two processes would): one writes it in a staging directory of its own and renames it
+    into place, the other waits and reads it; nothing else is left beside it. The writer is a stand-in (a real
+    preset is gigabytes); the directories, renames and locks are real."""
+    import argparse
+    import threading
+    import time
+
+    from graphllm.bench import presets
+    from graphllm.bench.workload import model_folder
+
+    writes = []
+
+    def write_preset(name, out, overrides=None, echo=False):
+        writes.append(out)
+        (out / "model.safetensors").write_bytes(b"weights")
+        time.sleep(0.5)  # the other bench arrives while this one writes
+        (out / "config.json").write_text(json.dumps(PRESETS[name]))
+        return out
+
+    monkeypatch.setattr(presets, "write_preset", write_preset)
+    args = argparse.Namespace(model=None, preset="qwen3-0.6b", preset_layers=2)
+    folders = []
+    threads = [threading.Thread(target=lambda: folders.append(model_folder(args, tmp_path))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    folder = tmp_path / "models" / "qwen3-0.6b-2-layers"
+    assert folders == [folder, folder] and len(writes) == 1 and writes[0] != folder
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name, folder.name + ".lock"]
