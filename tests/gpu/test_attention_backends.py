@@ -20,7 +20,7 @@ import torch
 import transformers
 
 from graphllm import Engine, SamplingParams
-from tests.gpu.helpers import transformers_greedy
+from tests.gpu.helpers import sharpened_model_folder, transformers_greedy
 from graphllm.config import EngineConfig
 from tests.conftest import compile_cached
 
@@ -53,13 +53,7 @@ def bf16_model(tmp_path_factory):
     config = transformers.LlamaConfig(vocab_size=2048, hidden_size=512, intermediate_size=1024, num_hidden_layers=4,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=128,
                                       max_position_embeddings=512, initializer_range=0.05, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    path = tmp_path_factory.mktemp("bf16-llama")
-    model.save_pretrained(path)
-    return path
+    return sharpened_model_folder(transformers.LlamaForCausalLM, config, tmp_path_factory.mktemp("bf16-llama"))
 
 
 def teacher_forced_top1(engine: Engine, histories: list[list[int]]) -> list[list[int]]:

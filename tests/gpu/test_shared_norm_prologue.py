@@ -13,6 +13,7 @@ import transformers
 from graphllm import Engine
 from graphllm.config import EngineConfig
 from tests.conftest import compile_cached
+from tests.gpu.helpers import sharpened_model_folder
 from tests.gpu.test_attention_backends import FORCED_LEN, LIMITS, NUM_SEQS, PROMPT_LEN, agreement, teacher_forced_top1
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -27,13 +28,7 @@ def bf16_moe(tmp_path_factory):
                                          norm_topk_prob=True, num_hidden_layers=4, num_attention_heads=4,
                                          num_key_value_heads=2, head_dim=128, max_position_embeddings=512,
                                          initializer_range=0.05, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = transformers.Qwen3MoeForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)
-    path = tmp_path_factory.mktemp("bf16-qwen3-moe")
-    model.save_pretrained(path)
-    return path
+    return sharpened_model_folder(transformers.Qwen3MoeForCausalLM, config, tmp_path_factory.mktemp("bf16-qwen3-moe"))
 
 
 def test_one_row_rows_with_and_without_the_pass(bf16_moe):
