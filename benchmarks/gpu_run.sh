@@ -12,8 +12,9 @@
 #              2-8 rows);  sumsq-tests  its kernel tests on the GPU and its 8-row teacher-forced agreement
 #   tests      GPU-marked tests (kernels against references, backends against transformers / eager); 540 s: with a
 #              cold Triton cache tests/kernels alone took most of the old 330 s limit on 2026-11-24
-#   tests-gpu-x  tests/gpu alone in TESTS_WORKERS=6 pytest-xdist processes (each engine's KV cache is sized in GiB,
-#              not as a share of the GPU, so they fit side by side); TESTS_K=EXPR: only tests matching -k EXPR
+#   tests-gpu-x  tests/gpu alone in TESTS_WORKERS=6 pytest-xdist processes (engines size their KV caches from the
+#              free memory, so a later one gets less: six fit on the H200, 2026-12-06 s31 call 4; not yet tried on an
+#              H100, where tests/kernels' engine tests ran out of memory in 8); TESTS_K=EXPR: only tests matching -k EXPR
 #   tests-engines  tests/kernels' engine tests alone, one at a time (tests-gpu runs them before tests/gpu)
 #   tests-kernels, tests-gpu  its two parts (tests/kernels in TESTS_WORKERS=8 processes where .whl has
 #              pytest-xdist); TESTS_LIMIT=S in the environment: S seconds a part instead of 540
