@@ -221,7 +221,8 @@ for tag in "$@"; do
         tests/kernels/test_skinny_matmul.py tests/kernels/test_silu_and_mul.py tests/passes/test_linear_epilogue.py \
         tests/gpu/test_attention_backends.py -k "act_mul or interleaved or epilogue" 2>&1 | tail -12 ;;
     snp-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
-        tests/kernels/test_skinny_matmul.py tests/gpu/test_shared_norm_prologue.py -k "norm or rows_with" 2>&1 | tail -12 ;;
+        tests/kernels/test_skinny_matmul.py tests/gpu/test_shared_norm_prologue.py -k "norm or rows_with" 2>&1 \
+        | tee "$OUT/r/$tag-full.log" | grep -v DEBUG | tail -40 ;;
     sumsq-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/gpu/test_attention_backends.py -k "sumsq or act_prologue" 2>&1 \
         | grep -E "agreement|passed|failed|FAIL|Error" | tail -12 ;;
