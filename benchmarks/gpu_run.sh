@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call on the H200: install the carried wheels, then run the stages named in $@:
-#   sweep      benchmarks/kernel_sweep.py (skinny_matmul vs cuBLAS, decode attention bandwidth); sweep-PART: one part
+#   sweep      benchmarks/kernel_sweep.py (skinny_matmul vs cuBLAS, decode attention bandwidth); sweep-PART: one part;
+#              ab-sweep-PART  this tree's sweep script over .ab/'s kernels (sweep-attention-launch ab-sweep-attention-launch:
+#              the engine's decode launch at throughput shapes, this tree against .ab/)
 #   waits      benchmarks/host_waits.py (where the host waits for the GPU under async scheduling; after a bench stage)
 #   mixed      benchmarks/mixed_step_profile.py on the 8B preset (needs a latency/throughput stage before it)
 #   noskinny1-B  latency1-B compiled with --no-skinny-linear (cuBLAS for every linear)
@@ -175,6 +177,8 @@ for tag in "$@"; do
   case $stage in
     sweep) timeout 400 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
     sweep-*) timeout 420 python3 benchmarks/kernel_sweep.py "$OUT/r/$tag.json" ${stage#sweep-} ;;
+    ab-sweep-*) PYTHONPATH="/tmp/site:$PWD/.ab" timeout 420 python3 benchmarks/kernel_sweep.py "$OUT/r/$tag.json" \
+        ${stage#ab-sweep-} ;;
     fp8-engine-tests) timeout 400 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_store_kv.py tests/kernels/test_triton_backend.py tests/ops/test_kv_quant.py \
         tests/runtime/test_kv_cache_dtype.py "tests/kernels/test_paged_decode_attention.py::test_quantize_query_heads_rounds_as_torch" \

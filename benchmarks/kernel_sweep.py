@@ -490,6 +490,29 @@ def sweep_attention() -> list[dict]:
     return rows
 
 
+# a throughput run's decode steps: 256 and 512 sequences over ~544 keys (512-token prompts), and 1,024 keys
+LAUNCH_SHAPES = [(128, 1024), (256, 544), (256, 1024), (512, 544)]
+
+
+def sweep_attention_launch() -> list[dict]:
+    """The engine's decode launch alone (rotary and KV write inside) over bf16 and fp8 caches at a throughput run's
+    shapes, us per call and the share of the copy rate each cache's bytes stream at: quick, for an A/B between two
+    trees (gpu_run.sh's ab-sweep-attention-launch runs this script over .ab/'s kernels)."""
+    rows, scale = [], HEAD_DIM ** -0.5
+    for batch, ctx in LAUNCH_SHAPES:
+        caches, tables, lens, q, kv_bytes = paged_decode_inputs(batch, ctx)
+        fp8_caches = [c.to(torch.float8_e4m3fn) for c in caches]
+        row = {"batch": batch, "context": ctx, "kv_mb": kv_bytes / 1e6,
+               **decode_launch_fusions(caches, tables, lens, q, scale, fp8_caches)}
+        row["bf16_tb_s"] = kv_bytes / row["rope_in_decode_us"] / 1e6
+        row["fp8_tb_s"] = kv_bytes / 2 / row["fp8_rope_in_decode_us"] / 1e6
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del caches, fp8_caches
+        torch.cuda.empty_cache()
+    return rows
+
+
 def sweep_attention_heads(HQ, HKV, HEAD_DIM, SOFTCAP) -> list[dict]:  # noqa: N803
     """Decode attention at batch 1 and 8 for another head shape (Gemma 2's: 256-wide heads, group 2, soft cap):
     the default splits against forced ones, 4 and 8 warps."""
@@ -598,6 +621,8 @@ def main() -> None:
         report["matmul8"] = sweep_matmul8()
     if "attention" in parts:
         report["attention"] = sweep_attention()
+    if "attention-launch" in parts:
+        report["attention_launch"] = sweep_attention_launch()
     if "attention-gemma" in parts:
         report["attention_gemma"] = sweep_attention_heads(**GEMMA2_HEADS)
     if "attention-phi3" in parts:

@@ -279,7 +279,7 @@ def _fp8_qk_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_siz
     score_scale = q_scale * scale_log2  # [BLOCK_G]
     dot_dtype = tl.float32 if q.dtype == tl.float32 else tl.float16
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
+    l_keys = tl.zeros([BLOCK_N, BLOCK_G], tl.float32)  # the softmax's sums, still by key: summed after the loop
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
@@ -297,8 +297,8 @@ def _fp8_qk_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_siz
         m_new = tl.maximum(m_i, tl.max(s, 0))  # finite: every tile has a valid key
         p = tl.exp2(s - m_new[None, :])
         alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 0)
+        l_keys = l_keys * alpha[None, :] + p
         v = _kv_load(v_cache_ptr, kv_off, kv_mask, dot_dtype, KV_FP8)
         acc = acc * alpha[:, None] + tl.dot(tl.trans(p).to(dot_dtype), v, input_precision=PRECISION)
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, tl.sum(l_keys, 0), m_i
