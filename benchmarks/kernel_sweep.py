@@ -400,11 +400,12 @@ FP8_DECODE_KNOBS = {"heads_first": dict(heads_first=True), "stages2": dict(num_s
                     "fp8qk_block128_stages2": dict(fp8_qk=True, block_n=128, num_stages=2)}
 
 
-def decode_launch_fusions(caches, tables, lens, q, scale, fp8_caches=None) -> dict:
+def decode_launch_fusions(caches, tables, lens, q, scale, fp8_caches=None, fp8_knobs=()) -> dict:
     """us per call of a decode layer's attention launches, bf16, the fusion against what it replaces:
     rope_store_kv then the decode kernel against the decode kernel rotating and storing the new token itself
     (new_tokens, kernels/rope_decode.py). With fp8_caches, the fused launch over them too, decode_tiling's default
-    against q.K over converted keys (fp8_qk=False): the engine's decode launch over an fp8 cache."""
+    against q.K over converted keys (fp8_qk=False): the engine's decode launch over an fp8 cache; fp8_knobs: more
+    (name, paged_decode_attention knobs) of that launch to time."""
     batch = q.shape[0]
     k, v = (torch.randn(batch, HKV, HEAD_DIM, device="cuda", dtype=DTYPE) for _ in range(2))
     angles = torch.rand(batch, HEAD_DIM // 2, device="cuda") * 6
@@ -418,7 +419,7 @@ def decode_launch_fusions(caches, tables, lens, q, scale, fp8_caches=None) -> di
     out["rope_in_decode_us"] = 1e6 * graph_seconds([
         lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0,
                                            new_tokens=NewTokens(k, v, cos, sin, slots)) for c in caches])
-    fp8_knobs = (("fp8_rope_in_decode_us", {}), ("fp8_rope_in_decode_converted_us", dict(fp8_qk=False)))
+    fp8_knobs = (("fp8_rope_in_decode_us", {}), ("fp8_rope_in_decode_converted_us", dict(fp8_qk=False)), *fp8_knobs)
     for name, knobs in fp8_knobs if fp8_caches else ():
         out[name] = 1e6 * graph_seconds([
             lambda c=c, kw=knobs: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0, **kw,
@@ -492,6 +493,9 @@ def sweep_attention() -> list[dict]:
 
 # a throughput run's decode steps: 256 and 512 sequences over ~544 keys (512-token prompts), and 1,024 keys
 LAUNCH_SHAPES = [(128, 1024), (256, 544), (256, 1024), (512, 544)]
+# q.K in float8 capped at 96 registers a thread (110 under Triton 3.6, offline sm_90 build: 4 programs an SM; at 96, 8
+# bytes spilled, 5 fit the registers and 5 x 45 KB the shared memory)
+FP8_LAUNCH_KNOBS = (("fp8_rope_in_decode_maxnreg96_us", dict(maxnreg=96)),)
 
 
 def sweep_attention_launch() -> list[dict]:
@@ -503,7 +507,7 @@ def sweep_attention_launch() -> list[dict]:
         caches, tables, lens, q, kv_bytes = paged_decode_inputs(batch, ctx)
         fp8_caches = [c.to(torch.float8_e4m3fn) for c in caches]
         row = {"batch": batch, "context": ctx, "kv_mb": kv_bytes / 1e6,
-               **decode_launch_fusions(caches, tables, lens, q, scale, fp8_caches)}
+               **decode_launch_fusions(caches, tables, lens, q, scale, fp8_caches, FP8_LAUNCH_KNOBS)}
         row["bf16_tb_s"] = kv_bytes / row["rope_in_decode_us"] / 1e6
         row["fp8_tb_s"] = kv_bytes / 2 / row["fp8_rope_in_decode_us"] / 1e6
         rows.append(row)
