@@ -21,7 +21,7 @@ prologue: each decode linear with the op before it (add_rms_norm, silu_mul or no
 before linear_prologue (row kernel, then graphllm.linear's routing), and cuBLAS alone on the operand (the
 routing follows skinny_matmul.CONFIGS since 2026-11-29), against one skinny_matmul launch
 with that prologue, default config and the best of a grid with K splits, at M = 1, 8, 16; prologue-FAMILY: the
-same at one row for a family preset's shapes (FAMILY_SHAPES: gemma, phi3, olmo2).
+same at one row for a family preset's shapes (FAMILY_SHAPES: gemma, phi3, olmo2, qwen3moe).
 chain: CHAIN_LAYERS decoder layers' linears back to back (norm, qkv, o_proj, norm, gate_up, SwiGLU,
 down, each on its own weights), unfused and through the fused ops: what the kernel boundaries
 cost inside a graph. (The run of 2026-11-21 also tried programmatic dependent launch, with and
@@ -216,6 +216,10 @@ FAMILY_SHAPES = {
               "lm_head": (32064, 3072)}, PROLOGUE_OF),  # Phi-3-mini
     "olmo2": ({"qkv": (12288, 4096), "o_proj": (4096, 4096), "gate_up": (22016, 4096), "down": (4096, 11008),
                "lm_head": (100352, 4096)}, dict(PROLOGUE_OF, qkv="none", gate_up="none")),  # OLMo 2 7B
+    # Qwen3-30B-A3B's dense linears (the experts run the fused MoE kernels): at one row on the H200 (s32 call 2,
+    # moe-prof1-nopdl) qkv took 10.1 us (2.1 TB/s), o_proj 8.3 (2.0), the router 5.4
+    "qwen3moe": ({"qkv": (5120, 2048), "o_proj": (2048, 4096), "router": (128, 2048)},
+                 dict(PROLOGUE_OF, router="none")),
 }
 
 
