@@ -43,7 +43,11 @@ def candidates(num_tokens: int) -> dict[str, dict]:
     """Tile configs to time beside plan()'s, by token count (fused_experts' config keys)."""
     if num_tokens == 1:
         gemv = {"SORTED": False, "BLOCK_M": 1, "num_warps": 4, "num_stages": 4}
-        return {"gemv16x128": {**gemv, "gate_up": (16, 128), "down": (16, 128)},
+        # the down kernel took 11.7 us for Qwen3's 25 MB at one token on the H200 (51% of the copy rate; gate/up 74%,
+        # s32 moe-prof1-nopdl): wider down tiles (fewer, larger programs) beside plan()'s gate/up
+        down = {f"down{n}x{k}": {**gemv, "gate_up": (16, 256), "down": (n, k)}
+                for n, k in ((32, 256), (64, 256), (32, 512), (64, 128), (16, 512))}
+        return {**down, "gemv16x128": {**gemv, "gate_up": (16, 128), "down": (16, 128)},
                 "gemv32x256": {**gemv, "gate_up": (32, 256), "down": (32, 256)},
                 "gemv16x512": {**gemv, "gate_up": (16, 512), "down": (16, 512), "num_stages": 3},
                 "dot16:32x128": {"SORTED": False, "BLOCK_M": 16, "gate_up": (32, 128), "down": (32, 128),
