@@ -78,6 +78,12 @@ CONFIGS: dict[tuple[int, int, int], dict] = {
     (1, 12288, 4096): {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
     (1, 4096, 4096): {"BLOCK_N": 32, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
     (1, 4096, 11008): {"BLOCK_N": 32, "BLOCK_K": 512, "SPLIT_K": 2, "num_warps": 4, "num_stages": 4},
+    # Qwen3-30B-A3B at one row (kernel_sweep prologue-qwen3moe, on an H100, 2026-12-06 s32; not yet on an H200):
+    # qkv (add_rms_norm prologue) 10.1 against the rule's 11.0 / unfused 11.4; o_proj 9.5 against 9.8 / cuBLAS 10.0;
+    # the router [128, 2048] in 8 K splits 3.7 against the rule's 2 splits 5.8 / cuBLAS 5.3
+    (1, 5120, 2048): {"BLOCK_N": 16, "BLOCK_K": 512, "SPLIT_K": 1, "num_warps": 4, "num_stages": 4},
+    (1, 2048, 4096): {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 4, "num_warps": 4, "num_stages": 4},
+    (1, 128, 2048): {"BLOCK_N": 16, "BLOCK_K": 256, "SPLIT_K": 8, "num_warps": 4, "num_stages": 4},
     # Llama-3-8B qkv and down at 2-8 rows (the decode buckets 2, 4, 8), the best of kernel_sweep matmul8 at 8 rows
     # (H200, 2026-11-21): qkv 15.4 us against cuBLAS 15.6, down 32.3 against cuBLAS's split-K GEMM and its reduce
     # kernel, 32.0. A tie alone; in the engine they are programmatic dependents (PDL), which cuBLAS's are not:

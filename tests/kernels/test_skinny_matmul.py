@@ -305,6 +305,9 @@ def test_measured_shapes_take_their_configs():
     assert_close(got, want)
     assert torch.equal(h, want_h)
     assert_close(skinny_matmul(x, w, config=CONFIGS[(1, 3584, 4096)]), skinny_matmul_reference(x, w))
+    # Qwen3-MoE's router at its shape: 8 K splits of one 256-column step each
+    x, w = randn((1, 2048), LOW_DTYPE, 7), randn((128, 2048), LOW_DTYPE, 8) / 45
+    assert_close(skinny_matmul(x, w, config=CONFIGS[(1, 128, 2048)]), skinny_matmul_reference(x, w))
 
 
 def test_strided_rows():
