@@ -2,7 +2,8 @@
 # One device call on the H200: install the carried wheels, then run the stages named in $@:
 #   sweep      benchmarks/kernel_sweep.py (skinny_matmul vs cuBLAS, decode attention bandwidth); sweep-PART: one part;
 #              ab-sweep-PART  this tree's sweep script over .ab/'s kernels (sweep-attention-launch ab-sweep-attention-launch:
-#              the engine's decode launch at throughput shapes, this tree against .ab/)
+#              the engine's decode launch at throughput shapes, this tree against .ab/); sweep-attention-flashinfer:
+#              an fp8 cache's decode, this kernel against FlashInfer's (CUDA cores and tensor cores), same pages
 #   waits      benchmarks/host_waits.py (where the host waits for the GPU under async scheduling; after a bench stage)
 #   mixed      benchmarks/mixed_step_profile.py on the 8B preset (needs a latency/throughput stage before it)
 #   noskinny1-B  latency1-B compiled with --no-skinny-linear (cuBLAS for every linear)

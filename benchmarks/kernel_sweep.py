@@ -521,6 +521,66 @@ def sweep_attention_launch() -> list[dict]:
     return rows
 
 
+def stream_seconds(calls: list, reps: int = 10) -> float:
+    """Mean seconds of one call, launched eagerly in sequence (for kernels whose wrappers are not captured here)."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        for call in calls:
+            call()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 1e3 / reps / len(calls)
+
+
+def sweep_attention_flashinfer() -> list[dict]:
+    """An fp8 cache's decode at a throughput run's shapes: this project's kernel (no rotary inside, as FlashInfer's)
+    against FlashInfer's paged decode over the same float8 pages (CUDA cores, and its tensor-core path), both
+    launched eagerly, us per call. On the H200 the engine's fp8 launch streams at ~1.8 TB/s (s32 call 2: 156 us
+    a layer at 256 x ~544), slower than bf16's; FlashInfer's decode converts in registers, without MMAs."""
+    import flashinfer
+    rows, scale = [], HEAD_DIM ** -0.5
+    workspace = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
+    for batch, ctx in LAUNCH_SHAPES:
+        caches, tables, lens, q, kv_bytes = paged_decode_inputs(batch, ctx)
+        fp8_caches = [c.to(torch.float8_e4m3fn) for c in caches]
+        del caches
+        pages = triton.cdiv(ctx, BLOCK_SIZE)
+        i32 = dict(dtype=torch.int32, device="cuda")
+        indptr = torch.arange(0, batch + 1, **i32) * pages
+        indices = tables[:, :pages].reshape(-1).to(torch.int32)
+        last = torch.full((batch,), (ctx - 1) % BLOCK_SIZE + 1, **i32)
+        row = {"batch": batch, "context": ctx, "fp8_mb": kv_bytes / 2e6}
+        s = stream_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0)
+                            for c in fp8_caches])
+        row["ours_us"] = s * 1e6
+        for name, tensor_cores in (("flashinfer_us", False), ("flashinfer_tc_us", True)):
+            try:
+                wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
+                                                                        use_tensor_cores=tensor_cores)
+                wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, BLOCK_SIZE, sm_scale=scale,
+                             q_data_type=q.dtype, kv_data_type=torch.float8_e4m3fn)
+                ref = paged_decode_attention(q, fp8_caches[0][0], fp8_caches[0][1], tables, lens, scale, 0,
+                                             fp8_qk=False)
+                got = wrapper.run(q, (fp8_caches[0][0], fp8_caches[0][1]))
+                row[name.replace("_us", "_max_err")] = (got.float() - ref.float()).abs().max().item()
+                s = stream_seconds([lambda c=c, w=wrapper: w.run(q, (c[0], c[1])) for c in fp8_caches])
+                row[name] = s * 1e6
+            except Exception as exc:  # noqa: BLE001 - a variant that fails to build is reported, not fatal
+                row[name.replace("_us", "_error")] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        for key in ("ours_us", "flashinfer_us", "flashinfer_tc_us"):
+            if key in row:
+                row[key.replace("_us", "_tb_s")] = kv_bytes / 2 / row[key] / 1e6
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        del fp8_caches
+        torch.cuda.empty_cache()
+    return rows
+
+
 def sweep_attention_heads(HQ, HKV, HEAD_DIM, SOFTCAP) -> list[dict]:  # noqa: N803
     """Decode attention at batch 1 and 8 for another head shape (Gemma 2's: 256-wide heads, group 2, soft cap):
     the default splits against forced ones, 4 and 8 warps."""
@@ -631,6 +691,8 @@ def main() -> None:
         report["attention"] = sweep_attention()
     if "attention-launch" in parts:
         report["attention_launch"] = sweep_attention_launch()
+    if "attention-flashinfer" in parts:
+        report["attention_flashinfer"] = sweep_attention_flashinfer()
     if "attention-gemma" in parts:
         report["attention_gemma"] = sweep_attention_heads(**GEMMA2_HEADS)
     if "attention-phi3" in parts:
