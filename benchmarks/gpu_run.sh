@@ -47,6 +47,9 @@
 #   STAGE-snp  any bench stage with --shared-norm-prologue (a MoE layer's post-attention norm in the router's one-row
 #              launch, which stores it for the experts: the A/B against the stage without it), e.g. moe-lat-snp;
 #              snp-tests  its kernel tests and the Qwen3-MoE engine's one-row rows with and without it
+#   STAGE-pn   any bench stage with --persistent-norms (Inductor's 4,096-wide norm rows, with an fp8 linear's
+#              quantization, as persistent reductions: the A/B against the stage without it), e.g. qtput-fp8kv-pn,
+#              qtput-fp8kv-big-pn
 #   STAGE-epi  any bench stage with --linear-epilogue (gate_up's rows interleaved, SwiGLU in its epilogue: the A/B
 #              against the stage without it), e.g. latency1-triton-epi;  epi-tests  its kernel, op and engine tests
 #   qtput-S-big  qtput-S with 512 sequences and 16,384 tokens a step (its own artifact; vLLM's offline defaults
@@ -151,6 +154,7 @@ for tag in "$@"; do
   case $stage in *-noepi) stage=${stage%-noepi} BENCH_EXTRA="$BENCH_EXTRA --no-linear-epilogue" ;; esac
   case $stage in *-epi) stage=${stage%-epi} BENCH_EXTRA="$BENCH_EXTRA --linear-epilogue" ;; esac
   case $stage in *-snp) stage=${stage%-snp} BENCH_EXTRA="$BENCH_EXTRA --shared-norm-prologue" ;; esac
+  case $stage in *-pn) stage=${stage%-pn} BENCH_EXTRA="$BENCH_EXTRA --persistent-norms" ;; esac
   # qtput-S-big: vLLM's offline batch on a large GPU (its LLM class takes 1,024 sequences and 16,384 tokens a step
   # from 70 GiB up); 512 sequences here, what the H200's KV cache holds of this workload
   qlimits=$LIMITS; case $stage in qtput-*-big) stage=${stage%-big}

@@ -87,6 +87,7 @@ class EngineConfig:
     row_sumsq: bool = False
     shared_norm_prologue: bool = False
     fp8_linear_prologue: bool = False
+    persistent_norms: bool = False
     quantization: str | None = None
     quantization_group_size: int = 128
     quantize_lm_head: bool = False
@@ -140,7 +141,7 @@ class EngineConfig:
                              linear_prologue=self.linear_prologue, linear_epilogue=self.linear_epilogue,
                              row_sumsq=self.row_sumsq, shared_norm_prologue=self.shared_norm_prologue,
                              fp8_linear_prologue=self.fp8_linear_prologue,
-                             inductor_pdl=self.enable_pdl,
+                             inductor_pdl=self.enable_pdl, persistent_norms=self.persistent_norms,
                              quantization=self.quantization,
                              quantization_group_size=self.quantization_group_size,
                              quantize_lm_head=self.quantize_lm_head,
@@ -221,6 +222,12 @@ class CompileConfig:
     # triton.enable_pdl, where this torch has it), so that the engine's PDL chain runs through them
     # (EngineConfig.enable_pdl sets it when the engine compiles; on by default, as that is)
     inductor_pdl: bool = True
+    # Inductor lowering: a row reduction of up to PERSISTENT_ROW_NUMEL elements (an 8B model's 4,096-wide norms,
+    # and the fp8 linears' norm + per-token quantization Inductor fuses with them) as a persistent reduction, the
+    # row read once into registers, instead of Inductor's looped one past 1,024 (which reads the row once a
+    # loop: at 4,096 rows the 8B's norm + quantize kernels stream at ~40% of the H200's copy rate, s32). Off by
+    # default until a GPU A/B says it pays (graphllm/compiler/inductor_lowering.py's persistent_rows)
+    persistent_norms: bool = False
     # One of QUANTIZATIONS: the quantize_<scheme> pass rewrites every linear but lm_head (None: the
     # checkpoint's own quantization_config if it has one, else none). CHECKPOINT_QUANTIZATIONS names
     # are accepted when they match the checkpoint.

@@ -59,16 +59,56 @@ def inductor_options(pdl: bool) -> dict:
     return options
 
 
-def lower_inductor(exported: torch.export.ExportedProgram, path: Path, pdl: bool = False) -> list[str]:
+def lower_inductor(exported: torch.export.ExportedProgram, path: Path, pdl: bool = False,
+                   persistent_norms: bool = False) -> list[str]:
     """Compile export_step's program and save it; returns the weight names the step takes first. pdl:
-    inductor_options'."""
+    inductor_options'; persistent_norms: persistent_rows (CompileConfig.persistent_norms)."""
     from graphllm.compiler.decompositions import inductor_decompositions
     gm = exported.graph_module  # weights lifted: placeholders for parameters, buffers, then user inputs
     fake_inputs = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
-    with inductor_decompositions(), torch._inductor.config.patch(inductor_options(pdl)), shallow_operator_str():
+    rows = persistent_rows() if persistent_norms else contextlib.nullcontext()
+    with inductor_decompositions(), torch._inductor.config.patch(inductor_options(pdl)), shallow_operator_str(), rows:
         compiled = torch._inductor.standalone_compile(gm, fake_inputs, dynamic_shapes="from_graph")
     compiled.save(path=str(path), format="binary")
     return lifted_weight_names(exported)
+
+
+PERSISTENT_ROW_NUMEL = 8192  # persistent_rows: rows up to this many elements (Inductor's own limit is 1,024)
+
+
+def persistent_choices():
+    """Inductor's InductorChoices with should_use_persistent_reduction also true for an inner (row) reduction of
+    up to PERSISTENT_ROW_NUMEL elements: the norm's row is then loaded once into registers (XBLOCK 1), where
+    Inductor's looped reduction reads it once a loop (the sum of squares, max|x| for a quantization, the
+    output). Every other reduction is decided by Inductor's heuristic as before."""
+    from torch._inductor.choices import InductorChoices
+    from torch._inductor.runtime.hints import ReductionHint
+    from torch._inductor.virtualized import V
+
+    class PersistentRows(InductorChoices):
+        @staticmethod
+        def should_use_persistent_reduction(features, cooperative_reduction: bool) -> bool:
+            if InductorChoices.should_use_persistent_reduction(features, cooperative_reduction):
+                return True
+            return (not cooperative_reduction and features.get_reduction_hint() == ReductionHint.INNER
+                    and V.graph.sizevars.statically_known_leq(features.reduction_numel, PERSISTENT_ROW_NUMEL))
+
+    return PersistentRows()
+
+
+@contextlib.contextmanager
+def persistent_rows():
+    """While Inductor lowers: persistent_choices() as its choices handler, and its name in Inductor's cache keys
+    (torch.compiler.config.cache_key_tag, where this torch has it: the handler is not in them otherwise, and a
+    graph compiled without it would be found in the FX graph cache)."""
+    from torch._inductor.virtualized import V
+    compiler_config = torch.compiler.config
+    tagged = contextlib.nullcontext()
+    if hasattr(compiler_config, "cache_key_tag"):
+        tag = ":".join(t for t in (compiler_config.cache_key_tag, f"persistent-rows-{PERSISTENT_ROW_NUMEL}") if t)
+        tagged = compiler_config.patch(cache_key_tag=tag)
+    with tagged, V.set_choices_handler(persistent_choices()):
+        yield
 
 
 def _shallow(arg) -> str:

@@ -315,7 +315,8 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
                     exported = export_step(graph)
                     written = writer.submit(save_rank_weights, tensor_constants(exported), ranks, staging)
                     lowered = {"kind": "inductor",
-                               "weight_names": lower_inductor(exported, staging / STEP_INDUCTOR, config.inductor_pdl)}
+                               "weight_names": lower_inductor(exported, staging / STEP_INDUCTOR, config.inductor_pdl,
+                                                               config.persistent_norms)}
             with timer.phase("write"):  # what is left of the weights, then graphs and tokenizer files
                 aliases, weight_records = written.result()
                 for name in COPIED_FILES:
