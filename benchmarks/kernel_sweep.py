@@ -547,7 +547,6 @@ def sweep_attention_flashinfer() -> list[dict]:
     for batch, ctx in LAUNCH_SHAPES:
         caches, tables, lens, q, kv_bytes = paged_decode_inputs(batch, ctx)
         fp8_caches = [c.to(torch.float8_e4m3fn) for c in caches]
-        del caches
         pages = triton.cdiv(ctx, BLOCK_SIZE)
         i32 = dict(dtype=torch.int32, device="cuda")
         indptr = torch.arange(0, batch + 1, **i32) * pages
@@ -557,26 +556,29 @@ def sweep_attention_flashinfer() -> list[dict]:
         s = stream_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0)
                             for c in fp8_caches])
         row["ours_us"] = s * 1e6
-        for name, tensor_cores in (("flashinfer_us", False), ("flashinfer_tc_us", True)):
+        s = stream_seconds([lambda c=c: paged_decode_attention(q, c[0], c[1], tables, lens, scale, 0) for c in caches])
+        row["ours_bf16_us"] = s * 1e6  # the same launches over the bf16 pages the float8 ones came from
+        variants = (("flashinfer_us", False, fp8_caches), ("flashinfer_tc_us", True, fp8_caches),
+                    ("flashinfer_bf16_us", False, caches))
+        for name, tensor_cores, layers in variants:
             try:
                 wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
                                                                         use_tensor_cores=tensor_cores)
                 wrapper.plan(indptr, indices, last, HQ, HKV, HEAD_DIM, BLOCK_SIZE, sm_scale=scale,
-                             q_data_type=q.dtype, kv_data_type=torch.float8_e4m3fn)
-                ref = paged_decode_attention(q, fp8_caches[0][0], fp8_caches[0][1], tables, lens, scale, 0,
-                                             fp8_qk=False)
-                got = wrapper.run(q, (fp8_caches[0][0], fp8_caches[0][1]))
+                             q_data_type=q.dtype, kv_data_type=layers[0].dtype)
+                ref = paged_decode_attention(q, layers[0][0], layers[0][1], tables, lens, scale, 0, fp8_qk=False)
+                got = wrapper.run(q, (layers[0][0], layers[0][1]))
                 row[name.replace("_us", "_max_err")] = (got.float() - ref.float()).abs().max().item()
-                s = stream_seconds([lambda c=c, w=wrapper: w.run(q, (c[0], c[1])) for c in fp8_caches])
+                s = stream_seconds([lambda c=c, w=wrapper: w.run(q, (c[0], c[1])) for c in layers])
                 row[name] = s * 1e6
             except Exception as exc:  # noqa: BLE001 - a variant that fails to build is reported, not fatal
                 row[name.replace("_us", "_error")] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        for key in ("ours_us", "flashinfer_us", "flashinfer_tc_us"):
-            if key in row:
-                row[key.replace("_us", "_tb_s")] = kv_bytes / 2 / row[key] / 1e6
+        for key in ("ours_us", "flashinfer_us", "flashinfer_tc_us", "ours_bf16_us", "flashinfer_bf16_us"):
+            if key in row:  # each cache's own bytes
+                row[key.replace("_us", "_tb_s")] = kv_bytes / (1 if "bf16" in key else 2) / row[key] / 1e6
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del fp8_caches
+        del fp8_caches, caches
         torch.cuda.empty_cache()
     return rows
 
