@@ -49,7 +49,7 @@ def test_compiled_greedy_tokens_equal_transformers(arch, tiny_model_dir, tmp_pat
     engine = Engine.from_pretrained(path, tensor_parallel_size=2, compile=True, cache_dir=str(tmp_path))
     step = engine.runner.step
     try:
-        art = next((tmp_path / "artifacts").iterdir())
+        art = next(p for p in (tmp_path / "artifacts").iterdir() if p.is_dir())  # not KEY.lock beside it
         assert sorted(p.name for p in art.glob("weights*")) == ["weights.rank1.safetensors", "weights.safetensors"]
         for name in ("weights.safetensors", "weights.rank1.safetensors"):
             with safe_open(art / name, "pt") as f:
@@ -70,7 +70,7 @@ def test_compiled_moe_at_tp2_splits_its_experts_and_gives_transformers_tokens(ti
     engine = Engine.from_pretrained(path, tensor_parallel_size=2, compile=True, cache_dir=str(tmp_path))
     step = engine.runner.step
     try:
-        art = next((tmp_path / "artifacts").iterdir())
+        art = next(p for p in (tmp_path / "artifacts").iterdir() if p.is_dir())  # not KEY.lock beside it
         with safe_open(art / "weights.rank1.safetensors", "pt") as f:
             w2 = next(n for n in f.keys() if n.endswith("experts.down_proj"))
             assert f.get_slice(w2).get_shape()[2] == hf.config.intermediate_size // 2
