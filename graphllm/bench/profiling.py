@@ -98,15 +98,17 @@ def is_kernel(e) -> bool:
 
 
 def device_rows(events, ranges, dtype: str) -> dict[str, dict[str, dict]]:
-    """phase -> kernel name -> {calls, us, bytes, bytes_us} from the device events and their ops."""
+    """phase -> kernel name -> {calls, us, own_us, bytes, bytes_us} from the device events and their ops. own_us:
+    the part of each call after every kernel that began before it had ended (own_times)."""
     rows: dict[str, dict[str, dict]] = {}
     row = lambda phase, name: rows.setdefault(phase, {}).setdefault(  # noqa: E731
-        name, {"calls": 0, "us": 0.0, "bytes": 0, "bytes_us": 0.0})
-    for e in events:
-        if is_kernel(e):
-            r = row(phase_of(ranges, e.time_range.start), e.name)
-            r["calls"] += 1
-            r["us"] += e.time_range.end - e.time_range.start
+        name, {"calls": 0, "us": 0.0, "own_us": 0.0, "bytes": 0, "bytes_us": 0.0})
+    kernels = sorted((e for e in events if is_kernel(e)), key=lambda e: e.time_range.start)
+    for e, own in zip(kernels, own_times(kernels)):
+        r = row(phase_of(ranges, e.time_range.start), e.name)
+        r["calls"] += 1
+        r["us"] += e.time_range.end - e.time_range.start
+        r["own_us"] += own
     for op in events:
         nbytes = op.kernels and matmul_bytes(op.name, op.input_shapes, input_dtypes(op, dtype))
         if nbytes:
@@ -115,6 +117,21 @@ def device_rows(events, ranges, dtype: str) -> dict[str, dict[str, dict]]:
             r["bytes"] += nbytes
             r["bytes_us"] += kernel.duration
     return rows
+
+
+def own_times(kernels) -> list[float]:
+    """Each kernel's time (us) after the kernels that began before it had ended, in start order: a programmatic
+    dependent (PDL) starts while the kernel before it runs and waits, and its own time leaves that wait out. Copies
+    and memsets may run beside the kernels (copy engines): they keep their whole time and cover nothing."""
+    covered, out = float("-inf"), []
+    for e in kernels:
+        start, end = e.time_range.start, e.time_range.end
+        if e.name.startswith(("Memcpy", "Memset")):
+            out.append(end - start)
+            continue
+        out.append(max(0.0, end - max(start, covered)))
+        covered = max(covered, end)
+    return out
 
 
 DTYPE_NAMES = {"torch.float32": "float", "torch.bfloat16": "c10::BFloat16", "torch.float16": "c10::Half"}
@@ -153,6 +170,7 @@ def cpu_rows(events, ranges, dtype: str) -> dict[str, dict[str, dict]]:
             e.name, {"calls": 0, "us": 0.0, "bytes": 0, "bytes_us": 0.0})
         r["calls"] += 1
         r["us"] += e.self_cpu_time_total
+        r["own_us"] = r["us"]  # self times do not overlap
         if not matmul_below(e) and (nbytes := matmul_bytes(e.name, e.input_shapes, input_dtypes(e, dtype))):
             r["bytes"] += nbytes
             r["bytes_us"] += e.time_range.end - e.time_range.start
@@ -167,7 +185,7 @@ def phase_tables(rows: dict[str, dict[str, dict]], ranges) -> dict[str, dict]:
         steps = sum(1 for r in ranges if r[2] == phase)
         table = sorted(rows.get(phase, {}).items(), key=lambda kv: -kv[1]["us"])
         tables[phase] = {"steps": steps, "step_ms": step_us / 1e3 / max(steps, 1), "rows": [
-            {"name": name, "calls": r["calls"], "time_ms": r["us"] / 1e3,
+            {"name": name, "calls": r["calls"], "time_ms": r["us"] / 1e3, "own_ms": r.get("own_us", r["us"]) / 1e3,
              "share": r["us"] / step_us if step_us else None,
              "gb_s": r["bytes"] / r["bytes_us"] / 1e3 if r["bytes_us"] else None} for name, r in table]}
     return tables
@@ -220,7 +238,8 @@ def profile_engine(engine, prompts: list[list[int]], decode_steps: int, out_dir:
 
 
 PDL_NOTE = ("kernels launched as programmatic dependents (PDL): each one's time includes its wait for the kernel "
-            "before, so times overlap and can sum past the step; --no-enable-pdl profiles a split of the step")
+            "before, so times overlap and can sum past the step; own ms leaves each call's time before the "
+            "kernels begun before it ended out (its wait); --no-enable-pdl profiles a split of the step")
 
 
 def pdl_in_use(engine) -> bool:
@@ -237,11 +256,11 @@ def short(name: str) -> str:
 
 def cells(row: dict) -> tuple:
     share = "-" if row["share"] is None else f"{row['share']:.1%}"
-    return (short(row["name"]), row["calls"], f"{row['time_ms']:.3f}", share,
-            "-" if row["gb_s"] is None else f"{row['gb_s']:.3g}")
+    return (short(row["name"]), row["calls"], f"{row['time_ms']:.3f}", f"{row.get('own_ms', row['time_ms']):.3f}",
+            share, "-" if row["gb_s"] is None else f"{row['gb_s']:.3g}")
 
 
-HEAD = ("kernel / op", "calls", "total ms", "share of step", "GB/s")
+HEAD = ("kernel / op", "calls", "total ms", "own ms", "share of step", "GB/s")
 
 
 def format_profile(report: dict, top: int = 20) -> str:

@@ -73,3 +73,24 @@ def test_the_pdl_note_only_where_kernels_launch_as_dependents():
     off = SimpleNamespace(state=SimpleNamespace(device=torch.device("cuda")), config=SimpleNamespace(enable_pdl=False))
     assert not pdl_in_use(off)  # decided before the device is asked for its capability
     assert "--no-enable-pdl" in PDL_NOTE
+
+
+def test_own_times_leave_a_dependents_wait_out():
+    """A programmatic dependent begun while the kernel before it runs gets only its time after that kernel ends;
+    kernels back to back keep their whole time; a copy beside them keeps its own and covers nothing."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from graphllm.bench.profiling import device_rows, own_times
+
+    def kernel(name, start, end):
+        return SimpleNamespace(name=name, time_range=SimpleNamespace(start=start, end=end), device_type=DeviceType.CUDA,
+                               is_user_annotation=False, kernels=[])
+
+    attention, quant = kernel("attention", 0.0, 156.0), kernel("quant", 119.0, 160.0)  # s32's fp8 decode layer
+    gemm, copy, after = kernel("gemm", 160.5, 177.0), kernel("Memcpy HtoD", 150.0, 170.0), kernel("norm", 177.0, 183.0)
+    kernels = [attention, quant, copy, gemm, after]
+    assert own_times(kernels) == [156.0, 4.0, 20.0, 16.5, 6.0]
+    rows = device_rows([after, gemm, copy, quant, attention], [(0.0, 200.0, "decode")], "")["decode"]
+    assert rows["quant"]["us"] == 41.0 and rows["quant"]["own_us"] == 4.0 and rows["gemm"]["own_us"] == 16.5
