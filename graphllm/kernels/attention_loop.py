@@ -149,7 +149,8 @@ def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_s
                          stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
                          BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
                          BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr,
-                         SOFTCAP: tl.constexpr, HALVES: tl.constexpr = False, FP8_QK: tl.constexpr = False):
+                         SOFTCAP: tl.constexpr, HALVES: tl.constexpr = False, FP8_QK: tl.constexpr = False,
+                         PV_WGMMA: tl.constexpr = False):
     """rows_attention of one token's query heads of KV head kvh (q: [BLOCK_G, BLOCK_D]) over the keys at
     positions lo..hi-1, all visible. Shared by the decode kernel and the prefill kernel's one-token rows.
 
@@ -160,11 +161,12 @@ def one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_s
     order of q.K's float32 additions.
 
     FP8_QK (a float8 cache; not with HALVES): q.K in float8 on the MMA, the keys on its M side (_fp8_qk_attention).
-    q is rounded to float8 per head first, so this computes attention of quantize_query_heads(q)."""
+    q is rounded to float8 per head first, so this computes attention of quantize_query_heads(q). PV_WGMMA (with
+    FP8_QK): P.V as acc^T = V^T . P, the values on the MMA's M side (_fp8_qk_attention)."""
     if FP8_QK:
         acc, l_i, m_i = _fp8_qk_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb,
                                           stride_co, stride_ch, scale_log2, softcap_log2, BLOCK_G, BLOCK_D, HEAD_DIM,
-                                          BLOCK_N, PRECISION, KV_FP8, SOFTCAP)
+                                          BLOCK_N, PRECISION, KV_FP8, SOFTCAP, PV_WGMMA)
         return acc * v_scale, l_i, m_i
     if HALVES:
         q, qk_scale = _query_for_dots(q, scale_log2, KV_FP8)
@@ -265,7 +267,8 @@ def quantize_query_heads(q):
 @triton.jit
 def _fp8_qk_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb, stride_co, stride_ch,
                       scale_log2, softcap_log2, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr,
-                      BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr):
+                      BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr,
+                      PV_WGMMA: tl.constexpr = False):
     """one_token_attention's FP8_QK loop: (acc, l, m), acc unnormalised and not yet times v_scale.
 
     Each tile's scores come transposed, S^T [BLOCK_N, BLOCK_G] = K . q8^T: a float8 key tile straight from the
@@ -273,7 +276,9 @@ def _fp8_qk_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_siz
     scales and scale_log2, which holds k_scale, multiply the float32 scores). With 64 or 128 keys a tile, Triton
     builds it as sm_90's float8 wgmma (a 16-row q on the M side would be float16 MMAs over converted tiles). The
     softmax runs over the keys (axis 0); P.V takes P back to [BLOCK_G, BLOCK_N] and the values converted to float16
-    (or q's float32), as _kv_tile does."""
+    (or q's float32), as _kv_tile does. PV_WGMMA: P.V as acc^T [BLOCK_D, BLOCK_G] = V^T . P instead, the converted
+    values on the MMA's M side and P as stored (sm_90's wgmma, M = the head's 128 dims; no transpose of P, no
+    mma.sync: 331 SASS instructions a 64-key tile against 354, 103 registers against 110, offline build, s32)."""
     q8, q_scale = quantize_query_heads(q)
     q8t = tl.trans(q8)  # [BLOCK_D, BLOCK_G]
     score_scale = q_scale * scale_log2  # [BLOCK_G]
@@ -281,6 +286,7 @@ def _fp8_qk_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_siz
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
     l_keys = tl.zeros([BLOCK_N, BLOCK_G], tl.float32)  # the softmax's sums, still by key: summed after the loop
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    acc_t = tl.zeros([BLOCK_D, BLOCK_G], tl.float32)  # PV_WGMMA's
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
     for tile_n in range(lo, hi, BLOCK_N):
@@ -299,6 +305,11 @@ def _fp8_qk_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_siz
         alpha = tl.exp2(m_i - m_new)
         l_keys = l_keys * alpha[None, :] + p
         v = _kv_load(v_cache_ptr, kv_off, kv_mask, dot_dtype, KV_FP8)
-        acc = acc * alpha[:, None] + tl.dot(tl.trans(p).to(dot_dtype), v, input_precision=PRECISION)
+        if PV_WGMMA:
+            acc_t = acc_t * alpha[None, :] + tl.dot(tl.trans(v), p.to(dot_dtype), input_precision=PRECISION)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(tl.trans(p).to(dot_dtype), v, input_precision=PRECISION)
         m_i = m_new
+    if PV_WGMMA:
+        acc = tl.trans(acc_t)
     return acc, tl.sum(l_keys, 0), m_i

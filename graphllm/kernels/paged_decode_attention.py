@@ -217,7 +217,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          cos_ptr=None, sin_ptr=None, slot_ptr=None, stride_kt=0, stride_kh=0, stride_vt=0, stride_vh=0,
                          stride_ct=0, k_store_scale=1.0, v_store_scale=1.0, HALVES: tl.constexpr = False,
                          FP8_QK: tl.constexpr = False, NORM: tl.constexpr = False,
-                         NORM_UNIT_OFFSET: tl.constexpr = False, q_norm_ptr=None, k_norm_ptr=None, norm_eps=0.0):
+                         NORM_UNIT_OFFSET: tl.constexpr = False, q_norm_ptr=None, k_norm_ptr=None, norm_eps=0.0,
+                         PV_WGMMA: tl.constexpr = False):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
         dependent_start()
     if HEADS_FIRST:  # grid (kv heads, sequences, splits): a sequence's heads run side by side
@@ -262,7 +263,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     acc, l_i, m_i = one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                                          stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
                                          BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP, HALVES,
-                                         FP8_QK)
+                                         FP8_QK, PV_WGMMA)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)  # l_i = 0: empty range, zeros and lse -inf
     out = acc / l_safe[:, None]
@@ -306,7 +307,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            fp8_conversion: int | None = None, block_n: int | None = None,
                            num_stages: int | None = None, heads_first: bool = False,
                            new_tokens: NewTokens | None = None, head_halves: bool | None = None,
-                           fp8_qk: bool | None = None) -> torch.Tensor:
+                           fp8_qk: bool | None = None, pv_wgmma: bool = False) -> torch.Tensor:
     """Attention of each sequence's single new token over its paged keys; returns [B, Hq, D].
 
     q: [B, Hq, D] (last-dim stride 1); k_cache, v_cache: [num_blocks, block_size, Hkv, D] views
@@ -334,7 +335,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     decode, which at 128+ sequences reads half bf16's bytes in 0.8-0.9x its time. fp8_qk (a float8 cache, sm_89+
     or the interpreter): one_token_attention's FP8_QK, q.K in float8 with q rounded per head
     (paged_decode_attention_reference's fp8_qk); None: decode_tiling's (on for 128-wide heads from
-    FP8_HALVES_PROGRAMS programs on sm_90+).
+    FP8_HALVES_PROGRAMS programs on sm_90+). pv_wgmma (with fp8_qk): one_token_attention's PV_WGMMA, P.V with the
+    values on the MMA's M side; kernel_sweep's attention-launch times it; not a default yet.
 
     new_tokens (plain decode only): q and new_tokens.k are not yet rotated, and the new keys and values are not
     yet in the cache; the kernel rotates both and stores them first (rope_decode.py), what rope_store_kv and
@@ -368,6 +370,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         head_halves = False
     else:
         head_halves = tiling.head_halves if head_halves is None else head_halves
+    assert fp8_qk or not pv_wgmma, "pv_wgmma: in fp8_qk's key loop"
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     starts = query_start_loc if mixed else seq_lens  # unread unless mixed
     softcap = logit_softcap > 0
@@ -381,7 +384,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_splits, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_D=block_d, BLOCK_N=block_n, DIRECT=direct, MIXED=mixed,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        HEADS_FIRST=heads_first, HALVES=head_halves, FP8_QK=fp8_qk, num_warps=num_warps, num_stages=num_stages, **extra,
+        HEADS_FIRST=heads_first, HALVES=head_halves, FP8_QK=fp8_qk, PV_WGMMA=pv_wgmma, num_warps=num_warps,
+        num_stages=num_stages, **extra,
         **({"maxnreg": maxnreg} if maxnreg else {}), **pdl_launch(q.device))
     if not direct:
         _decode_reduce_kernel[(batch, num_heads)](

@@ -81,6 +81,9 @@ def variants():
         yield decode._decode_split_kernel, pointer_types(FP8_CVT.value), dict(
             SHAPE, BLOCK_G=16, BLOCK_N=block_n, DIRECT=direct, MIXED=False, KV_FP8=FP8_CVT.value, SOFTCAP=False,
             FP8_QK=True), {"num_stages": 3 if block_n == 64 else 2}
+    yield decode._decode_split_kernel, pointer_types(FP8_CVT.value), dict(  # and P.V with the values on M (wgmma)
+        SHAPE, BLOCK_G=16, BLOCK_N=64, DIRECT=True, MIXED=False, KV_FP8=FP8_CVT.value, SOFTCAP=False, FP8_QK=True,
+        PV_WGMMA=True), {"num_stages": 2}
     rope_types = dict(pointer_types(FP8_CVT.value), k_new_ptr="*bf16", v_new_ptr="*bf16", cos_ptr="*bf16",
                       sin_ptr="*bf16", slot_ptr="*i64", k_store_scale="fp32", v_store_scale="fp32")
     yield decode._decode_split_kernel, rope_types, dict(  # and with the rotary inside (the engine's decode)
@@ -298,6 +301,9 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
     if constexprs.get("FP8_QK") and ".e4m3.e4m3" not in asm["ptx"]:
         # the keys on the MMA's M side: sm_90's float8 wgmma reads the key tile from shared memory
         raise AssertionError("FP8_QK: no float8 MMA (wgmma ... .e4m3.e4m3) in the PTX")
+    if constexprs.get("PV_WGMMA") and not re.search(r"wgmma\.mma_async\S*\.f16\.f16", asm["ptx"]):
+        # P.V with the values on the M side: a float16 wgmma, not mma.sync
+        raise AssertionError("PV_WGMMA: no float16 wgmma in the PTX")
     if constexprs.get("PDL"):  # the wait, and the weight prefetch before it (at one row: BLOCK_K covers a line)
         ptx = asm["ptx"]
         waits, triggers = ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")

@@ -119,6 +119,20 @@ def test_decode_fp8_qk_matches_reference(case, num_splits, block_n):
              block_n=block_n)
 
 
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("case", SMALL)
+def test_decode_fp8_qk_pv_wgmma_matches_reference(case, num_splits):
+    """pv_wgmma: fp8_qk's P.V with the values on the MMA's M side (acc^T = V^T . P), float32 and half queries,
+    a soft cap; and only inside fp8_qk's loop."""
+    run_case(case, torch.float32, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, fp8_qk=True,
+             pv_wgmma=True)
+    run_case(case, LOW_DTYPE, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, fp8_qk=True,
+             pv_wgmma=True, logit_softcap=SOFTCAP)
+    with pytest.raises(AssertionError, match="pv_wgmma"):
+        run_case(case, torch.float32, num_splits, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, fp8_qk=False,
+                 pv_wgmma=True)
+
+
 def test_decode_fp8_qk_half_queries_soft_cap():
     run_case(SMALL[2], LOW_DTYPE, 2, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, fp8_qk=True)
     run_case(SMALL[3], torch.float32, 1, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES, fp8_qk=True,
