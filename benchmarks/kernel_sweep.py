@@ -505,7 +505,9 @@ LAUNCH_SHAPES = [(128, 1024), (256, 544), (256, 1024), (512, 544)]
 FP8_LAUNCH_KNOBS = (("fp8_rope_in_decode_maxnreg96_us", dict(maxnreg=96)),
                     # P.V with the values on the wgmma's M side (pv_wgmma: 331 SASS instructions a tile against 354,
                     # 103 registers against 110, offline sm_90 build, s32)
-                    ("fp8_rope_in_decode_pv_wgmma_us", dict(pv_wgmma=True)))
+                    ("fp8_rope_in_decode_pv_wgmma_us", dict(pv_wgmma=True)),
+                    # and at 96 registers (16 bytes spilled, 348 instructions a tile): 5 programs an SM
+                    ("fp8_rope_in_decode_pv_wgmma_maxnreg96_us", dict(pv_wgmma=True, maxnreg=96)))
 
 
 def sweep_attention_launch() -> list[dict]:
