@@ -289,11 +289,20 @@ def _fp8_qk_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_siz
     acc_t = tl.zeros([BLOCK_D, BLOCK_G], tl.float32)  # PV_WGMMA's
     offs_d = tl.arange(0, BLOCK_D)
     d_mask = offs_d < HEAD_DIM
-    for tile_n in range(lo, hi, BLOCK_N):
-        k_pos = tile_n + tl.arange(0, BLOCK_N)
-        k_valid = k_pos < hi
+    offs_n = tl.arange(0, BLOCK_N)
+    # tiles that start on a page boundary (BLOCK_N a multiple of the page) find a key's place in its page once, out
+    # of the loop: the first tile starts at lo rounded down, its keys before lo masked (a window's start)
+    ON_PAGES: tl.constexpr = BLOCK_N % block_size == 0
+    in_page = ((offs_n % block_size) * stride_co + kvh * stride_ch)[:, None] + offs_d[None, :]
+    first = tl.where(lo < hi, lo // BLOCK_N * BLOCK_N, hi) if ON_PAGES else lo  # an empty range stays empty
+    for tile_n in range(first, hi, BLOCK_N):
+        k_pos = tile_n + offs_n
+        k_valid = (k_pos >= lo) & (k_pos < hi)
         pages = tl.load(table + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
-        kv_off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] + offs_d[None, :]
+        if ON_PAGES:
+            kv_off = (pages * stride_cb)[:, None] + in_page
+        else:
+            kv_off = (pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch)[:, None] + offs_d[None, :]
         kv_mask = k_valid[:, None] & d_mask[None, :]
         k = tl.load(k_cache_ptr + kv_off, mask=kv_mask, other=0.0)  # [BLOCK_N, BLOCK_D] float8, as stored
         s = tl.dot(k, q8t) * score_scale[None, :]  # [BLOCK_N, BLOCK_G]
