@@ -4,6 +4,8 @@
 #              ab-sweep-PART  this tree's sweep script over .ab/'s kernels (sweep-attention-launch ab-sweep-attention-launch:
 #              the engine's decode launch at throughput shapes, this tree against .ab/); sweep-attention-flashinfer:
 #              an fp8 cache's decode, this kernel against FlashInfer's (CUDA cores and tensor cores), same pages
+#   overlap    benchmarks/overlap_probe.py: a decode layer's attention beside the other half-batch's GEMMs on a second
+#              stream, against the serial step (issue 19: whether a NanoFlow-style executor pays)
 #   waits      benchmarks/host_waits.py (where the host waits for the GPU under async scheduling; after a bench stage)
 #   mixed      benchmarks/mixed_step_profile.py on the 8B preset (needs a latency/throughput stage before it)
 #   noskinny1-B  latency1-B compiled with --no-skinny-linear (cuBLAS for every linear)
@@ -182,6 +184,7 @@ for tag in "$@"; do
   kept="$kept ${tag%.*}"
   case $stage in
     sweep) timeout 400 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
+    overlap) timeout 300 python3 benchmarks/overlap_probe.py "$OUT/r/overlap.json" ;;
     sweep-*) timeout 420 python3 benchmarks/kernel_sweep.py "$OUT/r/$tag.json" ${stage#sweep-} ;;
     ab-sweep-*) PYTHONPATH="/tmp/site:$PWD/.ab" timeout 420 python3 benchmarks/kernel_sweep.py "$OUT/r/$tag.json" \
         ${stage#ab-sweep-} ;;
