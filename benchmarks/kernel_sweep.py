@@ -547,9 +547,10 @@ def stream_seconds(calls: list, reps: int = 10) -> float:
 def sweep_attention_flashinfer() -> list[dict]:
     """An fp8 cache's decode at a throughput run's shapes: this project's kernel (no rotary inside, as FlashInfer's)
     against FlashInfer's paged decode over the same float8 pages (CUDA cores, and its tensor-core path), both
-    launched eagerly, us per call. On the H200 the engine's fp8 launch streams at ~1.8 TB/s (s32 call 2: 156 us
+    launched eagerly, us per call; and TensorRT-LLM's XQA decode (flashinfer.xqa) over both. On the H200 the engine's fp8 launch streams at ~1.8 TB/s (s32 call 2: 156 us
     a layer at 256 x ~544), slower than bf16's; FlashInfer's decode converts in registers, without MMAs."""
     import flashinfer
+    from flashinfer.xqa import xqa as xqa_decode
     rows, scale = [], HEAD_DIM ** -0.5
     workspace = torch.zeros(256 * 2**20, dtype=torch.uint8, device="cuda")
     for batch, ctx in LAUNCH_SHAPES:
@@ -581,7 +582,31 @@ def sweep_attention_flashinfer() -> list[dict]:
                 row[name] = s * 1e6
             except Exception as exc:  # noqa: BLE001 - a variant that fails to build is reported, not fatal
                 row[name.replace("_us", "_error")] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        for key in ("ours_us", "flashinfer_us", "flashinfer_tc_us", "ours_bf16_us", "flashinfer_bf16_us"):
+        # TensorRT-LLM's XQA decode as FlashInfer ships it (flashinfer.xqa): it reads the padded block table and the
+        # lengths on the device (no host plan, so it captures into a CUDA graph as this kernel does); over float8
+        # pages on sm_90 it runs its Hopper kernel (mha_sm90: TMA loads, float8 MMAs). Its softmax scale is
+        # q_scale * kv_scale / sqrt(D), and the output is scaled by kv_scale.
+        seq_lens = lens.to(torch.uint32)[:, None]
+        nb_seq = HKV * batch
+        semaphores = torch.zeros(2 * triton.cdiv(nb_seq, 2) + 2 + nb_seq + 2, dtype=torch.uint32, device="cuda")
+        q4 = q[:, None]
+        for name, layers in (("xqa_us", fp8_caches), ("xqa_bf16_us", caches)):
+            try:
+                out = torch.empty_like(q4)
+
+                def xqa(c, out=out):
+                    xqa_decode(q4, c[0], c[1], tables.to(torch.int32), seq_lens, out, workspace, semaphores,
+                                       HKV, BLOCK_SIZE, q_scale=scale * HEAD_DIM ** 0.5)
+                    return out
+                ref = paged_decode_attention(q, layers[0][0], layers[0][1], tables, lens, scale, 0, fp8_qk=False)
+                got = xqa(layers[0])[:, 0]
+                torch.cuda.synchronize()
+                row[name.replace("_us", "_max_err")] = (got.float() - ref.float()).abs().max().item()
+                row[name] = stream_seconds([lambda c=c: xqa(c) for c in layers]) * 1e6
+            except Exception as exc:  # noqa: BLE001 - as above
+                row[name.replace("_us", "_error")] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        for key in ("ours_us", "flashinfer_us", "flashinfer_tc_us", "xqa_us", "ours_bf16_us", "flashinfer_bf16_us",
+                    "xqa_bf16_us"):
             if key in row:  # each cache's own bytes
                 row[key.replace("_us", "_tb_s")] = kv_bytes / (1 if "bf16" in key else 2) / row[key] / 1e6
         rows.append(row)
