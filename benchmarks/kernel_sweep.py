@@ -547,8 +547,9 @@ def stream_seconds(calls: list, reps: int = 10) -> float:
 def sweep_attention_flashinfer() -> list[dict]:
     """An fp8 cache's decode at a throughput run's shapes: this project's kernel (no rotary inside, as FlashInfer's)
     against FlashInfer's paged decode over the same float8 pages (CUDA cores, and its tensor-core path), both
-    launched eagerly, us per call; and TensorRT-LLM's XQA decode (flashinfer.xqa) over both. On the H200 the engine's fp8 launch streams at ~1.8 TB/s (s32 call 2: 156 us
-    a layer at 256 x ~544), slower than bf16's; FlashInfer's decode converts in registers, without MMAs."""
+    launched eagerly, us per call; and TensorRT-LLM's XQA decode (flashinfer.xqa) over both. On the H200 the
+    engine's fp8 launch streams at ~1.8 TB/s (s32 call 2: 156 us a layer at 256 x ~544), slower than bf16's;
+    FlashInfer's decode converts in registers, without MMAs."""
     import flashinfer
     from flashinfer.xqa import xqa as xqa_decode
     rows, scale = [], HEAD_DIM ** -0.5
