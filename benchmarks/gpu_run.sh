@@ -52,6 +52,9 @@
 #   STAGE-pn   any bench stage with --persistent-norms (Inductor's 4,096-wide norm rows, with an fp8 linear's
 #              quantization, as persistent reductions: the A/B against the stage without it), e.g. qtput-fp8kv-pn,
 #              qtput-fp8kv-big-pn
+#   STAGE-xqa  any bench stage with --xqa-decode (decode attention by TensorRT-LLM's XQA kernel, flashinfer.xqa; a
+#              run-time switch, so the stage's artifact is the one without it), e.g. qtput-fp8kv-big-xqa;
+#              xqa-tests  its GPU tests
 #   STAGE-epi  any bench stage with --linear-epilogue (gate_up's rows interleaved, SwiGLU in its epilogue: the A/B
 #              against the stage without it), e.g. latency1-triton-epi;  epi-tests  its kernel, op and engine tests
 #   qtput-S-big  qtput-S with 512 sequences and 16,384 tokens a step (its own artifact; vLLM's offline defaults
@@ -157,6 +160,7 @@ for tag in "$@"; do
   case $stage in *-epi) stage=${stage%-epi} BENCH_EXTRA="$BENCH_EXTRA --linear-epilogue" ;; esac
   case $stage in *-snp) stage=${stage%-snp} BENCH_EXTRA="$BENCH_EXTRA --shared-norm-prologue" ;; esac
   case $stage in *-pn) stage=${stage%-pn} BENCH_EXTRA="$BENCH_EXTRA --persistent-norms" ;; esac
+  case $stage in *-xqa) stage=${stage%-xqa} BENCH_EXTRA="$BENCH_EXTRA --xqa-decode" ;; esac
   # qtput-S-big: vLLM's offline batch on a large GPU (its LLM class takes 1,024 sequences and 16,384 tokens a step
   # from 70 GiB up); 512 sequences here, what the H200's KV cache holds of this workload
   qlimits=$LIMITS; case $stage in qtput-*-big) stage=${stage%-big}
@@ -233,6 +237,8 @@ for tag in "$@"; do
     epi-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_silu_and_mul.py tests/passes/test_linear_epilogue.py \
         tests/gpu/test_attention_backends.py -k "act_mul or interleaved or epilogue" 2>&1 | tail -12 ;;
+    xqa-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_xqa_decode.py 2>&1 | grep -v DEBUG | tail -20 ;;
     snp-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/gpu/test_shared_norm_prologue.py -k "norm or rows_with" 2>&1 \
         | tee "$OUT/r/$tag-full.log" | grep -v DEBUG | tail -40 ;;

@@ -32,6 +32,22 @@ def flashinfer_supports(shape: AttentionShape, dtype: torch.dtype,
     return None
 
 
+def xqa_supports(backend: str, shape: AttentionShape, device: torch.device) -> str | None:
+    """None when the triton backend's decode can run through flashinfer.xqa (EngineConfig.xqa_decode), else why
+    not. Layers with a soft cap or a sliding window keep graphllm's kernel (TritonBackend._runs_xqa)."""
+    if backend != "triton":
+        return f"it replaces the triton backend's decode kernel, and the attention backend is {backend!r}"
+    if shape.mla:
+        return "multi-head latent attention (MLA) has its own decode kernel"
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
+        return "TensorRT-LLM's XQA kernel (flashinfer.xqa) needs a GPU of compute capability 9.0 or newer"
+    if shape.head_dim not in (64, 128, 256):
+        return f"graphllm runs XQA at head_dim 64, 128 or 256, not {shape.head_dim}"
+    if importlib.util.find_spec("flashinfer") is None:
+        return "flashinfer is not installed (pip install flashinfer-python)"
+    return None
+
+
 def _triton_interprets() -> bool:
     """Triton's own interpreter switch (its TRITON_INTERPRET knob), which runs kernels on CPU tensors."""
     import triton

@@ -9,9 +9,17 @@ kernels/mla_prefill.py on the same rule (interpreter-tested; not yet run on a GP
 
 Nothing is planned on the host but that bound (`plan` reads the step's query lengths, which the host
 has): launch grids depend on tensor shapes only, so decode and verify steps capture into CUDA graphs as
-they are. A float8 cache is written and read with `kv_scales`."""
+they are. A float8 cache is written and read with `kv_scales`.
+
+With `xqa_decode` (EngineConfig.xqa_decode, sm_90+, flashinfer installed), decode steps instead run rope_store_kv
+and then TensorRT-LLM's XQA decode kernel as FlashInfer builds it (flashinfer.xqa): it reads the padded block
+table and the lengths on the device, so it captures as the split kernel does; over a float8 cache on sm_90 it is
+its Hopper kernel (TMA loads, float8 MMAs). Layers with a logit soft cap or a sliding window keep the split kernel."""
+
+import math
 
 import numpy as np
+import torch
 
 from graphllm.kernels.mla_decode import mla_decode_attention
 from graphllm.kernels.mla_prefill import mla_prefill_attention
@@ -24,6 +32,8 @@ from graphllm.kernels.rope_store_kv import rope_store_kv
 from graphllm.kernels.rotary import normed_heads
 from graphllm.kernels.store_kv import store_kv
 from graphllm.backends.base import AttentionBackend
+
+XQA_MAX_SEQ_HEADS = 8192 * 8  # sequences x KV heads a decode step through XQA may have (its semaphores)
 
 
 class TritonBackend(AttentionBackend):
@@ -41,6 +51,12 @@ class TritonBackend(AttentionBackend):
     # (kernels/rope_decode.py), one launch a layer fewer than rope_store_kv then the split kernel; on:
     # EngineConfig.fuse_rope_decode (on by default; --no-fuse-rope-decode: rope_store_kv, then the split kernel)
     fuse_rope_decode: bool = True
+    # decode steps through TensorRT-LLM's XQA kernel (flashinfer.xqa; EngineConfig.xqa_decode, off by default)
+    xqa_decode: bool = False
+    # (block table, lengths) as XQA reads them (int32 [B, M], uint32 [B, 1]), converted by the first layer of the
+    # step planned last; plan() drops them. Under capture the conversion is captured once, in the first layer
+    _xqa_inputs: tuple | None = None
+    _xqa_scratch: tuple | None = None
 
     @property
     def mixed_step_graphs(self) -> bool:
@@ -52,6 +68,9 @@ class TritonBackend(AttentionBackend):
     def plan(self, host, graph_bucket=None) -> None:
         counts = np.diff(host.query_start_loc)
         self.planned = (int(host.query_start_loc[-1]), len(host.seq_lens), int(counts.max()) if len(counts) else 0)
+        self._xqa_inputs = None
+        if self.xqa_decode and self._xqa_scratch is None:
+            self._xqa_buffers(torch.device("cuda"))  # outside any capture
 
     def _max_new_tokens(self, q, seq_lens) -> int | None:
         """The planned bound on new tokens a sequence, when this step is the one planned."""
@@ -66,7 +85,8 @@ class TritonBackend(AttentionBackend):
 
     def rope_forward(self, q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens,
                      query_start_loc, scale, sliding_window, logit_softcap=0.0, norms=None):
-        if self.fuse_rope_decode and q.shape[0] == seq_lens.shape[0]:  # T == B: decode
+        decode = q.shape[0] == seq_lens.shape[0]  # T == B
+        if self.fuse_rope_decode and decode and not self._runs_xqa(logit_softcap, sliding_window):
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
                                           sliding_window, kv_scales=self.scales_for(kv_cache),
                                           logit_softcap=logit_softcap,
@@ -84,7 +104,41 @@ class TritonBackend(AttentionBackend):
             return mla_decode_attention(q, cache, block_tables, seq_lens, scale, kv_lora_rank)
         return mla_prefill_attention(q, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank)
 
+    def _runs_xqa(self, logit_softcap: float, sliding_window: int) -> bool:
+        return self.xqa_decode and logit_softcap <= 0 and sliding_window <= 0
+
+    def _xqa(self, q, kv_cache, block_tables, seq_lens, scale):
+        """Decode by flashinfer.xqa. Its softmax scale is q_scale * kv_scale / sqrt(D) and it scales P.V by
+        kv_scale, so a layer's (k, v) scales pass as kv_scale = v and q_scale = scale * sqrt(D) * k / v."""
+        from flashinfer.xqa import xqa
+        key = (block_tables.data_ptr(), block_tables.shape, seq_lens.data_ptr())
+        if self._xqa_inputs is None or self._xqa_inputs[0] != key:
+            self._xqa_inputs = (key, block_tables.to(torch.int32), seq_lens.to(torch.uint32)[:, None])
+        _, tables, lens = self._xqa_inputs
+        batch, _, dim = q.shape
+        kv_heads = kv_cache.shape[3]
+        if batch * kv_heads > XQA_MAX_SEQ_HEADS:
+            raise ValueError(f"xqa_decode: {batch} sequences x {kv_heads} KV heads is past the semaphores' "
+                             f"{XQA_MAX_SEQ_HEADS}")
+        workspace, semaphores = self._xqa_buffers(q.device)
+        s = self.scales_for(kv_cache) if kv_cache.dtype != q.dtype else None
+        out = torch.empty_like(q)
+        xqa(q[:, None], kv_cache[0], kv_cache[1], tables, lens, out[:, None], workspace, semaphores, kv_heads,
+            kv_cache.shape[2], q_scale=scale * math.sqrt(dim) * (s.k / s.v if s else 1.0),
+            kv_scale=s.v if s else 1.0, enable_pdl=False)
+        return out
+
+    def _xqa_buffers(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """XQA's scratch (256 MiB, as FlashInfer's tests give it) and its semaphores (zeroed; the kernel returns
+        them to zero), allocated once at the first plan: graphs captured later keep their addresses."""
+        if self._xqa_scratch is None:
+            self._xqa_scratch = (torch.zeros(256 * 2**20, dtype=torch.uint8, device=device),
+                                 torch.zeros(3 * XQA_MAX_SEQ_HEADS + 6, dtype=torch.uint32, device=device))
+        return self._xqa_scratch
+
     def _attend(self, q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window, logit_softcap):
+        if q.shape[0] == seq_lens.shape[0] and self._runs_xqa(logit_softcap, sliding_window):  # T == B: decode
+            return self._xqa(q, kv_cache, block_tables, seq_lens, scale)
         if q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
                                           sliding_window, kv_scales=self.scales_for(kv_cache),

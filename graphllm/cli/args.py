@@ -96,6 +96,10 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                         help="triton attention: at decode the attention kernel rotates q and k and writes the new "
                              "token's KV itself, one kernel a layer fewer (the default; --no-fuse-rope-decode: "
                              "rope_store_kv, then attention)")
+    parser.add_argument("--xqa-decode", action=argparse.BooleanOptionalAction, default=False,
+                        help="triton attention, sm_90+: decode steps run rope_store_kv, then TensorRT-LLM's XQA "
+                             "decode kernel as FlashInfer builds it (flashinfer.xqa), instead of graphllm's split "
+                             "kernel (layers with a soft cap or a sliding window keep it)")
     parser.add_argument("--cudagraph-mode", default=DEFAULT_CUDAGRAPH_MODE, choices=CUDAGRAPH_MODES,
                         help="GPU: which steps replay CUDA graphs: FULL (the default): steps with prompt tokens "
                              "too, up to --max-cudagraph-capture-size tokens (triton attention; other backends "
@@ -128,8 +132,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                           attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
                           async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
                           enable_prefix_caching=args.enable_prefix_caching, enable_pdl=args.enable_pdl,
-                          fuse_rope_decode=args.fuse_rope_decode, cudagraph_mode=args.cudagraph_mode,
-                          max_cudagraph_capture_size=args.max_cudagraph_capture_size,
+                          fuse_rope_decode=args.fuse_rope_decode, xqa_decode=args.xqa_decode,
+                          cudagraph_mode=args.cudagraph_mode, max_cudagraph_capture_size=args.max_cudagraph_capture_size,
                           calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
                           speculative_config=getattr(args, "speculative_config", None), **pass_switches(args))
     torchrun = getattr(args, "torchrun", None)

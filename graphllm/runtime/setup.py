@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from graphllm.backends import AttentionShape, select_backend
+from graphllm.backends.selection import xqa_supports
 from graphllm.config import DEFAULT_LIMITS, EngineConfig, default_buckets
 from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir.capture import GRAPH_PADDING_SEQS, StepModule
@@ -338,6 +339,9 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     backend = select_backend(config.attention_backend, shape, dtype, device, limits.block_size, kv_dtype, widest)
     if backend.name == "triton":  # its decode kernel can take rope_store_kv's work (TritonBackend.fuse_rope_decode)
         backend.fuse_rope_decode = config.fuse_rope_decode
+        backend.xqa_decode = config.xqa_decode
+    if config.xqa_decode and (why := xqa_supports(backend.name, shape, device)) is not None:
+        raise ValueError(f"xqa_decode is unavailable: {why}")
     if layer_kv_scales is not None:
         backend.bind_layer_scales(kv_caches, layer_kv_scales)
     logger.info("attention backend: %s", backend.name)
