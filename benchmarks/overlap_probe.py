@@ -26,7 +26,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from kernel_sweep import HEAD_DIM, HQ, paged_decode_inputs  # benchmarks/ is the script's sys.path[0]
+from kernel_sweep import HEAD_DIM, HQ, graph_seconds, paged_decode_inputs  # benchmarks/ is the script's sys.path[0]
 from graphllm.kernels.paged_decode_attention import paged_decode_attention
 from graphllm.kernels.silu_and_mul import silu_and_mul
 
@@ -63,20 +63,8 @@ class Half:
         self.x = F.linear(act, w["down"])
 
 
-def graph_us_per_layer(schedule, reps: int = 10) -> float:
-    schedule()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        schedule()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return 1e3 * start.elapsed_time(end) / reps / LAYERS
+def graph_us_per_layer(schedule) -> float:
+    return 1e6 * graph_seconds([schedule], reps=10) / LAYERS
 
 
 def schedules(weights, caches, whole: Half, halves: list[Half], scale) -> dict:
