@@ -111,7 +111,9 @@ class TritonBackend(AttentionBackend):
         """Decode by flashinfer.xqa. Its softmax scale is q_scale * kv_scale / sqrt(D) and it scales P.V by
         kv_scale, so a layer's (k, v) scales pass as kv_scale = v and q_scale = scale * sqrt(D) * k / v."""
         from flashinfer.xqa import xqa
-        key = (block_tables.data_ptr(), block_tables.shape, seq_lens.data_ptr())
+        # a capture converts again (the warm-up call before it converted eagerly, and the graph must hold its own)
+        key = (block_tables.data_ptr(), block_tables.shape, seq_lens.data_ptr(),
+               torch.cuda.is_current_stream_capturing())
         if self._xqa_inputs is None or self._xqa_inputs[0] != key:
             self._xqa_inputs = (key, block_tables.to(torch.int32), seq_lens.to(torch.uint32)[:, None])
         _, tables, lens = self._xqa_inputs
