@@ -237,7 +237,7 @@ for tag in "$@"; do
     epi-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_silu_and_mul.py tests/passes/test_linear_epilogue.py \
         tests/gpu/test_attention_backends.py -k "act_mul or interleaved or epilogue" 2>&1 | tail -12 ;;
-    xqa-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
+    xqa-tests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_xqa_decode.py tests/gpu/test_attention_backends.py -k "xqa" 2>&1 | grep -v DEBUG | tail -20 ;;
     snp-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/gpu/test_shared_norm_prologue.py -k "norm or rows_with" 2>&1 \
