@@ -544,12 +544,13 @@ def stream_seconds(calls: list, reps: int = 10) -> float:
     return start.elapsed_time(end) / 1e3 / reps / len(calls)
 
 
-def sweep_attention_flashinfer() -> list[dict]:
+def sweep_attention_flashinfer(wrappers: bool = True) -> list[dict]:
     """An fp8 cache's decode at a throughput run's shapes: this project's kernel (no rotary inside, as FlashInfer's)
     against FlashInfer's paged decode over the same float8 pages (CUDA cores, and its tensor-core path), both
     launched eagerly, us per call; and TensorRT-LLM's XQA decode (flashinfer.xqa) over both. On the H200 the
     engine's fp8 launch streams at ~1.8 TB/s (s32 call 2: 156 us a layer at 256 x ~544), slower than bf16's;
-    FlashInfer's decode converts in registers, without MMAs."""
+    FlashInfer's decode converts in registers, without MMAs. wrappers=False (attention-xqa): this kernel and XQA
+    only (FlashInfer's wrappers JIT-build three more modules on a fresh machine)."""
     import flashinfer
     from flashinfer.xqa import xqa as xqa_decode
     rows, scale = [], HEAD_DIM ** -0.5
@@ -570,7 +571,7 @@ def sweep_attention_flashinfer() -> list[dict]:
         row["ours_bf16_us"] = s * 1e6  # the same launches over the bf16 pages the float8 ones came from
         variants = (("flashinfer_us", False, fp8_caches), ("flashinfer_tc_us", True, fp8_caches),
                     ("flashinfer_bf16_us", False, caches))
-        for name, tensor_cores, layers in variants:
+        for name, tensor_cores, layers in variants if wrappers else ():
             try:
                 wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
                                                                         use_tensor_cores=tensor_cores)
@@ -729,6 +730,8 @@ def main() -> None:
         report["attention_launch"] = sweep_attention_launch()
     if "attention-flashinfer" in parts:
         report["attention_flashinfer"] = sweep_attention_flashinfer()
+    if "attention-xqa" in parts:
+        report["attention_xqa"] = sweep_attention_flashinfer(wrappers=False)
     if "attention-gemma" in parts:
         report["attention_gemma"] = sweep_attention_heads(**GEMMA2_HEADS)
     if "attention-phi3" in parts:
