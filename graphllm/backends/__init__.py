@@ -19,8 +19,8 @@ This room sits between the kernels (below) and the ops (above): it imports kerne
 """
 
 from graphllm.backends.base import AttentionBackend, AttentionShape, HostMeta
-from graphllm.backends.selection import flashinfer_supports, select_backend, triton_supports
+from graphllm.backends.selection import flashinfer_supports, select_backend, triton_supports, xqa_supports
 from graphllm.backends.torch_backend import TorchBackend
 
 __all__ = ["AttentionBackend", "AttentionShape", "HostMeta", "TorchBackend", "flashinfer_supports",
-           "select_backend", "triton_supports"]
+           "select_backend", "triton_supports", "xqa_supports"]

@@ -133,7 +133,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                           async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
                           enable_prefix_caching=args.enable_prefix_caching, enable_pdl=args.enable_pdl,
                           fuse_rope_decode=args.fuse_rope_decode, xqa_decode=args.xqa_decode,
-                          cudagraph_mode=args.cudagraph_mode, max_cudagraph_capture_size=args.max_cudagraph_capture_size,
+                          cudagraph_mode=args.cudagraph_mode,
+                          max_cudagraph_capture_size=args.max_cudagraph_capture_size,
                           calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
                           speculative_config=getattr(args, "speculative_config", None), **pass_switches(args))
     torchrun = getattr(args, "torchrun", None)

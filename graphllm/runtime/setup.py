@@ -14,8 +14,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from graphllm.backends import AttentionShape, select_backend
-from graphllm.backends.selection import xqa_supports
+from graphllm.backends import AttentionShape, select_backend, xqa_supports
 from graphllm.config import DEFAULT_LIMITS, EngineConfig, default_buckets
 from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir.capture import GRAPH_PADDING_SEQS, StepModule

@@ -11,8 +11,7 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm import Engine  # noqa: E402
-from graphllm.backends import AttentionShape, HostMeta  # noqa: E402
-from graphllm.backends.selection import xqa_supports  # noqa: E402
+from graphllm.backends import AttentionShape, HostMeta, xqa_supports  # noqa: E402
 from graphllm.backends.triton_backend import TritonBackend  # noqa: E402
 from graphllm.kernels.kv_quant import KVScales  # noqa: E402
 from tests.kernels.conftest import DEVICE, ON_GPU, make_paged_kv, randn  # noqa: E402
