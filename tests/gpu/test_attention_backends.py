@@ -304,16 +304,21 @@ def test_fp8_cache_with_q_rounded_for_q_k_agrees_as_the_converted_keys_do(bf16_m
     torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0)), reason="flashinfer.xqa on sm_90+")
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
 def test_xqa_decode_in_the_graphs_agrees_as_the_split_kernel_does(bf16_model, histories_and_reference,
-                                                                  fuse_rope_attention, kv_cache_dtype):
+                                                                  fuse_rope_attention, kv_cache_dtype, monkeypatch):
     """--xqa-decode: the compiled engine's decode graphs run rope_store_kv and flashinfer.xqa; its teacher-forced
     rows agree with the eager engine within a point of the same engine on graphllm's split kernel (two over a
     float8 cache, where XQA's Hopper kernel rounds q to float8 for its MMAs)."""
     histories, reference = histories_and_reference
     art = compile_cached(bf16_config(bf16_model, fuse_rope_attention), bf16_model)
+    import flashinfer.xqa
+    calls, real = [], flashinfer.xqa.xqa
+    monkeypatch.setattr(flashinfer.xqa, "xqa", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     values = {}
     for xqa in (False, True):
+        calls.clear()
         engine = Engine.load(art, attention_backend="triton", async_scheduling=False, kv_cache_dtype=kv_cache_dtype,
                              xqa_decode=xqa)
+        assert bool(calls) == xqa  # the graphs' capture (and warm-up) called XQA only with the switch
         values[xqa] = agreement(reference, teacher_forced_top1(engine, histories))
         assert engine.runner.graphs.replays >= FORCED_LEN - 1
         del engine

@@ -36,7 +36,7 @@ def test_the_engine_refuses_xqa_decode_where_it_cannot_run(tiny_model_dir):
 
 @pytest.mark.skipif(not XQA_GPU, reason="flashinfer.xqa needs a GPU of compute capability 9.0+ and flashinfer")
 @pytest.mark.parametrize("cache", ["bf16", "fp8"])
-def test_xqa_decode_gives_the_split_kernels_output(cache):
+def test_xqa_decode_gives_the_split_kernels_output(cache, monkeypatch):
     seq_lens, heads, kv_heads, dim, block_size = [1, 17, 300, 64, 1000, 33], 32, 8, 128, 16
     kv_cache, tables = make_paged_kv(seq_lens, block_size, kv_heads, dim, torch.bfloat16, seed=3)
     kv_cache = kv_cache.nan_to_num(0.0)  # an engine's cache is zeroed: XQA reads a last page's tail
@@ -51,8 +51,11 @@ def test_xqa_decode_gives_the_split_kernels_output(cache):
     slots = tables.gather(1, (last // block_size)[:, None])[:, 0] * block_size + last % block_size
     starts = torch.arange(batch + 1, device=DEVICE)
     host = HostMeta(np.arange(batch + 1), np.array(seq_lens), tables.cpu().numpy())
+    import flashinfer.xqa
+    calls, real = [], flashinfer.xqa.xqa
     outs = []
     for xqa in (False, True):
+        monkeypatch.setattr(flashinfer.xqa, "xqa", lambda *a, **kw: calls.append(xqa) or real(*a, **kw))
         backend = TritonBackend(scales)
         backend.xqa_decode = xqa
         backend.plan(host)
@@ -60,6 +63,7 @@ def test_xqa_decode_gives_the_split_kernels_output(cache):
         outs.append(backend.forward(q, k, v, cache_copy, last, slots, tables, lens, starts, dim ** -0.5, 0))
         torch.cuda.synchronize()
     expected, got = (o.float() for o in outs)
+    assert calls == [True]  # the pass with the switch ran XQA, once; the other did not
     err = ((got - expected).abs().max() / expected.abs().max()).item()
     print(f"xqa_decode {cache}: max error {err:.4f} of the output's largest value")
     assert err < (0.06 if cache == "fp8" else 0.01)
