@@ -48,7 +48,10 @@
 #              A/B of linear_epilogue), e.g. latency1-triton-noepi, fam-phi-3-mini-noepi; combines with -nopdl after it
 #   STAGE-snp  any bench stage with --shared-norm-prologue (a MoE layer's post-attention norm in the router's one-row
 #              launch, which stores it for the experts: the A/B against the stage without it), e.g. moe-lat-snp;
-#              snp-tests  its kernel tests and the Qwen3-MoE engine's one-row rows with and without it
+#              snp-tests  its kernel tests and the Qwen3-MoE engine's one-row rows with and without it (and the
+#              same for --fuse-moe-router, below)
+#   STAGE-route  any bench stage with --fuse-moe-router (a MoE layer's router GEMV and expert choice in one launch at
+#              one token: the A/B against the stage without it), e.g. moe-lat-route
 #   STAGE-pn   any bench stage with --persistent-norms (Inductor's 4,096-wide norm rows, with an fp8 linear's
 #              quantization, as persistent reductions: the A/B against the stage without it), e.g. qtput-fp8kv-pn,
 #              qtput-fp8kv-big-pn
@@ -159,6 +162,7 @@ for tag in "$@"; do
   case $stage in *-noepi) stage=${stage%-noepi} BENCH_EXTRA="$BENCH_EXTRA --no-linear-epilogue" ;; esac
   case $stage in *-epi) stage=${stage%-epi} BENCH_EXTRA="$BENCH_EXTRA --linear-epilogue" ;; esac
   case $stage in *-snp) stage=${stage%-snp} BENCH_EXTRA="$BENCH_EXTRA --shared-norm-prologue" ;; esac
+  case $stage in *-route) stage=${stage%-route} BENCH_EXTRA="$BENCH_EXTRA --fuse-moe-router" ;; esac
   case $stage in *-pn) stage=${stage%-pn} BENCH_EXTRA="$BENCH_EXTRA --persistent-norms" ;; esac
   case $stage in *-xqa) stage=${stage%-xqa} BENCH_EXTRA="$BENCH_EXTRA --xqa-decode" ;; esac
   # qtput-S-big: vLLM's offline batch on a large GPU (its LLM class takes 1,024 sequences and 16,384 tokens a step
@@ -240,7 +244,7 @@ for tag in "$@"; do
     xqa-tests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_xqa_decode.py tests/gpu/test_attention_backends.py -k "xqa" 2>&1 | grep -v DEBUG | tail -20 ;;
     snp-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
-        tests/kernels/test_skinny_matmul.py tests/gpu/test_shared_norm_prologue.py -k "norm or rows_with" 2>&1 \
+        tests/kernels/test_skinny_matmul.py tests/kernels/test_moe_router.py tests/gpu/test_moe_one_row_passes.py -k "norm or rows_with or router" 2>&1 \
         | tee "$OUT/r/$tag-full.log" | grep -v DEBUG | tail -40 ;;
     sumsq-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/gpu/test_attention_backends.py -k "sumsq or act_prologue" 2>&1 \

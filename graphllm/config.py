@@ -89,6 +89,7 @@ class EngineConfig:
     linear_epilogue: bool = False
     row_sumsq: bool = False
     shared_norm_prologue: bool = False
+    fuse_moe_router: bool = False
     fp8_linear_prologue: bool = False
     persistent_norms: bool = False
     quantization: str | None = None
@@ -143,7 +144,7 @@ class EngineConfig:
                              fuse_rope_attention=self.fuse_rope_attention, skinny_linear=self.skinny_linear,
                              linear_prologue=self.linear_prologue, linear_epilogue=self.linear_epilogue,
                              row_sumsq=self.row_sumsq, shared_norm_prologue=self.shared_norm_prologue,
-                             fp8_linear_prologue=self.fp8_linear_prologue,
+                             fuse_moe_router=self.fuse_moe_router, fp8_linear_prologue=self.fp8_linear_prologue,
                              inductor_pdl=self.enable_pdl, persistent_norms=self.persistent_norms,
                              quantization=self.quantization,
                              quantization_group_size=self.quantization_group_size,
@@ -209,6 +210,10 @@ class CompileConfig:
     # whose one-row launch stores the norm's output for the others: no norm kernel of its own at batch 1 (needs
     # linear_prologue; graphllm/passes/lowering/shared_norm_prologue.py)
     shared_norm_prologue: bool = False
+    # GPU graphs: a MoE layer's router linear moves into its experts' op, whose one-token launch computes the logits
+    # and chooses the experts (one launch where the router's GEMV and the routing kernel were two; needs
+    # skinny_linear; graphllm/passes/lowering/fuse_moe_router.py)
+    fuse_moe_router: bool = False
     # GPU graphs, fp8 W8A8: the norms and SwiGLU fold into the fp8 linears they feed too, so that at one row
     # the fp8 kernel computes them, the row's scale and the float8 operand itself (no norm + quantize kernel,
     # no silu_and_mul_fp8); other rows run the norm's own kernel, then fp8_linear, instead of Inductor's fused

@@ -17,7 +17,7 @@ SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
 }
 # CompileConfig / EngineConfig fields that change the generated code
 PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue", "linear_epilogue", "row_sumsq",
-                 "shared_norm_prologue", "fp8_linear_prologue", "persistent_norms",
+                 "shared_norm_prologue", "fuse_moe_router", "fp8_linear_prologue", "persistent_norms",
                  "quantization", "quantization_group_size", "quantize_lm_head", "tensor_parallel_size")
 
 
@@ -52,6 +52,9 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
                         help="GPU graphs: a norm read by a matmul and by other ops (a MoE layer's router and experts) "
                              "runs in that matmul's launch at batch 1, which stores its output for the others (off by "
                              "default: measured neutral on an H200)")
+    parser.add_argument("--fuse-moe-router", action=argparse.BooleanOptionalAction, default=False,
+                        help="GPU graphs: a MoE layer's router matmul runs inside its experts' op, one launch with the "
+                             "expert choice at batch 1 (off by default: not yet measured on a GPU)")
     parser.add_argument("--persistent-norms", action=argparse.BooleanOptionalAction, default=False,
                         help="GPU graphs: Inductor's row reductions up to 8,192 wide (the norms, with an fp8 linear's "
                              "per-token quantization) read their row once, as persistent reductions (off by default: "

@@ -28,9 +28,19 @@ and scale each output column's sum; elsewhere the experts are dequantized to x's
 A separate op, not optional scales on fused_moe: each schema says what its weights are (the fake checks the
 dtypes), fused_moe's graphs and artifacts stay as they were, and passes that match one (shard_tp, the compiler's
 count of float expert bytes) do not take the other for it.
+
+What the fuse_moe_router pass puts in place of the router's graphllm.linear and the fused_moe reading it
+(graphllm/passes/lowering/fuse_moe_router.py):
+
+    torch.ops.graphllm.fused_moe_routed(x [T, H], w_router [E, H], w13, w2, top_k, renormalize) -> [T, H]
+        = fused_moe(x, linear(x, w_router), w13, w2, top_k, renormalize)
+
+so that one token's routing is one launch on CUDA (graphllm/kernels/moe_router.py: the linear and the choice);
+other steps run the router's graphllm.linear and then fused_moe's kernels, as without the pass.
 """
 
 import torch
+import torch.nn.functional as F
 
 from graphllm.kernels.fused_moe_reference import (reference_fused_experts, reference_fused_moe_fp8,
                                                   select_experts)
@@ -93,4 +103,33 @@ def fused_moe_fp8(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tenso
 def _(x, router_logits, w13, w13_scale, w2, w2_scale, top_k, renormalize):
     _check_shapes(x, router_logits, w13, w2, top_k)
     _check_fp8_experts(w13, w13_scale, w2, w2_scale)
+    return x.new_empty(x.shape)
+
+
+def _check_router(x, w_router, w13) -> None:
+    torch._check(w_router.dim() == 2 and tuple(w_router.shape) == (w13.shape[0], x.shape[-1]),
+                 lambda: f"fused_moe_routed: w_router {tuple(w_router.shape)} for {w13.shape[0]} experts of x "
+                         f"{tuple(x.shape)}")
+
+
+@torch.library.custom_op("graphllm::fused_moe_routed", mutates_args=())
+def fused_moe_routed(x: torch.Tensor, w_router: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
+                     renormalize: bool) -> torch.Tensor:
+    """x [T, H], w_router [E, H], w13 [E, 2I, H], w2 [E, H, I] -> [T, H] in x's dtype: fused_moe over the router's
+    logits x @ w_router^T."""
+    _check_router(x, w_router, w13)
+    if not x.is_cuda:
+        return fused_moe(x, F.linear(x, w_router), w13, w2, top_k, renormalize)
+    from graphllm.kernels.fused_moe import fused_experts
+    from graphllm.kernels.moe_router import router_topk, router_topk_takes
+    if router_topk_takes(x, w_router):
+        return fused_experts(x, *router_topk(x, w_router, top_k, renormalize), w13, w2)
+    from graphllm.ops.linear import linear
+    return fused_moe(x, linear(x, w_router), w13, w2, top_k, renormalize)
+
+
+@fused_moe_routed.register_fake
+def _(x, w_router, w13, w2, top_k, renormalize):
+    _check_router(x, w_router, w13)
+    _check_shapes(x, x.new_empty((x.shape[0], w13.shape[0])), w13, w2, top_k)
     return x.new_empty(x.shape)

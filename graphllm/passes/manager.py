@@ -65,6 +65,7 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     from graphllm.passes.fusion.fuse_qkv import FuseQKV
     from graphllm.passes.fusion.fuse_rope_attention import FuseRopeAttention
     from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
+    from graphllm.passes.lowering.fuse_moe_router import FuseMoeRouter
     from graphllm.passes.lowering.linear_epilogue import LinearEpilogue
     from graphllm.passes.lowering.linear_prologue import LinearPrologue
     from graphllm.passes.lowering.row_sumsq import RowSumsq
@@ -83,6 +84,7 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
               (config.skinny_linear and config.linear_prologue,
                lambda: LinearPrologue(fp8=config.fp8_linear_prologue)),
               (config.skinny_linear and config.linear_prologue and config.shared_norm_prologue, SharedNormPrologue),
+              (config.skinny_linear and config.fuse_moe_router, FuseMoeRouter),
               (config.skinny_linear and config.linear_epilogue, LinearEpilogue),
               (config.skinny_linear and config.linear_prologue and config.row_sumsq, RowSumsq)]
     linears = quantization_pass(config, prequantized)

@@ -24,6 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from graphllm.kernels import fp8_matmul, fused_moe, int4_matmul, mla_decode, mla_prefill, moe_align, moe_experts, moe_routing
+from graphllm.kernels import moe_router
 from graphllm.kernels import rms_norm, silu_and_mul, silu_and_mul_fp8, skinny_matmul
 from graphllm.kernels import paged_decode_attention as decode
 from graphllm.kernels.fp8_convert import FP8_CVT, FP8_TRITON
@@ -137,7 +138,9 @@ def mla_variants():
 
 MOE_POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "act_ptr": "*bf16", "ids_ptr": "*i32", "sorted_ids_ptr": "*i32",
                 "expert_ids_ptr": "*i32", "num_padded_ptr": "*i32", "weights_ptr": "*fp32", "terms_ptr": "*bf16",
-                "out_ptr": "*bf16", "counters_ptr": "*i32", "logits_ptr": "*bf16"}
+                "out_ptr": "*bf16", "counters_ptr": "*i32", "logits_ptr": "*bf16", "part_ptr": "*fp32",
+                "counter_ptr": "*i32"}
+ROUTER = dict(TOP_K=8, RENORMALIZE=True, E_POW2=128, K_POW2=8, SPLITS_POW2=32, BLOCK_K=64, LOW_BITS=16)  # Qwen3-30B-A3B's, one token
 
 
 def moe_variants():
@@ -145,7 +148,9 @@ def moe_variants():
     token, 8 tokens (scanning topk_ids) and a prefill (sorted rows), and Mixtral's E 8, k 2 at 64 tokens."""
     for renormalize in (True, False):
         yield moe_routing._topk_softmax_kernel, MOE_POINTERS, dict(TOP_K=8, RENORMALIZE=renormalize, E_POW2=128,
-                                                                   K_POW2=8), {"num_warps": 1}
+                                                                   K_POW2=8, LOW_BITS=16 if renormalize else 0), \
+            {"num_warps": 1}  # bfloat16 logits' int32 keys; float32 logits' int64 keys
+    yield moe_router._router_topk_kernel, MOE_POINTERS, ROUTER, {"num_warps": 4}
     yield moe_align._moe_align_kernel, MOE_POINTERS, dict(BLOCK_M=64, E_POW2=128, CHUNK=128), {"num_warps": 8}
     for tokens, top_k, experts in ((1, 8, 128), (8, 8, 128), (64, 2, 8), (4096, 8, 128)):
         config = fused_moe.plan(tokens, top_k, experts)
@@ -192,7 +197,8 @@ def pdl_variants():
         yield silu_and_mul_fp8._silu_and_mul_fp8_kernel, {"x_ptr": "*bf16", "out_ptr": "*fp8e4nv", "scale_ptr": "*fp32"}, \
             dict(BLOCK=16384, ONE_PASS=one_pass, PDL=True), {"num_warps": 16, **pdl}
     yield moe_routing._topk_softmax_kernel, MOE_POINTERS, dict(TOP_K=8, RENORMALIZE=True, E_POW2=128, K_POW2=8,
-                                                               PDL=True), {"num_warps": 1, **pdl}
+                                                               LOW_BITS=16, PDL=True), {"num_warps": 1, **pdl}
+    yield moe_router._router_topk_kernel, MOE_POINTERS, dict(ROUTER, PDL=True), {"num_warps": 4, **pdl}
     yield moe_align._moe_align_kernel, MOE_POINTERS, dict(BLOCK_M=64, E_POW2=128, CHUNK=128, PDL=True), \
         {"num_warps": 8, **pdl}
     config = fused_moe.plan(1, 8, 128)
@@ -308,7 +314,8 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
         ptx = asm["ptx"]
         waits, triggers = ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")
         prefetches = ptx.count("prefetch.global.L2")
-        streams = (skinny_matmul._skinny_matmul_kernel, fp8_matmul._fp8_matmul_kernel, int4_matmul._int4_gemv_kernel)
+        streams = (skinny_matmul._skinny_matmul_kernel, fp8_matmul._fp8_matmul_kernel, int4_matmul._int4_gemv_kernel,
+                   moe_router._router_topk_kernel)
         if waits != 1 or triggers != 1 or (kernel in streams and not prefetches):
             raise AssertionError(f"PDL: {waits} griddepcontrol.wait, {triggers} launch_dependents, {prefetches} "
                                  "prefetch.global.L2 in the PTX")

@@ -48,6 +48,17 @@ def test_equal_probabilities_go_to_the_lower_expert_first():
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, device=DEVICE))
 
 
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16, torch.float16))  # int64 keys; int32 keys
+def test_nan_first_and_signed_zeros_equal(dtype):
+    """The keys order NaN above every logit (torch.topk's order) and -0.0 with 0.0 (by index), in each key width."""
+    logits = torch.tensor([[1.0, float("nan"), 3.0, 2.0], [-0.0, 0.0, -1.0, -2.0], [0.0, -0.0, -3.0, -1.0],
+                           [-1.0, -2.0, float("-inf"), -3.0]], device=DEVICE).to(dtype)
+    _, ids = topk_softmax(logits, 2, False)
+    assert ids.tolist() == [[1, 2], [0, 1], [0, 1], [0, 1]]
+    _, ids = topk_softmax(logits[3:], 4, False)
+    assert ids.tolist() == [[0, 1, 3, 2]]  # -inf last
+
+
 def test_row_stride_and_no_tokens():
     logits = randn((5, 16), torch.float32, 3)
     wide = torch.zeros((5, 40), device=DEVICE)

@@ -1,9 +1,12 @@
-"""On a GPU: shared_norm_prologue in a bf16 Qwen3-MoE engine. Decoding one sequence at a time (the one-row graph,
-where the router's launch takes the post-attention norm and stores it for the experts), its teacher-forced top-1
-rows differ from those of the same engine without the pass no more often than transformers' own bf16 forward
-differs from that engine: the norm's mean square is summed in another order than Inductor's norm kernel sums it,
-and a router whose top experts lie within bf16 rounding of each other then picks others (H100, 2026-12-06: 0.947
-the same, against a first bound of 0.98 that took no account of the routing)."""
+"""On a GPU: the one-row MoE passes in a bf16 Qwen3-MoE engine, each against the same engine without it. Decoding
+one sequence at a time (the one-row graph), the teacher-forced top-1 rows differ from those without the pass no
+more often than transformers' own bf16 forward differs from that engine:
+- shared_norm_prologue (the router's launch takes the post-attention norm and stores it for the experts): the
+  norm's mean square is summed in another order than Inductor's norm kernel sums it, and a router whose top experts
+  lie within bf16 rounding of each other then picks others (H100, 2026-12-06: 0.947 the same, against a first bound
+  of 0.98 that took no account of the routing);
+- fuse_moe_router (the router's GEMV and the expert choice in one launch): the logits are summed in another
+  order than skinny_matmul's split-K sums them, with the same effect on near ties."""
 
 import dataclasses
 from pathlib import Path
@@ -33,13 +36,17 @@ def bf16_moe(tmp_path_factory):
     return sharpened_model_folder(transformers.Qwen3MoeForCausalLM, config, tmp_path_factory.mktemp("bf16-qwen3-moe"))
 
 
-def test_one_row_rows_with_and_without_the_pass(bf16_moe):
+PASSES = [("shared_norm_prologue", "graphllm.add_rms_norm_linear_normed"), ("fuse_moe_router", "graphllm.fused_moe_routed")]
+
+
+@pytest.mark.parametrize("switch, op", PASSES)
+def test_one_row_rows_with_and_without_the_pass(bf16_moe, switch, op):
     gen = torch.Generator().manual_seed(0)
     histories = torch.randint(3, 2048, (NUM_SEQS, PROMPT_LEN + FORCED_LEN), generator=gen).tolist()
     config = EngineConfig(model=str(bf16_moe), dtype="bfloat16", **LIMITS)
-    arts = {on: compile_cached(dataclasses.replace(config, shared_norm_prologue=on), bf16_moe) for on in (False, True)}
+    arts = {on: compile_cached(dataclasses.replace(config, **{switch: on}), bf16_moe) for on in (False, True)}
     after = (Path(arts[True]) / "graphs" / "after.txt").read_text()
-    assert after.count("graphllm.add_rms_norm_linear_normed") == 4  # each layer's post-attention norm
+    assert after.count(op) == 4  # each layer's post-attention norm / router
     rows = {}
     for on in (False, True):
         engine = Engine.load(arts[on], attention_backend="triton", async_scheduling=False)
@@ -51,6 +58,6 @@ def test_one_row_rows_with_and_without_the_pass(bf16_moe):
     with torch.no_grad():  # the noise floor: transformers' bf16 forward against the engine without the pass
         logits = model(torch.tensor(histories, device="cuda")).logits  # [B, S, V]
     floor = agreement(rows[False], logits[:, PROMPT_LEN - 1:PROMPT_LEN - 1 + FORCED_LEN].argmax(-1).tolist())
-    print(f"shared_norm_prologue, 1 row: teacher-forced top-1 agreement with the engine without it {same:.4f}; "
+    print(f"{switch}, 1 row: teacher-forced top-1 agreement with the engine without it {same:.4f}; "
           f"transformers bf16 with that engine {floor:.4f}")
     assert same >= min(floor, 0.98) - 0.02 and same >= 0.8
