@@ -120,6 +120,8 @@
 #              clean  drop the presets and artifacts (disk)
 #   moe-bench  benchmarks/moe_kernel_bench.py: the fused MoE op alone at Qwen3-30B-A3B's and Mixtral's layer shapes;
 #              moe-bench1  Qwen3's alone at 1 and 8 tokens (the one-token tile candidates)
+#   moe-router benchmarks/moe_router_bench.py: one token's routing, the router's matmul + topk_softmax against
+#              --fuse-moe-router's one launch; ab-moe-router the same script over .ab/'s kernels
 #   spec-bench / spec-tests  (issue 21) bench spec (oracle proposer: verify-step cost and speed-up for k 1, 2, 4, 8
 #              at batch 1, 8, 32, acceptance 100% and 60%), and the speculative-decoding tests on the GPU;
 #              spec-ngram  bench spec --method ngram (prompt lookup on the demo model's arithmetic questions)
@@ -388,6 +390,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         -k "gemma or olmo2 or phi3 or softcap or soft_cap or mla or deepseek or longrope" ;;
     clean) rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; df -h /tmp | tail -1 ;;
     moe-bench) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$tag.json" ;;
+    moe-router) timeout 150 python3 benchmarks/moe_router_bench.py "$OUT/r/$tag.json" ;;
+    ab-moe-router) PYTHONPATH="/tmp/site:$PWD/.ab" timeout 150 python3 benchmarks/moe_router_bench.py "$OUT/r/$tag.json" ;;
     moe-bench1) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$tag.json" 1,8 qwen3 ;;
     spec-bench) bench spec --preset llama-3-8b --batch-sizes 1,8,32 --num-speculative-tokens 1,2,4,8 \
         --acceptance-rates 1.0,0.6 --input-len 128 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
