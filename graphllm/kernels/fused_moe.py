@@ -22,6 +22,8 @@ KB). More tokens: each expert's pairs in BLOCK_M-row dots (16 rows, more when T*
 pairs per expert. These are reasoned, not yet swept: benchmarks/moe_kernel_bench.py times them.
 """
 
+import functools
+
 import torch
 import triton
 
@@ -52,7 +54,8 @@ def plan(num_tokens: int, top_k: int, num_experts: int) -> dict:
     BLOCK_K), num_warps, num_stages."""
     pairs = num_tokens * top_k
     if pairs <= DECODE_MAX_PAIRS and num_tokens == 1:
-        return dict(SORTED=False, BLOCK_M=1, gate_up=(16, 256), down=(16, 256), num_warps=4, num_stages=4)
+        return dict(SORTED=False, BLOCK_M=1, gate_up=(16, 256), down=(16, 256), num_warps=4, num_stages=4,
+                    early_down=True)
     if pairs <= DECODE_MAX_PAIRS:
         per_expert = -(-pairs // min(pairs, num_experts))  # mean pairs of a used expert
         block_m = min(64, max(16, triton.next_power_of_2(2 * per_expert)))
@@ -94,9 +97,11 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
     weights = topk_weights.to(torch.float32).contiguous().reshape(-1)  # [T*k]
     pairs = num_tokens * top_k
     slots, rows, flags = _row_source(topk_ids, num_experts, config)
+    launch = pdl_launch(x.device)
+    early = launch["PDL"] and config.get("early_down", False) and block_m == 1 and fits_l2(w2, top_k)
     common = dict(TOP_K=top_k, BLOCK_M=block_m, DOT_FP32=not x.is_cuda, **flags,
-                  PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-                  num_warps=config["num_warps"], num_stages=config["num_stages"], **pdl_launch(x.device))
+                  PRECISION="ieee" if x.dtype == torch.float32 else "tf32", EARLY=early,
+                  num_warps=config["num_warps"], num_stages=config["num_stages"], **launch)
     act = x.new_empty((pairs, size))  # [T*k, I]
     block_n, block_k = config["gate_up"]
     moe_experts._gate_up_silu_kernel[(slots, triton.cdiv(size, block_n))](
@@ -115,6 +120,19 @@ def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.T
             terms, out, num_tokens, hidden, out.stride(0), TOP_K=top_k, BLOCK_T=SUM_TOKENS, BLOCK_N=SUM_COLUMNS,
             **pdl_launch(x.device))
     return out
+
+
+def fits_l2(w2: torch.Tensor, top_k: int) -> bool:
+    """Whether one token's k down projections fit half the device's L2 (Qwen3-30B-A3B's 25 MB of an H100's or
+    H200's 50 MB; not Mixtral's 235 MB): then, under PDL, down_weighted fetches them into L2 while gate_up_silu
+    streams (moe_experts.py's EARLY)."""
+    _, hidden, size = w2.shape
+    return w2.is_cuda and 2 * top_k * hidden * size * w2.element_size() <= _l2_bytes(w2.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).L2_cache_size
 
 
 def _dense(scale: torch.Tensor | None) -> torch.Tensor | None:

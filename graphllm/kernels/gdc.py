@@ -9,6 +9,8 @@ anything an earlier kernel wrote or writes anything:
     dependent_start(lines)        the same around an L2 prefetch of `lines`, the program's first weight step (the
                                   decode linears: the weights are the model's, no kernel writes them), e.g.
                                   weight_lines' for an [N, K] weight
+    released_after_wait()         wait first, then let the next kernel launch (the MoE gate/up kernel: the down
+                                  kernel after it reads the routing before its own wait)
 """
 
 import triton
@@ -22,6 +24,14 @@ def prefetch_l2(ptrs):
 
 
 @triton.jit
+def prefetch_l2_kept(ptrs):
+    """prefetch.global.L2::evict_last of every address in ptrs: fetched to be read after another kernel's stream has
+    passed through the L2 (whose loads should then be evict_first)."""
+    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False,
+                              pack=1)
+
+
+@triton.jit
 def dependent_start(lines=None):
     """Let the next kernel launch once every program of this one has started (it runs up to its own wait while
     this one works), prefetch `lines` into L2 if given, then wait until the kernels before have completed and
@@ -30,6 +40,15 @@ def dependent_start(lines=None):
     if lines is not None:
         prefetch_l2(lines)
     tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def released_after_wait():
+    """Wait until the kernels before have completed and their writes are visible, then let the next kernel launch:
+    its programs start only once this kernel's inputs are complete, so it may read them before its own wait (the
+    MoE down projection reads the routing, two kernels back, to fetch its experts' weights early)."""
+    tl.extra.cuda.gdc_wait()
+    tl.extra.cuda.gdc_launch_dependents()
 
 
 @triton.jit

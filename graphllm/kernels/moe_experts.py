@@ -22,6 +22,13 @@ the expert's [BLOCK_N, K] weight slab is streamed once for all of them. Two row 
   expert_ids[s]; blocks past num_padded do nothing. down_weighted stores the terms, and sum_over_k adds
   them (a third launch: one arrival counter per tile would serialise T*k rows on one program).
 
+EARLY (one token under PDL, when the k down slabs fit half the L2: fused_moe.fits_l2): gate_up_silu waits for the
+routing before it lets down_weighted launch (gdc.released_after_wait), so down_weighted's programs, resident
+while gate_up streams, read the routing (from L2) and prefetch their expert's rows of w2 into L2 with
+evict_last before their own wait; gate_up's weight loads are evict_first (read once a step), so the stream does
+not push the prefetched rows out. Down's ramp from HBM then overlaps gate_up's stream. Results are the same
+bits either way: only where and when the weights are fetched changes.
+
 float8 experts (graphllm.fused_moe_fp8): w is float8_e4m3fn with a float32 scale per output row (scale_ptr,
 [E, 2I] and [E, H]); weight-only, so the activations stay in x's dtype. A weight tile widens to x's dtype in
 registers (exact) before the product, and each output column's float32 sum is multiplied by its row's scale
@@ -37,18 +44,18 @@ the k terms summed in float32. Accumulation is float32; float32 operands use IEE
 import triton
 import triton.language as tl
 
-from graphllm.kernels.gdc import dependent_start
+from graphllm.kernels.gdc import dependent_start, prefetch_l2_kept, released_after_wait, weight_lines
 
 
 @triton.jit
-def _scan_slot(ids_ptr, slot, num_pairs, BY_EXPERT: tl.constexpr, PAIRS: tl.constexpr):
+def _scan_slot(ids_ptr, slot, num_pairs, BY_EXPERT: tl.constexpr, PAIRS: tl.constexpr, CACHE: tl.constexpr):
     """Slot's expert, its pairs ([PAIRS] bool, in pair order) and their count (0: another slot owns them)."""
     offs = tl.arange(0, PAIRS)
-    ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)  # [PAIRS]
+    ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1, cache_modifier=CACHE)  # [PAIRS]
     if BY_EXPERT:
         expert = slot
     else:
-        expert = tl.load(ids_ptr + slot)
+        expert = tl.load(ids_ptr + slot, cache_modifier=CACHE)
     match = ids == expert
     count = tl.sum(match.to(tl.int32), axis=0)
     if not BY_EXPERT:
@@ -67,7 +74,7 @@ def _slot_plan(ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, slot, nu
         rank = tl.zeros([PAIRS], dtype=tl.int32)  # unused: sorted_ids names the rows
         match = rank > 0
     else:
-        expert, match, count = _scan_slot(ids_ptr, slot, num_pairs, BY_EXPERT, PAIRS)
+        expert, match, count = _scan_slot(ids_ptr, slot, num_pairs, BY_EXPERT, PAIRS, "")
         rank = tl.cumsum(match.to(tl.int32), axis=0) - 1  # [PAIRS] rank of each pair within the expert
     return expert, match, rank, count, tl.cdiv(count, BLOCK_M)
 
@@ -102,7 +109,7 @@ def _accumulate(acc, a, w, BLOCK_M: tl.constexpr, DOT_FP32: tl.constexpr, PRECIS
 @triton.jit
 def _project(a_rows, valid, w1_rows, w2_rows, scale_ptr, s1_rows, s2_rows, n_mask, K, stride_wk,
              TWO: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-             DOT_FP32: tl.constexpr, PRECISION: tl.constexpr):
+             DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, W_EVICT: tl.constexpr):
     """a[rows, :K] @ w1[slab, :K]^T (and w2's when TWO): [BLOCK_M, BLOCK_N] float32 each.
     a_rows [BLOCK_M, 1] and w*_rows [BLOCK_N, 1] point at the rows' first columns. Float8 weights: each
     column is then scaled by its weight row's scale, scale_ptr[s*_rows] (s*_rows [BLOCK_N]; other weights
@@ -118,11 +125,11 @@ def _project(a_rows, valid, w1_rows, w2_rows, scale_ptr, s1_rows, s2_rows, n_mas
         in_k = (k < K)[None, :]
         a = tl.load(a_rows + k[None, :], mask=valid[:, None] & in_k, other=0.0)  # [BLOCK_M, BLOCK_K]
         w_mask = n_mask[:, None] & in_k
-        acc1 = _accumulate(acc1, a, tl.load(w1_rows + k[None, :] * stride_wk, mask=w_mask, other=0.0),
-                           BLOCK_M, DOT_FP32, PRECISION)
+        w1 = tl.load(w1_rows + k[None, :] * stride_wk, mask=w_mask, other=0.0, eviction_policy=W_EVICT)
+        acc1 = _accumulate(acc1, a, w1, BLOCK_M, DOT_FP32, PRECISION)
         if TWO:
-            acc2 = _accumulate(acc2, a, tl.load(w2_rows + k[None, :] * stride_wk, mask=w_mask, other=0.0),
-                               BLOCK_M, DOT_FP32, PRECISION)
+            w2 = tl.load(w2_rows + k[None, :] * stride_wk, mask=w_mask, other=0.0, eviction_policy=W_EVICT)
+            acc2 = _accumulate(acc2, a, w2, BLOCK_M, DOT_FP32, PRECISION)
     if BLOCK_M == 1:
         acc1 = tl.sum(acc1, axis=1)[None, :]  # [1, BLOCK_N]
         acc2 = tl.sum(acc2, axis=1)[None, :]
@@ -138,9 +145,13 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, scale_ptr, act_ptr, ids_ptr, sorted_ids_p
                          num_pairs, size, hidden, stride_xt, stride_we, stride_wn, stride_wk,
                          SORTED: tl.constexpr, BY_EXPERT: tl.constexpr, PAIRS: tl.constexpr, TOP_K: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                         DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr = False):
+                         DOT_FP32: tl.constexpr, PRECISION: tl.constexpr, EARLY: tl.constexpr = False,
+                         PDL: tl.constexpr = False):
     if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
-        dependent_start()
+        if EARLY:  # and down_weighted launches only then: the routing it reads early is complete
+            released_after_wait()
+        else:
+            dependent_start()
     slot = tl.program_id(0)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < size
@@ -153,7 +164,8 @@ def _gate_up_silu_kernel(x_ptr, w_ptr, scale_ptr, act_ptr, ids_ptr, sorted_ids_p
         pairs, valid = _chunk_rows(sorted_ids_ptr, match, rank, slot, chunk, num_pairs, SORTED, PAIRS, BLOCK_M)
         x_rows = x_ptr + (pairs // TOP_K).to(tl.int64)[:, None] * stride_xt  # [BLOCK_M, 1]
         gate, up = _project(x_rows, valid, gate_rows, up_rows, scale_ptr, gate_scales, gate_scales + size, n_mask,
-                            hidden, stride_wk, True, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32, PRECISION)
+                            hidden, stride_wk, True, BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32, PRECISION,
+                            "evict_first" if EARLY else "")  # read once: the down slabs fetched early stay
         gate = gate.to(act_ptr.dtype.element_ty).to(tl.float32)  # the projection's rounding
         silu = (gate / (1.0 + tl.exp(-gate))).to(act_ptr.dtype.element_ty).to(tl.float32)  # F.silu's
         act = silu * up.to(act_ptr.dtype.element_ty).to(tl.float32)
@@ -176,18 +188,33 @@ def _sum_terms(terms_ptr, out_ptr, tokens, offs_n, n_mask, num_tokens, hidden, s
 
 
 @triton.jit
+def _prefetch_slab(w_ptr, offs_n, rows, size, stride_wn, count, BLOCK_K: tl.constexpr):
+    """prefetch.global.L2::evict_last of rows offs_n of an expert's [rows, size] weight (unit K stride), if count > 0."""
+    if count > 0:
+        for k0 in range(0, size, BLOCK_K):
+            prefetch_l2_kept(weight_lines(w_ptr, offs_n, rows, k0, stride_wn, BLOCK_K))
+
+
+@triton.jit
 def _down_weighted_kernel(act_ptr, w_ptr, scale_ptr, weights_ptr, terms_ptr, out_ptr, counters_ptr, ids_ptr,
                           sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, num_pairs, num_tokens, hidden, size,
                           stride_we, stride_wn, stride_wk, stride_ot, SORTED: tl.constexpr, BY_EXPERT: tl.constexpr,
                           PAIRS: tl.constexpr, TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr, DOT_FP32: tl.constexpr,
-                          PRECISION: tl.constexpr, PDL: tl.constexpr = False):
-    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
-        dependent_start()
+                          PRECISION: tl.constexpr, EARLY: tl.constexpr = False, PDL: tl.constexpr = False):
     slot = tl.program_id(0)
     pid_n = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < hidden
+    if PDL:  # launched as a programmatic dependent (launch.py)
+        if SORTED or not EARLY:  # nothing is read before the kernels before are done
+            dependent_start()
+        else:  # gate_up_silu released this launch after its own wait: the routing is complete, and the chosen
+            # experts' slabs are fetched into L2 while gate_up streams (ids read from L2: .cg)
+            early, early_pairs, early_count = _scan_slot(ids_ptr, slot, num_pairs, BY_EXPERT, PAIRS, ".cg")
+            _prefetch_slab(w_ptr + early.to(tl.int64) * stride_we, offs_n, hidden, size, stride_wn, early_count,
+                           BLOCK_K)
+            dependent_start()
     expert, match, rank, count, chunks = _slot_plan(ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr, slot,
                                                     num_pairs, SORTED, BY_EXPERT, PAIRS, BLOCK_M)
     w_rows = w_ptr + expert.to(tl.int64) * stride_we + offs_n.to(tl.int64)[:, None] * stride_wn  # [BLOCK_N, 1]
@@ -196,7 +223,7 @@ def _down_weighted_kernel(act_ptr, w_ptr, scale_ptr, weights_ptr, terms_ptr, out
         pairs, valid = _chunk_rows(sorted_ids_ptr, match, rank, slot, chunk, num_pairs, SORTED, PAIRS, BLOCK_M)
         act_rows = act_ptr + pairs.to(tl.int64)[:, None] * size  # [BLOCK_M, 1]
         y, _ = _project(act_rows, valid, w_rows, w_rows, scale_ptr, scales, scales, n_mask, size, stride_wk, False,
-                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32, PRECISION)
+                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_FP32, PRECISION, "")
         weight = tl.load(weights_ptr + pairs, mask=valid, other=0.0)  # [BLOCK_M] float32
         term = y.to(terms_ptr.dtype.element_ty).to(tl.float32) * weight[:, None]
         tl.store(terms_ptr + pairs.to(tl.int64)[:, None] * hidden + offs_n[None, :],

@@ -209,6 +209,10 @@ def pdl_variants():
         common, BLOCK_N=config["gate_up"][0], BLOCK_K=config["gate_up"][1]), options
     yield moe_experts._down_weighted_kernel, MOE_POINTERS, dict(
         common, BLOCK_N=config["down"][0], BLOCK_K=config["down"][1], BLOCK_T=fused_moe.SUM_TOKENS), options
+    yield moe_experts._gate_up_silu_kernel, MOE_POINTERS, dict(  # and with the down slabs fetched early
+        common, BLOCK_N=config["gate_up"][0], BLOCK_K=config["gate_up"][1], EARLY=True), options
+    yield moe_experts._down_weighted_kernel, MOE_POINTERS, dict(
+        common, BLOCK_N=config["down"][0], BLOCK_K=config["down"][1], BLOCK_T=fused_moe.SUM_TOKENS, EARLY=True), options
     yield moe_experts._sum_over_k_kernel, MOE_POINTERS, dict(TOP_K=8, BLOCK_T=fused_moe.SUM_TOKENS,
                                                              BLOCK_N=fused_moe.SUM_COLUMNS, PDL=True), pdl
     yield decode._decode_split_kernel, pointer_types(False), dict(

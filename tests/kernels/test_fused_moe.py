@@ -169,6 +169,35 @@ def test_replays_in_a_cuda_graph_with_new_routing(num_tokens):
         assert_close(out, fm.fused_moe_reference(*fresh, w13, w2, 8, True))
 
 
+@gpu_only
+def test_one_token_under_pdl_with_the_down_slabs_fetched_early():
+    """Under programmatic dependent launch, one token's down kernel reads the routing and prefetches its slabs
+    before its wait (moe_experts.py's EARLY): the same bits as without (whose path the tests above hold to the
+    reference), in a CUDA graph of four layers, each routed anew by the graph's own routing kernel."""
+    from graphllm.kernels.launch import programmatic_launch
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("programmatic dependent launch needs sm_90")
+    layers = [moe_inputs(1, *QWEN, torch.bfloat16, seed)[3:] for seed in range(4)]
+    assert fm.fits_l2(layers[0][1], 8)
+    outs = {}
+    for early in (True, False):
+        x = randn((1, HIDDEN), torch.bfloat16, 9)
+        logits = [randn((1, 128), torch.float32, 20 + i) for i in range(4)]
+        with programmatic_launch(True):
+            def step():
+                h = x
+                for (w13, w2), lg in zip(layers, logits):
+                    h = fm.fused_moe(h, lg, w13, w2, 8, True, config={"early_down": early})
+                return h
+            step()  # compiles outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = step()
+        graph.replay()
+        outs[early] = out.clone()
+    assert torch.equal(outs[True], outs[False]) and outs[True].abs().sum() > 0
+
+
 # --- fp8 experts (graphllm.fused_moe_fp8): float8_e4m3fn weights, one float32 scale per output row -------------
 
 def fp8_operands(num_tokens: int, num_experts: int, top_k: int, renormalize: bool, dtype: torch.dtype, seed: int = 0):
