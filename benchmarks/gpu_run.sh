@@ -119,7 +119,8 @@
 #              against transformers, the soft-capped and MLA attention kernel tests, Phi-3 LongRoPE;
 #              clean  drop the presets and artifacts (disk)
 #   moe-bench  benchmarks/moe_kernel_bench.py: the fused MoE op alone at Qwen3-30B-A3B's and Mixtral's layer shapes;
-#              moe-bench1  Qwen3's alone at 1 and 8 tokens (the one-token tile candidates)
+#              moe-bench1  Qwen3's alone at 1 and 8 tokens (the one-token tile candidates); moe-bench1-pdl at one
+#              token with the graphs under PDL, as the engine's (with the down slabs fetched early and not)
 #   moe-router benchmarks/moe_router_bench.py: one token's routing, the router's matmul + topk_softmax against
 #              --fuse-moe-router's one launch; ab-moe-router the same script over .ab/'s kernels
 #   spec-bench / spec-tests  (issue 21) bench spec (oracle proposer: verify-step cost and speed-up for k 1, 2, 4, 8
@@ -393,6 +394,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     moe-router) timeout 150 python3 benchmarks/moe_router_bench.py "$OUT/r/$tag.json" ;;
     ab-moe-router) PYTHONPATH="/tmp/site:$PWD/.ab" timeout 150 python3 benchmarks/moe_router_bench.py "$OUT/r/$tag.json" ;;
     moe-bench1) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$tag.json" 1,8 qwen3 ;;
+    moe-bench1-pdl) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$tag.json" 1 qwen3 pdl ;;
     spec-bench) bench spec --preset llama-3-8b --batch-sizes 1,8,32 --num-speculative-tokens 1,2,4,8 \
         --acceptance-rates 1.0,0.6 --input-len 128 --output-len 128 $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     spec-ngram) bench spec --method ngram --batch-sizes 1,8,32 --num-speculative-tokens 2,4 --output-len 64 \

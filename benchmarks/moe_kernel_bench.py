@@ -1,9 +1,11 @@
 """The fused MoE op (graphllm/kernels/fused_moe.py: routing, gate/up with SiLU·mul, down with the k-sum) on
 the GPU, at Qwen3-30B-A3B's and Mixtral-8x7B's layer shapes, against the bytes one call must read.
 
-    python benchmarks/moe_kernel_bench.py [OUT.json [TOKENS [MODELS]]]    (H100 / H200; a few minutes)
+    python benchmarks/moe_kernel_bench.py [OUT.json [TOKENS [MODELS [pdl]]]]    (H100 / H200; a few minutes)
 
-TOKENS: a comma list of token counts (default 1,8,32,256); MODELS: qwen3,mixtral (default both).
+TOKENS: a comma list of token counts (default 1,8,32,256); MODELS: qwen3,mixtral (default both); pdl: the graphs
+captured with programmatic dependent launch, as the engine's are (one token then also times "plan, no early
+down": the down slabs not fetched early, moe_experts.py's EARLY).
 
 Each model gets LAYERS[model] layers of its own random bf16 weights (more than STREAM_BYTES in all, so
 every call streams its experts from HBM, not L2) and random float32 router logits per layer and token
@@ -26,6 +28,7 @@ import torch
 import triton
 
 from graphllm.kernels.fused_moe import fused_moe, fused_moe_reference, plan
+from graphllm.kernels.launch import programmatic_launch
 from quant_kernel_sweep import copy_bandwidth, graph_seconds  # noqa: E402  (run as a script: benchmarks/ on the path)
 
 MODELS = {  # hidden, moe intermediate, experts, top_k, renormalize (norm_topk_prob)
@@ -47,7 +50,8 @@ def candidates(num_tokens: int) -> dict[str, dict]:
         # s32 moe-prof1-nopdl): wider down tiles (fewer, larger programs) beside plan()'s gate/up
         down = {f"down{n}x{k}": {**gemv, "gate_up": (16, 256), "down": (n, k)}
                 for n, k in ((32, 256), (64, 256), (32, 512), (64, 128), (16, 512))}
-        return {**down, "gemv16x128": {**gemv, "gate_up": (16, 128), "down": (16, 128)},
+        return {**down, "plan, no early down": {**plan(1, 8, 128), "early_down": False},
+                "gemv16x128": {**gemv, "gate_up": (16, 128), "down": (16, 128)},
                 "gemv32x256": {**gemv, "gate_up": (32, 256), "down": (32, 256)},
                 "gemv16x512": {**gemv, "gate_up": (16, 512), "down": (16, 512), "num_stages": 3},
                 "dot16:32x128": {"SORTED": False, "BLOCK_M": 16, "gate_up": (32, 128), "down": (32, 128),
@@ -128,7 +132,8 @@ def bench_model(model: str, tokens: tuple, copy_gb_s: float) -> list[dict]:
 
 def print_table(report: dict) -> None:
     copy = report["copy_gb_s"]
-    print(f"copy {copy:.0f} GB/s on {report['device']}; us per MoE layer (routing included), experts from HBM")
+    print(f"copy {copy:.0f} GB/s on {report['device']}; us per MoE layer (routing included), experts from HBM, "
+          f"PDL {'on' if report['pdl'] else 'off'}")
     print("model    T   plan_us %copy  best_us %copy  ceiling_us  MB_read  best")
     for r in report["rows"]:
         if "best" not in r:
@@ -147,8 +152,10 @@ def main() -> None:
     report = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
               "rows": []}
     report["copy_gb_s"] = copy_bandwidth() / 1e9
+    report["pdl"] = len(sys.argv) > 4 and sys.argv[4] == "pdl"
     for model in models:
-        report["rows"] += bench_model(model, tokens, report["copy_gb_s"])
+        with programmatic_launch(report["pdl"]):
+            report["rows"] += bench_model(model, tokens, report["copy_gb_s"])
         with open(out_path, "w") as f:  # what is done so far survives a later failure
             json.dump(report, f, indent=1, default=str)
     print_table(report)
