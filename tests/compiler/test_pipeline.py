@@ -46,6 +46,7 @@ def test_cache_key_is_stable_and_follows_the_folders_content_not_its_path(tiny_m
 CHANGES = dict(dtype="bfloat16", max_num_seqs=8, max_model_len=128, max_num_batched_tokens=128, block_size=32,
                buckets=(1, 4), fuse_qkv=False, fuse_gate_up=False, fuse_silu_mul=False, fuse_add_rmsnorm=False,
                skinny_linear=False, linear_prologue=False, linear_epilogue=True, row_sumsq=True, shared_norm_prologue=True,
+               fuse_moe_router=True,
                fp8_linear_prologue=True,
                fuse_rope_attention=False,
                lowering="inductor", inductor_pdl=False, persistent_norms=True, quantization="int4", quantization_group_size=64, quantize_lm_head=True,
