@@ -120,7 +120,7 @@
 #              clean  drop the presets and artifacts (disk)
 #   moe-bench  benchmarks/moe_kernel_bench.py: the fused MoE op alone at Qwen3-30B-A3B's and Mixtral's layer shapes;
 #              moe-bench1  Qwen3's alone at 1 and 8 tokens (the one-token tile candidates); moe-bench1-pdl at one
-#              token with the graphs under PDL, as the engine's (with the down slabs fetched early and not)
+#              token with the graphs under PDL, as the engine's (with the down slabs fetched early and not: plan, early down)
 #   moe-router benchmarks/moe_router_bench.py: one token's routing, the router's matmul + topk_softmax against
 #              --fuse-moe-router's one launch; ab-moe-router the same script over .ab/'s kernels
 #   spec-bench / spec-tests  (issue 21) bench spec (oracle proposer: verify-step cost and speed-up for k 1, 2, 4, 8

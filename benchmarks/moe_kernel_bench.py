@@ -4,8 +4,8 @@ the GPU, at Qwen3-30B-A3B's and Mixtral-8x7B's layer shapes, against the bytes o
     python benchmarks/moe_kernel_bench.py [OUT.json [TOKENS [MODELS [pdl]]]]    (H100 / H200; a few minutes)
 
 TOKENS: a comma list of token counts (default 1,8,32,256); MODELS: qwen3,mixtral (default both); pdl: the graphs
-captured with programmatic dependent launch, as the engine's are (one token then also times "plan, no early
-down": the down slabs not fetched early, moe_experts.py's EARLY).
+captured with programmatic dependent launch, as the engine's are (one token then also times "plan, early down":
+the down slabs fetched into L2 while gate/up streams, moe_experts.py's EARLY).
 
 Each model gets LAYERS[model] layers of its own random bf16 weights (more than STREAM_BYTES in all, so
 every call streams its experts from HBM, not L2) and random float32 router logits per layer and token
@@ -50,7 +50,7 @@ def candidates(num_tokens: int) -> dict[str, dict]:
         # s32 moe-prof1-nopdl): wider down tiles (fewer, larger programs) beside plan()'s gate/up
         down = {f"down{n}x{k}": {**gemv, "gate_up": (16, 256), "down": (n, k)}
                 for n, k in ((32, 256), (64, 256), (32, 512), (64, 128), (16, 512))}
-        return {**down, "plan, no early down": {**plan(1, 8, 128), "early_down": False},
+        return {**down, "plan, early down": {**plan(1, 8, 128), "early_down": True},
                 "gemv16x128": {**gemv, "gate_up": (16, 128), "down": (16, 128)},
                 "gemv32x256": {**gemv, "gate_up": (32, 256), "down": (32, 256)},
                 "gemv16x512": {**gemv, "gate_up": (16, 512), "down": (16, 512), "num_stages": 3},

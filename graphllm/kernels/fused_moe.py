@@ -55,7 +55,7 @@ def plan(num_tokens: int, top_k: int, num_experts: int) -> dict:
     pairs = num_tokens * top_k
     if pairs <= DECODE_MAX_PAIRS and num_tokens == 1:
         return dict(SORTED=False, BLOCK_M=1, gate_up=(16, 256), down=(16, 256), num_warps=4, num_stages=4,
-                    early_down=True)
+                    early_down=False)  # moe_experts.py's EARLY: off until moe_kernel_bench's A/B under PDL
     if pairs <= DECODE_MAX_PAIRS:
         per_expert = -(-pairs // min(pairs, num_experts))  # mean pairs of a used expert
         block_m = min(64, max(16, triton.next_power_of_2(2 * per_expert)))
