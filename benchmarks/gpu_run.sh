@@ -121,6 +121,7 @@
 #   moe-bench  benchmarks/moe_kernel_bench.py: the fused MoE op alone at Qwen3-30B-A3B's and Mixtral's layer shapes;
 #              moe-bench1  Qwen3's alone at 1 and 8 tokens (the one-token tile candidates); moe-bench1-pdl at one
 #              token with the graphs under PDL, as the engine's (with the down slabs fetched early and not: plan, early down)
+#   moe-kernel-tests  the MoE kernels' tests on the GPU (routing, the one-token router, the experts, EARLY under PDL)
 #   moe-router benchmarks/moe_router_bench.py: one token's routing, the router's matmul + topk_softmax against
 #              --fuse-moe-router's one launch; ab-moe-router the same script over .ab/'s kernels
 #   spec-bench / spec-tests  (issue 21) bench spec (oracle proposer: verify-step cost and speed-up for k 1, 2, 4, 8
@@ -391,6 +392,9 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         -k "gemma or olmo2 or phi3 or softcap or soft_cap or mla or deepseek or longrope" ;;
     clean) rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; df -h /tmp | tail -1 ;;
     moe-bench) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$tag.json" ;;
+    moe-kernel-tests) timeout 200 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_fused_moe.py tests/kernels/test_moe_routing.py tests/kernels/test_moe_router.py 2>&1 \
+        | grep -v DEBUG | tail -12 ;;
     moe-router) timeout 150 python3 benchmarks/moe_router_bench.py "$OUT/r/$tag.json" ;;
     ab-moe-router) PYTHONPATH="/tmp/site:$PWD/.ab" timeout 150 python3 benchmarks/moe_router_bench.py "$OUT/r/$tag.json" ;;
     moe-bench1) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$tag.json" 1,8 qwen3 ;;
