@@ -22,13 +22,13 @@ the expert's [BLOCK_N, K] weight slab is streamed once for all of them. Two row 
   expert_ids[s]; blocks past num_padded do nothing. down_weighted stores the terms, and sum_over_k adds
   them (a third launch: one arrival counter per tile would serialise T*k rows on one program).
 
-EARLY (one token under PDL, when the k down slabs fit half the L2: fused_moe.fits_l2; plan's early_down, off until
-benchmarks/moe_kernel_bench.py measures it under PDL): gate_up_silu waits for the
-routing before it lets down_weighted launch (gdc.released_after_wait), so down_weighted's programs, resident
-while gate_up streams, read the routing (from L2) and prefetch their expert's rows of w2 into L2 with
-evict_last before their own wait; gate_up's weight loads are evict_first (read once a step), so the stream does
-not push the prefetched rows out. Down's ramp from HBM then overlaps gate_up's stream. Results are the same
-bits either way: only where and when the weights are fetched changes.
+EARLY (one token under PDL, where the k down slabs fit half the L2: fused_moe.fits_l2; plan's early_down, off
+until benchmarks/moe_kernel_bench.py measures it under PDL): gate_up_silu waits for the routing before it lets
+down_weighted launch (gdc.released_after_wait), so down_weighted's programs, resident while gate_up streams, read
+the routing (from L2) and prefetch their expert's rows of w2 into L2 with evict_last before their own wait;
+gate_up's weight loads are evict_first (read once a step), so its stream does not push the prefetched rows out.
+Down's ramp from HBM then overlaps gate_up's stream. The results are the same bits either way: only where and
+when the weights are fetched changes.
 
 float8 experts (graphllm.fused_moe_fp8): w is float8_e4m3fn with a float32 scale per output row (scale_ptr,
 [E, 2I] and [E, H]); weight-only, so the activations stay in x's dtype. A weight tile widens to x's dtype in
