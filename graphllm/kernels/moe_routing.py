@@ -6,9 +6,10 @@
 
 The oracle is fused_moe_reference.select_experts (torch.softmax, torch.topk). Program t takes token t's
 whole row (E up to a few thousand fits one program) and picks in k rounds of argmax-and-mask (choose_topk, which
-moe_router.py's one-token router launch shares): each round is one reduction, over an int64 key per expert that
-orders as the logit and, below it, the reversed index, so the largest key is the lowest index among the largest
-logits; the chosen probabilities are gathered once after the rounds. (Three reductions a round before: the max,
+moe_router.py's one-token router launch shares): each round is one reduction, over an integer key per expert that
+orders as the logit and, below it, the reversed index (int32 for half-precision logits, int64 for float32), so the
+largest key is the lowest index among the largest logits; the chosen probabilities are gathered once after the
+rounds. (Three reductions a round before: the max,
 the lowest index at it, the probability there.)
 
 Choice: by the float32 logits, which softmax orders as it orders the probabilities, so rounding in exp
@@ -16,8 +17,8 @@ cannot reorder two experts (only where two different logits round to one probabi
 otherwise). Equal logits (equal probabilities: frequent with bfloat16 logits) go to the lower expert
 index first, the set CUDA's torch.topk keeps at the boundary (its gather takes the values above the k-th,
 then the equal ones in index order; a GPU test checks it); CPU torch.topk's choice among equal values is
-unspecified. -0.0 and 0.0 are equal logits. NaN logits come first, as in torch.topk. The weights are torch's formula, exp(l - max) / sum,
-with Triton's exp: within a few float32 ulps of torch.softmax.
+unspecified. -0.0 and 0.0 are equal logits. NaN logits come first, as in torch.topk. The weights are torch's
+formula, exp(l - max) / sum, with Triton's exp: within a few float32 ulps of torch.softmax.
 """
 
 import torch
