@@ -49,6 +49,9 @@ def add_serve_parser(subparsers, env: Environment = Environment()) -> argparse.A
     parser.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT,
                         help="seconds running streams get to finish after SIGTERM / SIGINT (new requests: 503)")
     parser.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="use a chat template a request sends (chat_template, chat_template_kwargs) instead "
+                             "of refusing it with a 400; a template is a program the server runs")
     parser.add_argument("--timeout-keep-alive", type=float, default=DEFAULT_KEEP_ALIVE,
                         help="seconds an idle connection stays open; above the clients' own (httpx: 5 s), so a "
                              "client never reuses a connection the server is closing at that moment")
@@ -65,6 +68,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         reasoning_parser=args.reasoning_parser, max_body_bytes=args.max_request_bytes,
                         max_n=args.max_n, max_queued_requests=args.max_queued_requests,
                         metrics_public=args.metrics_public,
+                        trust_request_chat_template=args.trust_request_chat_template,
                         model_root=args.model or args.artifact or (DEMO_MODEL_NAME if serves_demo else None))
 
 

@@ -10,7 +10,9 @@ differs only in keeping the first output token's leading space, which a lone
 Fast tokenizers use ``tokenizers.decoders.DecodeStream``; tokenizers without a Rust
 backend fall back to the prefix-offset/read-offset method over ``tokenizer.decode``.
 Both hold back text that ends in an incomplete UTF-8 sequence ('\\ufffd') until a later
-token completes it; bytes still incomplete when generation ends are never emitted.
+token completes it; bytes still incomplete when generation ends are never emitted. A prompt that
+ends inside a character keeps its cut bytes: they become output text only where an output token
+completes the character.
 ``clean_up_tokenization_spaces`` is not applied (it is not incremental).
 """
 
@@ -79,6 +81,7 @@ class _FastStream:
         self._backend = backend
         self._skip = skip_special_tokens
         self._pending: list[int] = []  # fed tokens whose text the stream still holds back
+        self._held = ""  # the text of a prompt's cut character (below)
         window, text = _prompt_context(
             lambda ids: backend.decode(ids, skip_special_tokens=self._skip), prompt_ids
         )
@@ -88,9 +91,17 @@ class _FastStream:
         self._stream = DecodeStream(skip_special_tokens=self._skip)
         for token_id in window:  # keeps a clean prefix: a cut character comes out whole
             self.step([token_id])
+        # the prompt's own cut character, if it ends inside one: not output text unless an output token completes it
+        self._held = backend.decode(self._pending, skip_special_tokens=self._skip) if self._pending else ""
 
     def step(self, token_ids: list[int]) -> str:
         """Feed tokens; return the text they complete."""
+        text = self._step(token_ids)
+        if text and self._held:
+            text, self._held = text.removeprefix(self._held), ""
+        return text
+
+    def _step(self, token_ids: list[int]) -> str:
         try:
             text = self._stream.step(self._backend, token_ids)
         except Exception as exc:  # tokenizers raises a bare Exception
@@ -117,9 +128,11 @@ class _SlowStream:
         self._ids = window if text is not None else []  # context tokens, then pending ones
         self._read = len(self._ids)  # self._ids[:self._read] is the context
         self._prefix = text or ""  # decode of the context
+        self._held = ""
         if text is None:
             for token_id in window:
                 self.step([token_id])
+            self._held = self._decode(self._ids)[len(self._prefix):]  # as _FastStream's
 
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(
@@ -136,6 +149,8 @@ class _SlowStream:
         del self._ids[: self._read]
         self._read = len(self._ids)
         self._prefix = self._decode(self._ids)
+        if self._held:
+            new_text, self._held = new_text.removeprefix(self._held), ""
         return new_text
 
 

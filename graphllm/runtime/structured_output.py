@@ -36,6 +36,12 @@ import torch
 logger = logging.getLogger(__name__)
 
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
+FIELD_TYPES = {"json": (dict, str, type(None)), "regex": (str, type(None)), "grammar": (str, type(None)),
+               "json_object": (bool, type(None)), "disable_any_whitespace": bool, "reasoning_end": (str, type(None))}
+FIELD_TYPE_NAMES = {"json": "a schema (object or text)", "regex": "text", "grammar": "text",
+                    "json_object": "a boolean", "disable_any_whitespace": "a boolean", "reasoning_end": "text"}
+OBJECT_SCHEMA = '{"type": "object"}'  # json_object: OpenAI's JSON mode answers an object (xgrammar's builtin
+# JSON grammar also takes arrays and scalars)
 
 
 @dataclass
@@ -57,8 +63,13 @@ class StructuredOutputsParams:
         if len(given) != 1:
             raise ValueError(f"structured_outputs needs exactly one of {', '.join(KINDS)}; got "
                              f"{', '.join(given) or 'none'}")
-        if self.choice is not None and (not self.choice or not all(isinstance(c, str) for c in self.choice)):
+        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
+                                        or not all(isinstance(c, str) for c in self.choice)):
             raise ValueError("structured_outputs choice must be a non-empty list of strings")
+        for name, types in FIELD_TYPES.items():  # a request's JSON reaches here as it was sent
+            if not isinstance(getattr(self, name), types):
+                raise ValueError(f"structured_outputs {name} must be {FIELD_TYPE_NAMES[name]}, got "
+                                 f"{type(getattr(self, name)).__name__}")
 
     @property
     def kind(self) -> str:
@@ -104,7 +115,7 @@ class StructuredOutputManager:
                 schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
                 return compiler.compile_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
             if kind == "json_object":
-                return compiler.compile_builtin_json_grammar()
+                return compiler.compile_json_schema(OBJECT_SCHEMA, any_whitespace=not params.disable_any_whitespace)
             if kind == "regex":
                 return compiler.compile_regex(params.regex)
             return compiler.compile_grammar(params.grammar if kind == "grammar" else choice_grammar(params.choice))

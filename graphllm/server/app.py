@@ -23,13 +23,14 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from graphllm.runtime.client import EngineClient, EngineDeadError
-from graphllm.server.serving_chat import message_bytes, render_prompt, tool_dict
+from graphllm.server.serving_chat import render_prompt, template_input_bytes, tool_dict
 from graphllm.server.config import ServerConfig
 from graphllm.server.errors import OpenAIError, bad_request, error_response, install_error_handlers
 from graphllm.server.metrics import CONTENT_TYPE, ServerMetrics
 from graphllm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from graphllm.server.serving_chat import ServingChat
 from graphllm.server.serving_completions import ServingCompletions
+from graphllm.server.serving_engine import Admissions
 from graphllm.version import __version__
 
 router = APIRouter()
@@ -52,9 +53,9 @@ def state(request: Request) -> AppState:
 
 def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="graphllm", version=__version__, docs_url=None, redoc_url=None)
-    metrics = ServerMetrics(engine)
-    app.state.graphllm = AppState(engine, config, metrics, ServingChat(engine, config, metrics),
-                                  ServingCompletions(engine, config, metrics), int(time.time()))
+    metrics, admissions = ServerMetrics(engine), Admissions()  # one count of admitted requests for both routes
+    app.state.graphllm = AppState(engine, config, metrics, ServingChat(engine, config, metrics, admissions),
+                                  ServingCompletions(engine, config, metrics, admissions), int(time.time()))
     app.include_router(router)
     install_error_handlers(app)
     if config.api_key is not None:
@@ -109,8 +110,8 @@ async def tokenize(body: TokenizeRequest, raw: Request):
         raise bad_request("this model has no tokenizer")
     tokenizer = s.engine.tokenizer
     if body.messages is not None:  # checked for length first, then templated and tokenized off the event loop
-        s.chat.check_text_length(sum(message_bytes(m) for m in body.messages), "messages")
         tools = [tool_dict(t) for t in body.tools or []]
+        s.chat.check_text_length(template_input_bytes(body.messages, tools), "messages")
         ids = await asyncio.to_thread(render_prompt, tokenizer, body.messages, tools)
     else:
         s.chat.check_text_length(len(body.prompt.encode()), "prompt")

@@ -22,6 +22,7 @@ class ServerConfig:
     max_stop: int = 64  # entries of stop and of stop_token_ids
     max_tools: int = 128  # tools of one chat request
     metrics_public: bool = False  # /metrics open without the API key
+    trust_request_chat_template: bool = False  # a request's own chat_template is used (else: a 400)
     model_root: str | None = None  # what /v1/models shows as `root` (the --model / --artifact given)
 
     def __post_init__(self):

@@ -15,6 +15,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from graphllm.server.protocol import LONE_SURROGATE_ERROR
+
 logger = logging.getLogger("graphllm.server")
 FIELD = re.compile(r"[a-z_][a-z0-9_]*")
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "none"})
@@ -41,7 +43,14 @@ def error_type(status: int) -> str:
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
+    return {"error": {"message": utf8_safe(message), "type": error_type(status), "param": utf8_safe(param),
+                      "code": code}}
+
+
+def utf8_safe(text: str | None) -> str | None:
+    """text with what UTF-8 cannot encode (a lone surrogate echoed from a request) as backslash escapes: an error
+    that quotes the request must still render."""
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_response(error: OpenAIError) -> JSONResponse:
@@ -55,6 +64,8 @@ def validation_error(exc: RequestValidationError) -> OpenAIError:
     if not errors:
         return bad_request("invalid request")
     first = errors[0]
+    if first.get("type") == LONE_SURROGATE_ERROR:
+        return bad_request(first["msg"], first["ctx"]["path"])
     # union members show up in loc ("str", "list[int]", "NamedToolChoice"): keep the field path
     param = ".".join(str(p) for p in first.get("loc", ())[1:] if isinstance(p, int) or FIELD.fullmatch(p)
                      and p not in UNION_TAGS)

@@ -6,11 +6,17 @@ understand but cannot honour yet (logit_bias, ...) are refused with a 400 by the
 instead of being silently dropped.
 """
 
+import re
 import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+LONE_SURROGATE_ERROR = "lone_surrogate"
+SCALARS = frozenset({int, float, bool, type(None)})
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # JSON's "\\ud800" escapes decode to these; UTF-8 cannot hold them
 
 
 def random_id(prefix: str) -> str:
@@ -23,6 +29,41 @@ class OpenAIBaseModel(BaseModel):
 
 
 # -- requests ---------------------------------------------------------------------------------
+
+def lone_surrogate_path(body: Any) -> str | None:
+    """The path ('messages.0.content') of the first string in a parsed JSON body (keys included) that holds a lone
+    UTF-16 surrogate, or None. Iterative (a deeply nested body does not reach the recursion limit); numbers are
+    not pushed, and a list of numbers only (a token-id prompt) is skipped whole."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            if LONE_SURROGATE.search(value):
+                return path or "body"
+            continue
+        if isinstance(value, list) and set(map(type, value)) <= SCALARS:  # a token-id prompt: one pass in C
+            continue
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            if isinstance(key, str) and LONE_SURROGATE.search(key):
+                return path or "body"
+            if isinstance(item, (str, dict, list)):
+                stack.append((f"{path}.{key}" if path else str(key), item))
+    return None
+
+
+class RequestBody(OpenAIBaseModel):
+    """A route's whole body: text that UTF-8 cannot encode (a lone surrogate) is a 400, not a 500 where it is
+    tokenized, encoded or echoed in an error."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def refuse_lone_surrogates(cls, data: Any) -> Any:
+        if (path := lone_surrogate_path(data)) is not None:  # errors.validation_error makes it a 400 naming path
+            raise PydanticCustomError(LONE_SURROGATE_ERROR, "{path}: text holds a lone UTF-16 surrogate (an unpaired "
+                                      "\\ud800-\\udfff escape), which is not valid Unicode", {"path": path})
+        return data
+
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool = False
@@ -40,7 +81,7 @@ class ResponseFormat(OpenAIBaseModel):
     json_schema: JsonSchemaFormat | None = None
 
 
-class SamplingRequest(OpenAIBaseModel):
+class SamplingRequest(RequestBody):
     """Fields completions and chat completions share."""
 
     model: str | None = None  # None: the served model
@@ -136,10 +177,11 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True  # false: tool_choice "required" forces exactly one call
+    chat_template: str | None = None  # vLLM's: the request's own template (--trust-request-chat-template)
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class TokenizeRequest(OpenAIBaseModel):
+class TokenizeRequest(RequestBody):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -147,7 +189,7 @@ class TokenizeRequest(OpenAIBaseModel):
     tools: list[Tool] | None = None
 
 
-class DetokenizeRequest(OpenAIBaseModel):
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]
 

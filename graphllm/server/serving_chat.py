@@ -26,6 +26,8 @@ or guided_* together with a forced tool call is a 400 (one grammar per request).
 
 import asyncio
 import dataclasses
+import functools
+import inspect
 import json
 import logging
 import time
@@ -43,7 +45,7 @@ from graphllm.server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletio
                                       ChatCompletionResponse, ChatLogprobs, ChatMessage, NamedToolChoice,
                                       ResponseMessage, ResponseToolCall, TokenLogprob, Tool, ToolCallFunction,
                                       TopLogprob, random_id, usage)
-from graphllm.server.serving_engine import OpenAIServing, logprob_value, num_visible_tokens
+from graphllm.server.serving_engine import OpenAIServing, Reservation, logprob_value, num_visible_tokens
 from graphllm.server.streaming import SSE_DONE, EventStreamResponse, sse, sse_error, until_disconnect
 from graphllm.server.reasoning_parsers import THINK_CLOSE
 from graphllm.server.tool_parsers import ForcedToolParser, forced_tool_schema
@@ -129,12 +131,48 @@ def message_dict(i: int, m: ChatMessage) -> dict:
 
 
 def message_bytes(m: ChatMessage) -> int:
-    """UTF-8 bytes of a message's text (content, or its parts' text)."""
-    if m.content is None:
-        return 0
-    if isinstance(m.content, str):
-        return len(m.content.encode())
-    return sum(len((part.text or "").encode()) for part in m.content)
+    """UTF-8 bytes of the text a message hands the chat template: content (or its parts' text), name, reasoning,
+    tool-call id and its calls' names and arguments."""
+    if m.content is None or isinstance(m.content, str):
+        texts = [m.content]
+    else:
+        texts = [part.text for part in m.content]
+    texts += [m.name, m.reasoning_content, m.tool_call_id]
+    for call in m.tool_calls or ():
+        args = call.function.arguments
+        texts += [call.id, call.function.name, args if isinstance(args, str) else json.dumps(args)]
+    return sum(len(t.encode()) for t in texts if t)
+
+
+def template_input_bytes(messages: list[ChatMessage], tools: list[dict] | None = None,
+                         template_kwargs: dict | None = None) -> int:
+    """UTF-8 bytes of everything a request hands the chat template: its messages, its tools' definitions and its
+    chat_template_kwargs, as JSON. What the prompt-length check counts before templating (a long tool description
+    took ~10 s to tokenize before it was refused)."""
+    extra = [x for x in (tools, template_kwargs) if x]
+    return sum(message_bytes(m) for m in messages) + sum(len(json.dumps(x).encode()) for x in extra)
+
+
+def check_template_kwargs(tokenizer, template_kwargs: dict | None, trust_request_chat_template: bool) -> None:
+    """chat_template_kwargs carry template variables (enable_thinking, ...). A chat template of the request's own is
+    refused unless the server trusts them (vLLM's --trust-request-chat-template: a template is a program, and one
+    line of it can render gigabytes); apply_chat_template's own parameters (tokenize, padding, max_length,
+    tokenizer_kwargs, ...) are the server's to set."""
+    if "chat_template" in (template_kwargs or {}) and not trust_request_chat_template:
+        raise bad_request("a chat template was passed with the request, but the server was not started with "
+                          "--trust-request-chat-template: refused", "chat_template_kwargs.chat_template")
+    owned = template_parameters(type(tokenizer)) - {"chat_template"} if tokenizer is not None else set()
+    for key in sorted(set(template_kwargs or {}) & owned):
+        raise bad_request(f"chat_template_kwargs.{key} is a parameter of apply_chat_template, which the server "
+                          "sets; chat_template_kwargs only carries the template's own variables",
+                          f"chat_template_kwargs.{key}")
+
+
+@functools.cache
+def template_parameters(tokenizer_class: type) -> frozenset[str]:
+    """Named parameters of tokenizer_class.apply_chat_template (not its **kwargs, which reach the template)."""
+    params = inspect.signature(tokenizer_class.apply_chat_template).parameters.values()
+    return frozenset(p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)) - {"self"}
 
 
 def content_text(i: int, content) -> str | None:
@@ -200,10 +238,14 @@ class ServingChat(OpenAIServing):
         if req.tools and len(req.tools) > self.config.max_tools:
             raise bad_request(f"tools may hold at most {self.config.max_tools} tools, got {len(req.tools)}", "tools")
         mode = tool_mode(req, self.config.tool_call_parser)
+        template_kwargs = dict(req.chat_template_kwargs or {})
+        if req.chat_template is not None:
+            template_kwargs["chat_template"] = req.chat_template
+        check_template_kwargs(self.engine.tokenizer, template_kwargs, self.config.trust_request_chat_template)
         if self.engine.tokenizer is not None:
-            self.check_text_length(sum(message_bytes(m) for m in req.messages), "messages")
+            self.check_text_length(template_input_bytes(req.messages, mode.tools, template_kwargs), "messages")
         prompt_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, req.messages, mode.tools,
-                                             req.chat_template_kwargs)  # templating and tokenizing: off the loop
+                                             template_kwargs)  # templating and tokenizing: off the loop
         asked, param = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens
                         is not None else (req.max_tokens, "max_tokens"))
         max_tokens = self.resolve_max_tokens(len(prompt_ids), asked, "messages", param)
@@ -214,11 +256,11 @@ class ServingChat(OpenAIServing):
                 structured = dataclasses.replace(structured, reasoning_end=THINK_CLOSE)
         params = self.sampling_params(req, max_tokens, (req.top_logprobs or 0) if req.logprobs else None,
                                       structured)
-        self.check_capacity(1)
+        admitted = self.check_capacity(1)
         request_id = random_id("chatcmpl")
         if req.stream:
-            return EventStreamResponse(self.stream(req, mode, prompt_ids, params, request_id))
-        [out] = await until_disconnect(raw, self.collect([prompt_ids], [params], request_id))
+            return EventStreamResponse(self.stream(req, mode, prompt_ids, params, request_id, admitted))
+        [out] = await until_disconnect(raw, self.collect([prompt_ids], [params], request_id, admitted))
         response = ChatCompletionResponse(
             id=request_id, model=self.config.model_name,
             choices=[self.choice(req, mode, c) for c in out.outputs],
@@ -242,8 +284,10 @@ class ServingChat(OpenAIServing):
         return TOOL_PARSERS[self.config.tool_call_parser]()
 
     def finish_reason(self, mode: ToolMode, c: CompletionOutput, calls: list) -> str:
-        """OpenAI's: 'tool_calls' when the model chose to call; a forced (named) call ends with 'stop'."""
-        return "tool_calls" if calls and mode.choice in ("auto", "required") else c.finish_reason
+        """OpenAI's: 'tool_calls' when the model chose to call and stopped; a forced (named) call ends with 'stop';
+        an answer cut short by max_tokens is 'length' whatever calls it completed before."""
+        called = calls and mode.choice in ("auto", "required") and c.finish_reason != "length"
+        return "tool_calls" if called else c.finish_reason
 
     # -- whole answers -----------------------------------------------------------------------
 
@@ -267,7 +311,7 @@ class ServingChat(OpenAIServing):
     # -- streaming ---------------------------------------------------------------------------
 
     async def stream(self, req: ChatCompletionRequest, mode: ToolMode, prompt_ids: list[int], params,
-                     request_id: str) -> AsyncIterator[str]:
+                     request_id: str, admitted: Reservation) -> AsyncIterator[str]:
         created = int(time.time())
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         exclude = None if include_usage else {"usage"}
@@ -281,7 +325,7 @@ class ServingChat(OpenAIServing):
         try:
             for index in range(req.n):
                 yield chunk([ChatChunkChoice(index=index, delta={"role": "assistant", "content": ""})])
-            async for _, out in self.generate_all([prompt_ids], [params], request_id):
+            async for _, out in self.generate_all([prompt_ids], [params], request_id, admitted):
                 num_cached = out.num_cached_tokens
                 for c in out.outputs:
                     choices = self.stream_choice(req, mode, c, states[c.index])

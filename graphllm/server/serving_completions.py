@@ -17,7 +17,7 @@ from graphllm.runtime.outputs import CompletionOutput
 from graphllm.server.errors import OpenAIError, bad_request
 from graphllm.server.protocol import (CompletionChoice, CompletionLogprobs, CompletionRequest,
                                       CompletionResponse, random_id, usage)
-from graphllm.server.serving_engine import OpenAIServing, logprob_value, num_visible_tokens
+from graphllm.server.serving_engine import OpenAIServing, Reservation, logprob_value, num_visible_tokens
 from graphllm.server.streaming import SSE_DONE, EventStreamResponse, sse, sse_error, until_disconnect
 
 logger = logging.getLogger("graphllm.server")
@@ -48,11 +48,11 @@ class ServingCompletions(OpenAIServing):
         structured = await self.structured_outputs(req)
         params = [self.sampling_params(req, self.resolve_max_tokens(len(ids), req.max_tokens, "prompt"),
                                        req.logprobs, structured) for _, ids in prompts]
-        self.check_capacity(len(prompts))
+        admitted = self.check_capacity(len(prompts))
         request_id, ids = random_id("cmpl"), [ids for _, ids in prompts]
         if req.stream:
-            return EventStreamResponse(self.stream(req, prompts, params, request_id))
-        outs = await until_disconnect(raw, self.collect(ids, params, request_id))
+            return EventStreamResponse(self.stream(req, prompts, params, request_id, admitted))
+        outs = await until_disconnect(raw, self.collect(ids, params, request_id, admitted))
         choices = [self.choice(req, prompts[i], c, i * req.n + c.index)
                    for i, out in enumerate(outs) for c in out.outputs]
         num_output = sum(len(c.token_ids) for out in outs for c in out.outputs)
@@ -113,14 +113,14 @@ class ServingCompletions(OpenAIServing):
 
     # -- streaming ---------------------------------------------------------------------------
 
-    async def stream(self, req: CompletionRequest, prompts: list[Prompt], params,
-                     request_id: str) -> AsyncIterator[str]:
+    async def stream(self, req: CompletionRequest, prompts: list[Prompt], params, request_id: str,
+                     admitted: Reservation) -> AsyncIterator[str]:
         created, states = int(time.time()), {}
         include_usage = req.stream_options is not None and req.stream_options.include_usage
         exclude = None if include_usage else {"usage"}
         num_output, cached = 0, {}
         try:
-            async for i, out in self.generate_all([ids for _, ids in prompts], params, request_id):
+            async for i, out in self.generate_all([ids for _, ids in prompts], params, request_id, admitted):
                 cached[i] = out.num_cached_tokens
                 for c in out.outputs:
                     state = states.setdefault(i * req.n + c.index, ChoiceState())

@@ -9,6 +9,7 @@ import functools
 import json
 import logging
 import math
+import threading
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
@@ -57,9 +58,49 @@ def logprob_value(value: float) -> float:
     return max(value, MIN_LOGPROB) if not math.isnan(value) else MIN_LOGPROB
 
 
+class Admissions:
+    """Engine requests the server has admitted (check_capacity) that the engine does not count as waiting yet:
+    between the check and the engine's add_request a request templates, tokenizes and compiles its grammar off
+    the event loop, and without this count 40 requests at once all passed a limit of 4 (the fuzzing of s35)."""
+
+    def __init__(self):
+        self._pending, self._lock = 0, threading.Lock()  # a Reservation may be finalized on another thread
+
+    @property
+    def pending(self) -> int:
+        return self._pending
+
+    def reserve(self, num_requests: int) -> "Reservation":
+        with self._lock:
+            self._pending += num_requests
+        return Reservation(self, num_requests)
+
+    def _release(self, num_requests: int) -> None:
+        with self._lock:
+            self._pending -= num_requests
+
+
+class Reservation:
+    """num_requests admitted engine requests; each is released as the engine takes it (OpenAIServing.generate),
+    and whatever is left when the request's handler and stream are gone (a client that left first)."""
+
+    def __init__(self, admissions: Admissions, num_requests: int):
+        self._admissions, self._left = admissions, num_requests
+
+    def release(self, num_requests: int = 1) -> None:
+        taken = min(num_requests, self._left)
+        self._left -= taken
+        self._admissions._release(taken)
+
+    def __del__(self):
+        self.release(self._left)
+
+
 class OpenAIServing:
-    def __init__(self, engine: EngineClient, config: ServerConfig, metrics: ServerMetrics):
+    def __init__(self, engine: EngineClient, config: ServerConfig, metrics: ServerMetrics,
+                 admissions: Admissions | None = None):
         self.engine, self.config, self.metrics = engine, config, metrics
+        self.admissions = admissions if admissions is not None else Admissions()  # the app shares one
         self.defaults = generation_defaults(engine.model_path)
 
     @property
@@ -82,13 +123,20 @@ class OpenAIServing:
             if len(values) > self.config.max_stop:
                 raise bad_request(f"{name} may hold at most {self.config.max_stop} entries, got {len(values)}", name)
 
-    def check_capacity(self, num_requests: int) -> None:
-        """503 + Retry-After when the engine's queue is full (--max-queued-requests): never unbounded memory."""
-        waiting = self.engine.stats().num_requests_waiting
-        if waiting + num_requests > self.config.max_queued_requests:
+    def check_capacity(self, num_requests: int) -> Reservation:
+        """503 + Retry-After when the engine's queue is full (--max-queued-requests): never unbounded memory.
+        Requests admitted here and not yet in the engine count as waiting; the reservation holds this one's
+        place until generate hands each of its engine requests over."""
+        limit = self.config.max_queued_requests
+        if num_requests > limit:  # could never be admitted: the request's fault, not the load's
+            raise bad_request(f"this request makes {num_requests} engine requests (one per prompt), more than the "
+                              f"server queues at once (--max-queued-requests {limit})", "prompt")
+        waiting = self.engine.stats().num_requests_waiting + self.admissions.pending
+        if waiting + num_requests > limit:
             raise OpenAIError(503, f"the server is overloaded: {waiting} requests are waiting to be scheduled "
-                                   f"(at most {self.config.max_queued_requests}); retry later",
+                                   f"(at most {limit}); retry later",
                               code="server_overloaded", headers={"Retry-After": "1"})
+        return self.admissions.reserve(num_requests)
 
     def check_text_length(self, num_bytes: int, param: str) -> None:
         """Refuse text that cannot fit max_model_len before tokenizing it (a 10 MB prompt would take seconds):
@@ -194,11 +242,14 @@ class OpenAIServing:
 
     # -- running ----------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, request_id: str,
+                       admitted: Reservation) -> AsyncIterator[RequestOutput]:
         """engine.stream with metrics; closing this generator aborts the engine request."""
         timer, last = self.metrics.start_request(), None
         try:
+            # no await between the release and engine.stream's add_request (its first step): the engine counts
+            # the request as waiting from then on
+            admitted.release()
             async with aclosing(self.engine.stream(prompt_ids, params, request_id)) as stream:
                 async for last in stream:
                     timer.on_output(last)
@@ -210,17 +261,17 @@ class OpenAIServing:
         finally:
             timer.finish(last, len(prompt_ids), params.n)
 
-    def generate_all(self, prompts: list[list[int]], params: list[SamplingParams],
-                     request_id: str) -> AsyncIterator[tuple[int, RequestOutput]]:
+    def generate_all(self, prompts: list[list[int]], params: list[SamplingParams], request_id: str,
+                     admitted: Reservation) -> AsyncIterator[tuple[int, RequestOutput]]:
         """One engine request per prompt, interleaved: (prompt index, output)."""
-        return merge([self.generate(ids, p, f"{request_id}-{i}")
+        return merge([self.generate(ids, p, f"{request_id}-{i}", admitted)
                       for i, (ids, p) in enumerate(zip(prompts, params))])
 
-    async def collect(self, prompts: list[list[int]], params: list[SamplingParams],
-                      request_id: str) -> list[RequestOutput]:
+    async def collect(self, prompts: list[list[int]], params: list[SamplingParams], request_id: str,
+                      admitted: Reservation) -> list[RequestOutput]:
         """Run every prompt to the end; final outputs in prompt order."""
         final: dict[int, RequestOutput] = {}
-        async with aclosing(self.generate_all(prompts, params, request_id)) as outputs:
+        async with aclosing(self.generate_all(prompts, params, request_id, admitted)) as outputs:
             async for i, out in outputs:
                 final[i] = out
         return [final[i] for i in range(len(prompts))]

@@ -261,6 +261,19 @@ def test_prompt_ending_inside_a_character_emits_the_whole_character(byte_tok):
     assert detok.output_text == " 🚀 fox"
 
 
+@pytest.mark.parametrize("slow", [False, True])
+def test_a_cut_character_the_output_does_not_complete_stays_out_of_the_output(byte_tok, slow):
+    """Regression (s35's fuzzing of the server): a token-id prompt ending inside a character put that character's
+    '\ufffd' (and the rest of its last token's text) at the head of the output text, one character off every
+    logprobs text_offset. Bytes the output never completes are the prompt's, not output text."""
+    ids = _encode(byte_tok, "hello 🚀")
+    cut = next(k for k in range(1, len(ids)) if byte_tok.decode(ids[:k]).endswith("\ufffd"))
+    output = _encode(byte_tok, " fox jumps")
+    detok = IncrementalDetokenizer(_SlowOnly(byte_tok) if slow else byte_tok, ids[:cut])
+    deltas, _ = _stream(detok, [[t] for t in output])
+    assert "".join(deltas) == detok.output_text == byte_tok.decode(output) == " fox jumps"
+
+
 @pytest.mark.parametrize("skip", [True, False])
 def test_skip_special_tokens(byte_tok, skip):
     s, eos, user = byte_tok.convert_tokens_to_ids(["<s>", "</s>", "<|user|>"])

@@ -108,3 +108,20 @@ def test_reasoning_is_free_until_its_end_marker_then_the_answer_is_constrained(e
         head = reasoning[:reasoning.index(marker) + len(marker)]
         assert text.startswith(head) and re.fullmatch(r"\[[0-9]{3}\]", text[-5:]), (reasoning, text)
         assert len(text) - 5 < len(head) + 8  # the answer starts right after the marker's token
+
+
+def test_json_object_is_an_object_not_any_json(engine):
+    """Regression (s35's fuzzing): response_format json_object compiled xgrammar's builtin JSON grammar, which also
+    takes arrays and scalars, and the demo model answered `[3000, 70, ...`; OpenAI's JSON mode answers an object."""
+    manager = engine.structured_outputs
+    for text, accepted in (('{"a": [1, 2]}', True), ("[1, 2]", False), ("3", False), ('"x"', False)):
+        assert manager.matcher(manager.compile(SO(json_object=True))).accept_string(text) is accepted, text
+
+
+@pytest.mark.parametrize("fields", [{"choice": "abc"}, {"json_object": "yes"}, {"regex": 5},
+                                    {"json": 3}, {"json_object": True, "disable_any_whitespace": "x"}])
+def test_structured_outputs_fields_of_the_wrong_type_are_refused(fields):
+    """Regression (s35's fuzzing): structured_outputs {"choice": "abc"} constrained the output to a, b or c (a string
+    iterates as its characters), and {"json_object": "yes"} passed as true."""
+    with pytest.raises(ValueError, match="structured_outputs"):
+        SO(**fields)

@@ -2,8 +2,8 @@
 
 An EngineClient that lends a real Engine's limits, model path and stats to the server, and its
 tokenizer behind a RecordingTokenizer (which remembers what the chat template was given), but
-`stream` answers from `reply(messages, tools)` in three-character pieces, so the incremental
-parsers see tags split across chunks.
+`stream` answers from `reply(messages, tools)` in three-character pieces (a token each, up to
+max_tokens), so the incremental parsers see tags split across chunks.
 """
 
 import asyncio
@@ -83,11 +83,15 @@ class ScriptedEngine:
         text = reply(*self.rendered[tuple(prompt)], params.structured_outputs)
         pieces = [text[i:i + PIECE] for i in range(0, len(text), PIECE)]
         eos = min(self.engine.state.eos_token_ids)
-        for step in range(1, len(pieces) + 2):  # the last step samples EOS
-            finished = step > len(pieces)
-            token_ids = list(range(10, 10 + min(step, len(pieces)))) + ([eos] if finished else [])
-            delta = "" if finished else pieces[step - 1]
-            outputs = [CompletionOutput(i, "".join(pieces[:step]), token_ids, None,
-                                        "stop" if finished else None, None, delta) for i in range(params.n)]
+        for step in range(1, len(pieces) + 2):  # the last step samples EOS; a piece a token
+            cut = step == params.max_tokens and step <= len(pieces)  # max_tokens ran out before EOS
+            finished = cut or step > len(pieces)
+            token_ids = list(range(10, 10 + min(step, len(pieces)))) + ([eos] if finished and not cut else [])
+            delta = "" if step > len(pieces) else pieces[step - 1]
+            reason = "length" if cut else "stop" if finished else None
+            outputs = [CompletionOutput(i, "".join(pieces[:step]), token_ids, None, reason, None, delta)
+                       for i in range(params.n)]
             yield RequestOutput(request_id, None, list(prompt), outputs, finished)
+            if finished:
+                return
             await asyncio.sleep(0)

@@ -15,6 +15,7 @@ from graphllm.runtime.engine import Engine
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.server.app import build_app
 from graphllm.server.config import ServerConfig
+from graphllm.server.errors import OpenAIError
 from tests.server.conftest import API_KEY, MODEL, free_port, serve
 from tests.server.test_errors import check_shape
 
@@ -45,6 +46,57 @@ def test_full_queue_is_503_with_retry_after(fresh_engine):
             fresh_engine.abort(request_id)
         assert post(base, COMPLETION).status_code == 200  # room again
     finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_admitted_requests_hold_their_place_until_the_engine_takes_them(fresh_engine):
+    """Regression (s35's fuzzing): 40 requests at once against --max-queued-requests 4 left 24 waiting, because the
+    check read the engine's queue while the requests admitted before were still templating or tokenizing off the
+    event loop. An admitted request now counts until the engine has it (or it is gone)."""
+    app = build_app(fresh_engine, ServerConfig(served_model_names=(MODEL,), max_queued_requests=4))
+    chat, completions = app.state.graphllm.chat, app.state.graphllm.completions
+    held = chat.check_capacity(3)
+    with pytest.raises(OpenAIError) as full:
+        completions.check_capacity(2)  # the other route shares the count
+    assert full.value.status == 503
+    held.release()  # the engine took one (OpenAIServing.generate)
+    also = completions.check_capacity(2)
+    del held, also  # handlers and streams gone: what they held is free
+    assert chat.admissions.pending == 0
+    with pytest.raises(OpenAIError) as never:
+        completions.check_capacity(5)  # more than the queue holds at all: the request's fault
+    assert never.value.status == 400
+
+
+def test_concurrent_requests_never_queue_past_the_limit(fresh_engine):
+    app = build_app(fresh_engine, ServerConfig(served_model_names=(MODEL,), api_key=API_KEY, max_queued_requests=4))
+    base, server, thread = serve(app)
+    peak, statuses, done = [0], [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], fresh_engine.stats().num_requests_waiting)
+            time.sleep(0.001)
+
+    def client():
+        statuses.append(post(base, {**COMPLETION, "max_tokens": 8, "ignore_eos": True}).status_code)
+
+    watcher = threading.Thread(target=watch)
+    clients = [threading.Thread(target=client) for _ in range(24)]
+    try:
+        watcher.start()
+        for c in clients:
+            c.start()
+        for c in clients:
+            c.join(timeout=60)
+        done.set()
+        watcher.join()
+        assert sorted(set(statuses)) <= [200, 503] and statuses.count(200) >= 1 and len(statuses) == 24
+        assert peak[0] <= 4, f"{peak[0]} requests waited past --max-queued-requests 4"
+        assert app.state.graphllm.chat.admissions.pending == 0
+    finally:
+        done.set()
         server.should_exit = True
         thread.join(timeout=10)
 

@@ -97,3 +97,75 @@ def test_tokenize_of_an_empty_prompt_is_not_a_500(server):
     """Regression: the size check before tokenizing read `messages` when the prompt was empty text."""
     response = server.post("/tokenize", {"model": MODEL, "prompt": ""})
     assert response.status_code == 200 and response.json()["count"] == len(response.json()["tokens"])
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages.0.content"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": [{"type": "text", "text": "a\\udc00"}]}]}',
+     "messages.0.content.0.text"),
+    ("/v1/completions", '{"prompt": "\\udfff", "max_tokens": 2}', "prompt"),
+    ("/v1/completions", '{"prompt": ["ok", "\\ud800"], "max_tokens": 2, "stream": true}', "prompt.1"),
+    ("/v1/completions", '{"model": "\\ud800", "prompt": [1, 2], "max_tokens": 2}', "model"),
+    ("/tokenize", '{"prompt": "\\udfff"}', "prompt"),
+])
+def test_lone_surrogates_are_a_400_naming_the_field(server, path, body, param):
+    """Regression (s35's fuzzing): JSON may escape a lone UTF-16 surrogate ("\\ud800"), which decodes to text UTF-8
+    cannot encode; encoding it for the length check, the tokenizer or the error message was a 500 (and uvicorn
+    dropped the connection). A surrogate pair is a character and passes."""
+    error = check_shape(server.post(path, body.encode()), 400, param)
+    assert "surrogate" in error["message"]
+    pair = server.post("/v1/completions", b'{"prompt": "\\ud83d\\ude80", "max_tokens": 2}')
+    assert pair.status_code == 200, pair.text
+
+
+UNBOUNDED_TEMPLATE = "{{ 'a' * 100000000 }}"  # 100 MB of prompt from one line: a template is a program
+
+
+@pytest.mark.parametrize("body", [{"chat_template_kwargs": {"chat_template": UNBOUNDED_TEMPLATE}},
+                                  {"chat_template": UNBOUNDED_TEMPLATE}])
+def test_a_requests_own_chat_template_is_refused_unless_trusted(server, body):
+    """Regression (s35's fuzzing): chat_template_kwargs.chat_template replaced the model's template, and this one
+    line rendered 100 MB that the tokenizer then took minutes and ~18 GB over, uncancellable. As vLLM: a 400
+    unless the server runs with --trust-request-chat-template."""
+    began = time.monotonic()
+    error = check_shape(server.post("/v1/chat/completions", {**CHAT, **body}), 400,
+                        "chat_template_kwargs.chat_template")
+    assert "--trust-request-chat-template" in error["message"] and time.monotonic() - began < 5
+
+
+def test_a_trusted_server_renders_the_requests_chat_template(request, engine):
+    trusting = start(request, engine, trust_request_chat_template=True)
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    response = trusting.post("/v1/chat/completions", {**CHAT, "chat_template": template})
+    assert response.status_code == 200, response.text
+    expected = engine.tokenizer.encode("<user>What is 2 plus 3?", add_special_tokens=False)
+    assert response.json()["usage"]["prompt_tokens"] == len(expected)
+
+
+@pytest.mark.parametrize("key, value", [("tokenizer_kwargs", {"padding": "max_length", "max_length": 10**8}),
+                                        ("max_length", 10**8), ("tokenize", False), ("tools", [])])
+def test_apply_chat_template_parameters_in_chat_template_kwargs_are_refused(server, key, value):
+    """chat_template_kwargs carry template variables; apply_chat_template's own parameters are the server's (padding
+    to 10**8 tokens would have allocated them)."""
+    check_shape(server.post("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {key: value}}), 400,
+                f"chat_template_kwargs.{key}")
+    variable = server.post("/v1/chat/completions", {**CHAT, "chat_template_kwargs": {"enable_thinking": False}})
+    assert variable.status_code == 200, variable.text
+
+
+def test_tool_definitions_and_call_arguments_count_toward_the_length_check(server):
+    """Regression (s35's fuzzing): the bytes-per-token check before templating counted only message content, so an
+    8 MB tool description or call argument was rendered and tokenized (~10 s) before it was refused. Now it is
+    refused on its bytes ('bytes of text'), as content is."""
+    description = "word " * 20_000  # ~100 KB: past the demo's 1,024 tokens at 64 bytes a token at most
+    tool = {"type": "function", "function": {"name": "f", "description": description}}
+    for path, body in (("/v1/chat/completions", {**CHAT, "tools": [tool]}),
+                       ("/tokenize", {"model": MODEL, "messages": CHAT["messages"], "tools": [tool]})):
+        error = check_shape(server.post(path, body), 400, "messages", "context_length_exceeded")
+        assert "bytes of text" in error["message"], error["message"]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": description}}
+    messages = [*CHAT["messages"], {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    error = check_shape(server.post("/v1/chat/completions", {**CHAT, "messages": messages}), 400, "messages",
+                        "context_length_exceeded")
+    assert "bytes of text" in error["message"], error["message"]

@@ -13,6 +13,7 @@ import pytest
 from graphllm.server.serving_chat import tool_mode
 from graphllm.server.protocol import ChatCompletionRequest
 from tests.server.conftest import MODEL
+from tests.server.scripted import PIECE
 
 MULTIPLY = {"type": "function", "function": {
     "name": "multiply", "description": "Multiply two integers.",
@@ -97,6 +98,25 @@ def test_required_is_forced_as_an_array_of_calls_whole_and_streamed(scripted, sc
         model=MODEL, messages=QUESTION, tools=[MULTIPLY], tool_choice="required", stream=True))
     assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [("multiply", {"a": 7, "b": 8})]
     assert finish == ["tool_calls"]
+
+
+def test_a_required_list_cut_by_max_tokens_finishes_with_length_not_tool_calls(scripted):
+    """Regression (s35's fuzzing): a required list cut short by max_tokens after a complete call said
+    'tool_calls', as if the model had stopped; OpenAI (and vLLM) say 'length'. Its complete calls still count."""
+    for a in range(2, 40):  # numbers whose call ends a piece before the list's closing bracket
+        question = [{"role": "user", "content": f"What is {a} times 8?"}]
+        text = json.dumps([{"name": "multiply", "parameters": {"a": a, "b": 8}}])
+        if -(-(text.rindex("}") + 1) // PIECE) < -(-len(text) // PIECE):
+            break
+    max_tokens = -(-(text.rindex("}") + 1) // PIECE)
+    out = scripted.chat.completions.create(model=MODEL, messages=question, tools=[MULTIPLY], tool_choice="required",
+                                           max_tokens=max_tokens)
+    assert out.choices[0].finish_reason == "length" and out.usage.completion_tokens == max_tokens
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in out.choices[0].message.tool_calls] == [
+        ("multiply", {"a": a, "b": 8})]
+    calls, _, finish = streamed_calls(scripted.chat.completions.create(
+        model=MODEL, messages=question, tools=[MULTIPLY], tool_choice="required", max_tokens=max_tokens, stream=True))
+    assert len(calls) == 1 and finish == ["length"]
 
 
 def test_a_forced_call_and_another_grammar_is_a_400(scripted):
