@@ -249,6 +249,11 @@ class CompileConfig:
         check_quantization(self.quantization, self.quantization_group_size)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):  # as EngineConfig's (s35's fuzzing:
+            if getattr(self, name) < 1:  # --max-num-seqs 0 wrote an artifact of no buckets)
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.buckets is not None and (not self.buckets or min(self.buckets) < 1

@@ -129,6 +129,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    if args.artifact and args.model:  # the artifact would run, and the model folder be silently ignored
+        raise ValueError("give --model (a Hugging Face folder) or --artifact (a compiled artifact), not both")
+    if args.artifact and args.eager:
+        raise ValueError("--eager runs a model folder uncompiled; an --artifact is compiled code: give one of them")
     config = EngineConfig(model=args.model, artifact=args.artifact, compile=not args.eager and not args.artifact,
                           dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,

@@ -22,13 +22,24 @@ DEFAULT_KEEP_ALIVE = 30.0
 DEMO_TOOL_CALL_PARSER = "hermes"  # the format the demo model's chat template teaches
 
 
+def port_number(text: str) -> int:
+    """--port: checked when the flags are read, not after the model has loaded."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is in [1, 65535], got {port}")
+    return port
+
+
 def add_serve_parser(subparsers, env: Environment = Environment()) -> argparse.ArgumentParser:
     """Register `serve` (engine flags shared with `generate`, plus the server's own)."""
     parser = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (FastAPI + uvicorn)",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_engine_args(parser)
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=port_number, default=8000)
     parser.add_argument("--api-key", default=env.api_key,
                         help="require `Authorization: Bearer KEY` on /v1 routes (default: $GRAPHLLM_API_KEY)")
     parser.add_argument("--served-model-name", nargs="+",

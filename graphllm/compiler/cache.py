@@ -5,6 +5,7 @@ Processes that want the same artifact at once (two servers started together on o
 the first takes the key's lock file (KEY.lock beside it) and compiles, the others wait on the lock, then find
 the artifact complete and load it."""
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -24,5 +25,6 @@ def compiled_artifact(model_dir: Path, config: CompileConfig, device: torch.devi
     with exclusive(art.with_name(art.name + ".lock"), f"another process is compiling {art}; waiting for it",
                    show_progress):
         if not (art / MANIFEST).is_file():  # else the process this one waited for compiled it
+            shutil.rmtree(art, ignore_errors=True)  # the cache's own folder, damaged: compile_model replaces artifacts only
             compile_model(model_dir, art, config, device, show_progress=show_progress)
     return art

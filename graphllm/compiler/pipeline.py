@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from graphllm.compiler import artifact as A
 from graphllm.compiler.inductor_lowering import STEP_INDUCTOR, export_step, lower_inductor
 from graphllm.compiler.lower import lower, save_node_table
-from graphllm.compiler.staging import publish, staging_dir
+from graphllm.compiler.staging import check_output, publish, staging_dir
 from graphllm.compiler.weights_io import write_safetensors
 from graphllm.config import CHECKPOINT_QUANTIZATIONS, CompileConfig
 from graphllm.device import resolve_device, resolve_dtype
@@ -282,6 +282,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
                   command: str | None = None) -> dict:
     """Compile a Hugging Face folder into an artifact directory; returns the manifest."""
     model_dir, out = Path(model_dir), Path(out)
+    check_output(out, model_dir)  # before minutes of work, and before anything is replaced
     device = resolve_device(device)
     timer = PhaseTimer(show_progress)
     hf = read_hf_config(model_dir)

@@ -19,6 +19,8 @@ import sys
 import uuid
 from pathlib import Path
 
+from graphllm.compiler.artifact import MANIFEST
+
 STAGING, ASIDE = ".partial", ".old"
 PUBLISH_TRIES = 16
 
@@ -54,6 +56,21 @@ def remove_abandoned(out: Path) -> None:
             if path.name == prefix or path.name.startswith(prefix + "-"):
                 if not owner_alive(path.name[len(prefix):]):
                     shutil.rmtree(path, ignore_errors=True)
+
+
+def check_output(out: Path, model_dir: Path) -> None:
+    """Refuse an output whose publish would destroy what is not an artifact: publish replaces out whole, so out
+    must be missing, an empty directory or an artifact (its manifest.json), and must not hold the model being
+    compiled (s35's fuzzing: `--out` naming the model folder, or a folder of other files, deleted them)."""
+    out, model_dir = out.resolve(), model_dir.resolve()
+    if out == model_dir or out in model_dir.parents:
+        raise ValueError(f"--out {out} holds the model folder being compiled ({model_dir}): choose an output "
+                         "folder outside it")
+    if out.is_file() or out.is_symlink() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file: an artifact is a directory; choose another output path")
+    if out.is_dir() and not (out / MANIFEST).is_file() and any(out.iterdir()):
+        raise ValueError(f"--out {out} is a directory of other files (no {MANIFEST}): a compile replaces its output "
+                         "whole, so it only writes into a new or empty directory or over an artifact")
 
 
 def staging_dir(out: Path) -> Path:

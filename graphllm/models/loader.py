@@ -12,13 +12,14 @@ the same: their stacked parameters are placeholders, their float8 stacks come be
 quantize_fp8_experts.
 """
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from graphllm.models.checkpoint_parts import CheckpointPart, StackedTensors, checkpoint_parts
@@ -54,23 +55,50 @@ class LoadedCheckpoint:
     kv_scales: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
+ARTIFACT_MANIFEST = "manifest.json"  # compiler/artifact.py's MANIFEST (models/ does not import the compiler)
+
+
 def read_hf_config(path: Path) -> dict[str, Any]:
     config_file = path / "config.json"
     if not path.is_dir():
         raise ModelLoadError(f"model folder {path} does not exist or is not a directory")
+    if (path / ARTIFACT_MANIFEST).is_file():  # its config.json is there too, and its weights would read as stray
+        raise ModelLoadError(f"{path} is a compiled graphllm artifact ({ARTIFACT_MANIFEST}), not a model folder: "
+                             "run it with --artifact (Engine.load in Python)")
     if not config_file.is_file():
         raise ModelLoadError(f"{path} has no config.json; expected a Hugging Face model folder")
+    return read_json_object(config_file)
+
+
+def read_json_object(file: Path) -> dict[str, Any]:
+    """A JSON file that must hold an object; a message naming the file otherwise."""
     try:
-        return json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise ModelLoadError(f"{config_file} is not valid JSON: {e}") from e
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{file} is not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{file} must hold a JSON object, got a {type(value).__name__}")
+    return value
+
+
+@contextlib.contextmanager
+def safetensors_file(file: Path):
+    """safe_open, with a truncated or corrupt file (or a folder of that name) a ModelLoadError naming it."""
+    try:
+        with safe_open(file, framework="pt", device="cpu") as f:
+            yield f
+    except (SafetensorError, OSError) as e:
+        raise ModelLoadError(f"{file} is not a readable safetensors file: {e}") from e
 
 
 def weight_files(path: Path) -> list[Path]:
     """The safetensors files of a folder; refuses pickle-only folders."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ModelLoadError(f"{index} needs a 'weight_map' object of tensor name -> shard file name")
+        names = sorted(set(weight_map.values()))
         missing = [n for n in names if not (path / n).is_file()]
         if missing:
             raise ModelLoadError(f"{index.name} lists shard(s) missing from {path}: {', '.join(missing)}")
@@ -96,10 +124,15 @@ def read_checkpoint(files: list[Path], expected: dict[str, nn.Parameter], skip: 
     parameter is assembled from its `parts` (per-expert tensors: models/checkpoint_parts.py) or read whole."""
     tensors: dict[str, torch.Tensor] = {}
     claimed: dict[str, torch.Tensor] = {}
+    seen: dict[str, Path] = {}  # a tensor in two files: which one wins would be the files' order (s35's fuzzing)
     stacked = StackedTensors(parts or {}, expected, dtype, device)
     for file in files:
-        with safe_open(file, framework="pt", device="cpu") as f:
+        with safetensors_file(file) as f:
             for name in f.keys():
+                if name in seen:
+                    raise ModelLoadError(f"tensor {name!r} is stored twice, in {seen[name].name} and {file.name}: "
+                                         "remove the stale file (or fix model.safetensors.index.json)")
+                seen[name] = file
                 if name.endswith(IGNORED_SUFFIXES) or name in skip:
                     continue
                 if claims(name):
@@ -222,14 +255,14 @@ def read_rank_tensors(path: str | Path, wanted: dict[str, RankSlice | None], dty
     or columns of a sharded weight and nothing else of it (None: the whole tensor)."""
     where = {}
     for file in weight_files(Path(path)):
-        with safe_open(file, framework="pt", device="cpu") as f:
+        with safetensors_file(file) as f:
             where.update({name: file for name in f.keys()})
     missing = sorted(set(wanted) - set(where))
     if missing:
         raise ModelLoadError(f"checkpoint is missing tensor(s): {', '.join(missing[:10])}")
     out = {}
     for file in sorted(set(where[name] for name in wanted)):
-        with safe_open(file, framework="pt", device="cpu") as f:
+        with safetensors_file(file) as f:
             for name in [n for n in wanted if where[n] == file]:
                 part = wanted[name]
                 if part is None:

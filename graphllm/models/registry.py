@@ -182,10 +182,17 @@ def resolve_architecture(hf: dict[str, Any], max_model_len: int | None = None) -
     archs = hf.get("architectures") or []
     if not archs:
         raise ValueError("config.json has no 'architectures' entry; cannot tell which model to build")
+    if not isinstance(archs, list):  # a bare string would read as its first letter
+        raise ValueError(f"config.json 'architectures' must be a list of names, got {archs!r}")
     arch = archs[0]
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; supported: {', '.join(sorted(ARCHITECTURES))}")
     module_cls, build_config = ARCHITECTURES[arch]
-    config = build_config(hf, arch)
+    try:
+        config = build_config(hf, arch)
+    except KeyError as e:  # a field the family needs (hidden_size, rope_scaling's factor, ...)
+        raise ValueError(f"config.json of {arch} lacks the field {e} (or a field of its rope_scaling)") from e
+    except (TypeError, AttributeError) as e:  # a field of the wrong JSON type
+        raise ValueError(f"config.json of {arch} has a field of the wrong type: {e}") from e
     _reject_math_fields(hf, arch)
     return module_cls, fit_max_model_len(config, max_model_len)

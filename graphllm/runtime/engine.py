@@ -89,7 +89,12 @@ class Engine:
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Queue a prompt (text or token ids) with its n sequences; returns the request id."""
-        params = params or SamplingParams()
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        vocab = self.state.model_config.vocab_size
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must lie in [0, {vocab}), got {params.stop_token_ids}")
         prompt_text, prompt_ids = self._prompt_ids(prompt)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:
@@ -128,16 +133,21 @@ class Engine:
         return prompt_text, ids
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        vocab = self.state.model_config.vocab_size
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model folder has no tokenizer: pass prompts as token id lists")
             ids = self.tokenizer.encode(prompt)
             if not ids:  # "" (without a BOS) or text the tokenizer drops: a step of no tokens cannot run
                 raise ValueError(f"the prompt {prompt[:40]!r} tokenizes to no tokens")
+            if not all(0 <= t < vocab for t in ids):  # the embedding would index past its rows (s35's fuzzing)
+                raise ValueError(f"the prompt {prompt[:40]!r} tokenizes to ids outside the model's vocabulary "
+                                 f"[0, {vocab}) (largest {max(ids)}): the tokenizer does not match the model")
             return prompt, ids
-        if not prompt or not all(isinstance(t, int) for t in prompt):
-            raise ValueError("a prompt must be a non-empty string or a non-empty list of token ids")
-        vocab = self.state.model_config.vocab_size
+        # bool is an int, and bytes iterate as ints: neither is a token id list
+        if not isinstance(prompt, (list, tuple)) or not prompt or not all(type(t) is int for t in prompt):
+            raise ValueError("a prompt must be a non-empty string or a non-empty list of token ids (int), got "
+                             f"{type(prompt).__name__}")
         if not all(0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt token ids must lie in [0, {vocab})")
         return None, list(prompt)
@@ -179,21 +189,30 @@ class Engine:
                  params: SamplingParams | Seq[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Run prompts to completion; outputs come back in prompt order."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and prompts
+                                        and isinstance(prompts[0], int)):
             prompts = [prompts]
+        if not isinstance(prompts, (list, tuple)):
+            raise ValueError(f"prompts must be a string, a token id list or a list of them, got {type(prompts).__name__}")
         params_list = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")
-        ids = [self.add_request(p, sp) for p, sp in zip(prompts, params_list)]
-        for request_id in ids:  # only the final outputs are kept: skip the snapshots before them
-            self.requests[request_id].report_progress = False
-        finished: dict[str, RequestOutput] = {}
-        with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
-            while len(finished) < len(ids):
-                for out in self.step():
-                    if out.finished:
-                        finished[out.request_id] = out
-                        bar.update(1)
+        ids: list[str] = []
+        try:  # a prompt refused, or a step that fails, leaves none of this call's requests behind
+            for p, sp in zip(prompts, params_list):
+                ids.append(self.add_request(p, sp))
+                self.requests[ids[-1]].report_progress = False  # only the final outputs are kept
+            finished: dict[str, RequestOutput] = {}
+            with tqdm(total=len(ids), disable=not use_tqdm, desc="generate") as bar:
+                while len(finished) < len(ids):
+                    for out in self.step():
+                        if out.finished:
+                            finished[out.request_id] = out
+                            bar.update(1)
+        except BaseException:
+            for request_id in ids:
+                self.abort(request_id)
+            raise
         return [finished[i] for i in ids]
 
     def chat(self, messages: list[dict] | list[list[dict]], params: SamplingParams | None = None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from graphllm.runtime.structured_output import StructuredOutputsParams
@@ -12,6 +13,7 @@ _GREEDY_EPS = 1e-5
 
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                 "frequency_penalty")
+INT_FIELDS = ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs")  # None allowed where the default is
 
 
 @dataclass
@@ -44,11 +46,21 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         self.stop = _normalize_stop(self.stop)
-        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        for name in INT_FIELDS:  # 1.5 tokens, "4", True: a type error here, not deep in the sampler (s35's fuzzing)
+            value = getattr(self, name)
+            if value is not None or name not in ("seed", "max_tokens", "logprobs"):
+                _check(_integer(value), name, value, "must be an integer")
+                setattr(self, name, int(value))  # numpy's integers too
+        _check(isinstance(self.stop_token_ids, (list, tuple, type(None)))
+               and all(_integer(t) and t >= 0 for t in self.stop_token_ids or ()), "stop_token_ids",
+               self.stop_token_ids, "must be a list of non-negative integers")
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids or ()]
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         for name in FLOAT_FIELDS:  # NaN and +-inf pass every comparison below or poison the sampler
-            _check(math.isfinite(getattr(self, name)), name, getattr(self, name), "must be a finite number")
+            value = getattr(self, name)
+            _check(isinstance(value, numbers.Real) and not isinstance(value, bool), name, value, "must be a number")
+            _check(math.isfinite(value), name, value, "must be a finite number")
         self._verify_sampling()
         self._verify_penalties()
         self._verify_lengths()
@@ -104,6 +116,10 @@ def _normalize_stop(stop: list[str] | str | None) -> list[str]:
     if isinstance(stop, str):
         return [stop]
     return list(stop)
+
+
+def _integer(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check(ok: bool, name: str, value: object, rule: str) -> None:

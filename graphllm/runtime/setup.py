@@ -4,7 +4,6 @@ Facts found here (device, dtype, KV-cache dtype, KV blocks, EOS ids, max_model_l
 RuntimeState; the EngineConfig is never mutated.
 """
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,7 +20,7 @@ from graphllm.ir.capture import GRAPH_PADDING_SEQS, StepModule
 from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales
 from graphllm.kernels.launch import programmatic_launch
 from graphllm.models.config import ModelConfig
-from graphllm.models.loader import load_model, read_hf_config
+from graphllm.models.loader import load_model, read_hf_config, read_json_object
 from graphllm.runtime.kv_cache import BlockPool, allocate_kv_caches, kv_bytes_per_block
 from graphllm.runtime.mixed_graphs import capture_mixed_graphs
 from graphllm.runtime.model_runner import ModelRunner
@@ -101,7 +100,7 @@ def eos_token_ids(path: Path, model_config: ModelConfig, tokenizer) -> frozenset
     ids = set(model_config.eos_token_ids)
     gen_file = path / "generation_config.json"
     if gen_file.is_file():
-        eos = json.loads(gen_file.read_text()).get("eos_token_id")
+        eos = read_json_object(gen_file).get("eos_token_id")
         ids |= set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)

@@ -40,6 +40,21 @@ def test_flags_reach_the_configs():
     assert server_config(parse("--model", "/m")).tool_call_parser is None  # only the demo defaults to hermes
 
 
+def test_conflicting_model_flags_and_bad_ports_are_refused_before_loading():
+    """Regression (s35's fuzzing): --model with --artifact ran the artifact (serve announced the model folder),
+    --eager with --artifact ran compiled code, and --port 99999 failed in bind() after the model had loaded."""
+    with pytest.raises(ValueError, match="not both"):
+        engine_config(parse("--model", "/m", "--artifact", "/a"))
+    with pytest.raises(ValueError, match="--eager"):
+        engine_config(parse("--artifact", "/a", "--eager"))
+    assert parse("--trust-request-chat-template").trust_request_chat_template
+    assert server_config(parse("--trust-request-chat-template")).trust_request_chat_template
+    for port in ("99999", "0", "-1", "http"):
+        with pytest.raises(SystemExit):
+            parse("--port", port)
+    assert parse("--port", "65535").port == 65535
+
+
 def test_unknown_parser_names_are_refused():
     with pytest.raises(ValueError, match="tool_call_parser"):
         server_config(parse("--tool-call-parser", "nope"))

@@ -249,3 +249,12 @@ def test_every_module_the_graph_is_traced_from_is_in_the_cache_key():
                 traced.add("graphllm." + path.rsplit("/graphllm/", 1)[1].removesuffix(".py").replace("/", "."))
     assert {"graphllm.models.llama", "graphllm.models.layers"} <= traced  # the walk finds the sources
     assert traced <= set(COMPILER_MODULES)
+
+
+@pytest.mark.parametrize("field, value", [("max_num_seqs", 0), ("max_model_len", -5), ("max_model_len", 1),
+                                          ("max_num_batched_tokens", 0), ("block_size", 0)])
+def test_compile_limits_are_checked_as_the_engines_are(field, value):
+    """Regression (s35's fuzzing): --max-num-seqs 0 wrote an artifact of no decode buckets, --max-model-len -5 one
+    that loaded and ran; EngineConfig refused both."""
+    with pytest.raises(ValueError, match=field):
+        CompileConfig(**{field: value})

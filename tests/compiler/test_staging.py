@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from graphllm.compiler.staging import owner_alive, publish, remove_abandoned, staging_dir
+from graphllm.compiler.staging import check_output, owner_alive, publish, remove_abandoned, staging_dir
 
 
 def dead_pid() -> int:
@@ -88,3 +88,27 @@ def test_racing_publishes_leave_one_whole_artifact(tmp_path, round):
     assert [p.name for p in tmp_path.iterdir()] == ["art"]
     tags = {p.read_text() for p in out.iterdir()}
     assert len(tags) == 1 and tags != {"old"} and len(list(out.iterdir())) == 20
+
+
+def test_an_output_that_is_not_an_artifact_is_refused_before_anything_is_replaced(tmp_path):
+    """Regression (s35's fuzzing): `graphllm compile --out DIR` replaced DIR whole, whatever it held: a folder of
+    someone's files, or the model folder being compiled."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    others = tmp_path / "others"
+    others.mkdir()
+    (others / "thesis.txt").write_text("x")
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x")
+    for out, match in ((model, "holds the model folder"), (tmp_path, "holds the model folder"),
+                       (others, "directory of other files"), (a_file, "is a file")):
+        with pytest.raises(ValueError, match=match):
+            check_output(out, model)
+    assert (others / "thesis.txt").is_file() and a_file.is_file() and (model / "config.json").is_file()
+    empty, artifact = tmp_path / "empty", tmp_path / "art"
+    empty.mkdir()
+    artifact.mkdir()
+    (artifact / "manifest.json").write_text("{}")
+    for out in (empty, artifact, tmp_path / "new", model / "art"):  # what a compile may write or replace
+        check_output(out, model)

@@ -130,3 +130,60 @@ def test_a_field_that_changes_the_math_is_refused_by_name(folder, key, value):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=f"config.json sets {key}="):
         load_model(folder)
+
+
+# -- s35's fuzzing of the model folder: each case a message naming the file, not a traceback or a silent load --
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "header", "directory"])
+def test_a_damaged_safetensors_file_is_named(folder, damage):
+    file = folder / "model.safetensors"
+    data = file.read_bytes()
+    if damage == "directory":
+        file.unlink()
+        file.mkdir()
+    else:
+        file.write_bytes({"truncated": data[: len(data) // 2], "empty": b"", "header": b"\xff" * 64}[damage])
+    with pytest.raises(ModelLoadError, match="model.safetensors is not a readable safetensors file"):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("name, text", [("config.json", "[1, 2]"), ("config.json", "64"),
+                                        ("model.safetensors.index.json", "[1, 2]"),
+                                        ("model.safetensors.index.json", '{"weight_map": [1]}')])
+def test_a_json_file_of_the_wrong_shape_is_named(folder, name, text):
+    (folder / name).write_text(text)
+    with pytest.raises(ModelLoadError, match=name.replace(".", r"\.")):
+        load_model(folder)
+
+
+def test_a_config_that_is_not_utf8_is_named(folder):
+    (folder / "config.json").write_bytes(b'{"a": "\xff"}')
+    with pytest.raises(ModelLoadError, match="config.json is not valid JSON"):
+        load_model(folder)
+
+
+def test_a_tensor_stored_in_two_files_is_refused_not_loaded_in_file_order(folder):
+    """A stray old file beside model.safetensors (no index: every *.safetensors is read) held lm_head again; the
+    file read last won, silently."""
+    tensors = load_file(folder / "model.safetensors")
+    save_file({"lm_head.weight": torch.zeros_like(tensors["lm_head.weight"])}, folder / "zz-old.safetensors")
+    with pytest.raises(ModelLoadError, match="'lm_head.weight' is stored twice, in model.safetensors and "
+                                             "zz-old.safetensors"):
+        load_model(folder)
+
+
+def test_a_missing_config_field_and_a_bare_architecture_string_are_named(folder):
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": "LlamaForCausalLM"}))
+    with pytest.raises(ValueError, match="'architectures' must be a list"):
+        load_model(folder)
+    del config["hidden_size"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="lacks the field 'hidden_size'"):
+        load_model(folder)
+
+
+def test_an_artifact_given_as_a_model_folder_is_named(folder):
+    (folder / "manifest.json").write_text("{}")  # what makes a folder an artifact
+    with pytest.raises(ModelLoadError, match="is a compiled graphllm artifact.*--artifact"):
+        load_model(folder)

@@ -204,3 +204,37 @@ def test_generate_snapshots_only_finished_requests(engine, monkeypatch):
     monkeypatch.setattr(Request, "snapshot", lambda self: calls.append(self.finished) or snapshot(self))
     outs = engine.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
     assert calls == [True] * 3 and all(len(o.outputs[0].token_ids) == 12 for o in outs)
+
+
+@pytest.mark.parametrize("prompts", [None, 5, {"a": 1}, [1.5, 2.0], b"w1 w2", [True, False], [PROMPTS[0], [1, 10**6]]])
+def test_bad_prompts_are_value_errors_and_leave_nothing_queued(engine, prompts):
+    """Regression (s35's fuzzing): None / 5 / a dict failed with TypeError or KeyError, bytes and bools passed as token
+    ids, and a batch whose second prompt was refused left its first queued to run in the next call (the fixture
+    checks that nothing is left)."""
+    with pytest.raises(ValueError):
+        engine.generate(prompts, SamplingParams(max_tokens=2))
+
+
+def test_a_text_prompt_past_the_models_vocabulary_is_refused(engine, monkeypatch):
+    """Regression (s35's fuzzing): a tokenizer with more ids than the model's embedding (a mismatched folder) made an
+    index error inside the step, and the sequence stayed to fail every later step."""
+    vocab = engine.state.model_config.vocab_size
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda text: [1, vocab + 3])
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        engine.generate("anything", SamplingParams(max_tokens=2))
+
+
+def test_a_failing_step_leaves_no_request_behind(engine, monkeypatch):
+    step = engine.step
+    monkeypatch.setattr(engine, "step", lambda: (_ for _ in ()).throw(RuntimeError("injected")))
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.generate(PROMPTS, SamplingParams(max_tokens=2))
+    assert not engine.has_unfinished_requests()
+    monkeypatch.setattr(engine, "step", step)
+    assert len(engine.generate(PROMPTS, SamplingParams(max_tokens=2))) == len(PROMPTS)
+
+
+@pytest.mark.parametrize("params", [{"max_tokens": 4}, SamplingParams(stop_token_ids=[10**6])])
+def test_bad_params_are_value_errors(engine, params):
+    with pytest.raises(ValueError):
+        engine.generate(PROMPTS[0], params)

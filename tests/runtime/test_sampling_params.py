@@ -107,3 +107,15 @@ def test_greedy_property(temperature, greedy):
 def test_non_finite_floats_are_refused(field, value):
     with pytest.raises(ValueError, match=f"{field}.*finite"):
         SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("max_tokens", "4"), ("max_tokens", 1.5), ("seed", "x"), ("top_k", 2.5),
+                                          ("n", True), ("temperature", "1"), ("stop_token_ids", [-1]),
+                                          ("stop_token_ids", [1.0])])
+def test_fields_of_the_wrong_type_are_value_errors_naming_them(field, value):
+    """Regression (s35's fuzzing): max_tokens=1.5 generated 2 tokens, "4" failed with a TypeError, seed="x" deep in
+    the sampler; numpy's integers and floats still pass."""
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+    import numpy as np
+    assert SamplingParams(max_tokens=np.int64(3), temperature=np.float32(0.5)).max_tokens == 3
