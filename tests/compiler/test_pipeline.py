@@ -159,6 +159,7 @@ def fresh(tiny_model_dir, tmp_path_factory):
     parent = tmp_path_factory.mktemp("compile")
     out = parent / "art"
     out.mkdir()
+    (out / MANIFEST).write_text("{}")  # an artifact (check_output refuses to replace anything else)
     (out / "stale.txt").write_text("from an older compile")
     (parent / "art.partial").mkdir()
     (parent / "art.partial" / "junk").write_text("a compile that died half way")
