@@ -15,7 +15,11 @@ def resolve_device(name: str | torch.device) -> torch.device:
     """name: "auto", or anything torch.device takes ("cpu", "cuda", "cuda:1")."""
     if str(name) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {str(name)!r}") from e
+    return device
 
 
 def resolve_dtype(name: str, hf_config: dict[str, Any], device: torch.device) -> torch.dtype:

@@ -72,9 +72,12 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     from graphllm.compiler import inspection
-    from graphllm.compiler.artifact import read_manifest
+    from graphllm.compiler.artifact import check_files, read_manifest, weight_files
     art = Path(args.artifact)
     manifest = read_manifest(art)
+    # every file there with its size, the code's hashes (the weights' would take a minute): a damaged artifact is
+    # named before half a report (s35's fuzzing); not the environment, as inspecting another GPU's artifact is fine
+    check_files(art, manifest, deferred=weight_files(manifest))
     if args.kernel:
         print(inspection.kernel_source(art, args.kernel))
         return 0

@@ -71,6 +71,10 @@ def check_output(out: Path, model_dir: Path) -> None:
     if out.is_dir() and not (out / MANIFEST).is_file() and any(out.iterdir()):
         raise ValueError(f"--out {out} is a directory of other files (no {MANIFEST}): a compile replaces its output "
                          "whole, so it only writes into a new or empty directory or over an artifact")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: its folder cannot be made ({e.strerror})") from e
 
 
 def staging_dir(out: Path) -> Path:

@@ -93,7 +93,10 @@ def load_tokenizer(path: Path):
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         return None
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:  # a damaged tokenizer file, named
+        raise ValueError(f"the tokenizer files of {path} do not load: {type(e).__name__}: {e}") from e
 
 
 def eos_token_ids(path: Path, model_config: ModelConfig, tokenizer) -> frozenset[int]:

@@ -74,3 +74,25 @@ def test_inspect_dump(cli_artifact, tmp_path):
     assert {"graph_before.py", "graph_after.py", "decompiled/LlamaAttention.forward.py"} <= files
     assert any(f.startswith("inductor/") and f.endswith(".cpp") for f in files)
     assert "def forward" in (tmp_path / "dump" / "decompiled" / "LlamaAttention.forward.py").read_text()
+
+
+def test_inspect_names_a_damaged_artifact_before_reporting(cli_artifact, tmp_path):
+    """Regression (s35's fuzzing): inspect printed half its report, then a FileNotFoundError or BadZipFile traceback
+    for a missing or truncated code file."""
+    import shutil
+    damaged = tmp_path / "art"
+    shutil.copytree(cli_artifact[0], damaged)
+    (damaged / "graphs" / "nodes.json").unlink()
+    result = run_cli("inspect", str(damaged))
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    assert "graphllm: error:" in result.stderr and "missing graphs/nodes.json" in result.stderr, result.stderr
+
+
+def test_compile_refuses_to_replace_a_folder_that_is_not_an_artifact(tiny_model_dir, tmp_path):
+    """Regression (s35's fuzzing): `compile --out DIR` deleted DIR's files; `--out MODEL` deleted the model."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "thesis.txt").write_text("x")
+    result = run_cli("compile", "--model", str(tiny_model_dir("qwen3")[0]), "--out", str(victim))
+    assert result.returncode == 2 and "directory of other files" in result.stderr, result.stderr
+    assert (victim / "thesis.txt").read_text() == "x"

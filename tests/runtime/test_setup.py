@@ -168,6 +168,8 @@ def test_auto_device_is_cuda_only_when_available(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("auto") == CPU
     assert resolve_device("cuda:1") == torch.device("cuda", 1) and resolve_device(CPU) == CPU
+    with pytest.raises(ValueError, match="device must be"):  # not torch's RuntimeError (s35's fuzzing)
+        resolve_device("bogus")
 
 
 def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_half_dtype_on_a_gpu():
@@ -182,3 +184,20 @@ def test_auto_dtype_is_float32_on_cpu_and_the_checkpoints_half_dtype_on_a_gpu():
     assert resolve_dtype("float32", half, cuda) == torch.float32
     with pytest.raises(ValueError, match="dtype must be one of .* got 'fp16'"):
         resolve_dtype("fp16", half, CPU)
+
+
+def test_damaged_tokenizer_and_generation_config_files_are_named(tiny_model_dir, tmp_path):
+    """Regression (s35's fuzzing): a tokenizer.json that is not JSON printed transformers' bare parse error, and a
+    generation_config.json holding a list an AttributeError; each now names its file."""
+    import shutil
+
+    from graphllm.runtime.setup import load_tokenizer
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_model_dir("llama")[0], folder)
+    (folder / "generation_config.json").write_text("[1]")
+    _, model_config = resolve_architecture(read_hf_config(folder))
+    with pytest.raises(ValueError, match="generation_config.json must hold a JSON object"):
+        eos_token_ids(folder, model_config, None)
+    (folder / "tokenizer.json").write_text("{")
+    with pytest.raises(ValueError, match=f"tokenizer files of {folder} do not load"):
+        load_tokenizer(folder)
