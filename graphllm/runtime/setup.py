@@ -233,6 +233,7 @@ def build_compiled_runtime(config: EngineConfig, art: Path) -> Runtime:
     model_config, weights, step = load_compiled_step(art, manifest, device, lap=timer.lap)
     dtype = getattr(torch, manifest["compile"]["dtype"])  # not a weight's: quantized ones are int/float8
     check_quantization_matches(config, manifest, art)
+    check_dtype_matches(config, manifest, art)
     limits = resolve_limits(config, manifest["compile"])
     buckets = tuple(b for b in manifest["compile"]["buckets"] if b <= limits.max_num_seqs)
     ranks = artifact_ranks(config, manifest, art)
@@ -255,6 +256,14 @@ def artifact_ranks(config: EngineConfig, manifest: dict, art: Path) -> int:
         raise ValueError(f"artifact {art} was compiled for tensor_parallel_size {ranks}; it cannot run at {asked}: "
                          f"recompile with graphllm compile --tensor-parallel-size {asked}")
     return ranks
+
+
+def check_dtype_matches(config: EngineConfig, manifest: dict, art: Path) -> None:
+    """The same for the dtype (s35's fuzzing: `--artifact A --dtype bfloat16` ran A's float32 without a word)."""
+    built = manifest["compile"]["dtype"]
+    if config.dtype != "auto" and config.dtype != built:
+        raise ValueError(f"artifact {art} was compiled for dtype {built}; it cannot run as {config.dtype}: recompile "
+                         f"with graphllm compile --dtype {config.dtype}, or leave --dtype out")
 
 
 def check_quantization_matches(config: EngineConfig, manifest: dict, art: Path) -> None:

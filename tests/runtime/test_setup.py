@@ -157,6 +157,9 @@ def test_artifact_runtime_takes_the_artifacts_limits_and_runs_its_compiled_step(
     torch.testing.assert_close(logits[0], logits[1], atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="max_num_seqs=65 does not fit the artifact"):
         build_runtime(EngineConfig(artifact=str(art), max_num_seqs=65))
+    with pytest.raises(ValueError, match="compiled for dtype float32; it cannot run as bfloat16"):  # s35's fuzzing
+        build_runtime(EngineConfig(artifact=str(art), dtype="bfloat16"))
+    assert build_runtime(EngineConfig(artifact=str(art), dtype="float32", num_kv_blocks=40)).state.dtype == torch.float32
 
 
 # -- graphllm/device.py ---------------------------------------------------------------------
