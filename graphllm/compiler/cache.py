@@ -25,6 +25,7 @@ def compiled_artifact(model_dir: Path, config: CompileConfig, device: torch.devi
     with exclusive(art.with_name(art.name + ".lock"), f"another process is compiling {art}; waiting for it",
                    show_progress):
         if not (art / MANIFEST).is_file():  # else the process this one waited for compiled it
-            shutil.rmtree(art, ignore_errors=True)  # the cache's own folder, damaged: compile_model replaces artifacts only
+            # the cache's own folder, damaged (no manifest): compile_model replaces only artifacts
+            shutil.rmtree(art, ignore_errors=True)
             compile_model(model_dir, art, config, device, show_progress=show_progress)
     return art

@@ -137,20 +137,20 @@ class Engine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this model folder has no tokenizer: pass prompts as token id lists")
-            ids = self.tokenizer.encode(prompt)
+            text, ids = prompt, self.tokenizer.encode(prompt)
             if not ids:  # "" (without a BOS) or text the tokenizer drops: a step of no tokens cannot run
                 raise ValueError(f"the prompt {prompt[:40]!r} tokenizes to no tokens")
-            if not all(0 <= t < vocab for t in ids):  # the embedding would index past its rows (s35's fuzzing)
-                raise ValueError(f"the prompt {prompt[:40]!r} tokenizes to ids outside the model's vocabulary "
-                                 f"[0, {vocab}) (largest {max(ids)}): the tokenizer does not match the model")
-            return prompt, ids
         # bool is an int, and bytes iterate as ints: neither is a token id list
-        if not isinstance(prompt, (list, tuple)) or not prompt or not all(type(t) is int for t in prompt):
+        elif not isinstance(prompt, (list, tuple)) or not prompt or not all(type(t) is int for t in prompt):
             raise ValueError("a prompt must be a non-empty string or a non-empty list of token ids (int), got "
                              f"{type(prompt).__name__}")
-        if not all(0 <= t < vocab for t in prompt):
-            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
-        return None, list(prompt)
+        else:
+            text, ids = None, list(prompt)
+        if not all(0 <= t < vocab for t in ids):  # the embedding would index past its rows
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})" if text is None else
+                             f"the prompt {text[:40]!r} tokenizes to ids outside the model's vocabulary [0, {vocab}) "
+                             f"(largest {max(ids)}): the tokenizer does not match the model")
+        return text, ids
 
     def _new_sequence(self, request: Request, index: int) -> Sequence:
         params, generator = request.params, None
@@ -193,7 +193,8 @@ class Engine:
                                         and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(prompts, (list, tuple)):
-            raise ValueError(f"prompts must be a string, a token id list or a list of them, got {type(prompts).__name__}")
+            raise ValueError("prompts must be a string, a token id list or a list of them, got "
+                             f"{type(prompts).__name__}")
         params_list = params if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(params_list) != len(prompts):
             raise ValueError(f"got {len(params_list)} SamplingParams for {len(prompts)} prompts")

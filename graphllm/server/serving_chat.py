@@ -162,10 +162,10 @@ def check_template_kwargs(tokenizer, template_kwargs: dict | None, trust_request
         raise bad_request("a chat template was passed with the request, but the server was not started with "
                           "--trust-request-chat-template: refused", "chat_template_kwargs.chat_template")
     owned = template_parameters(type(tokenizer)) - {"chat_template"} if tokenizer is not None else set()
-    for key in sorted(set(template_kwargs or {}) & owned):
-        raise bad_request(f"chat_template_kwargs.{key} is a parameter of apply_chat_template, which the server "
-                          "sets; chat_template_kwargs only carries the template's own variables",
-                          f"chat_template_kwargs.{key}")
+    if refused := sorted(set(template_kwargs or {}) & owned):
+        raise bad_request(f"chat_template_kwargs.{refused[0]} is a parameter of apply_chat_template, which the "
+                          "server sets; chat_template_kwargs only carries the template's own variables",
+                          f"chat_template_kwargs.{refused[0]}")
 
 
 @functools.cache
