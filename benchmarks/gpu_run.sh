@@ -197,9 +197,9 @@ for tag in "$@"; do
   case $stage in
     sweep) timeout 400 python3 benchmarks/kernel_sweep.py "$OUT/r/sweep.json" ;;
     overlap) timeout 300 python3 benchmarks/overlap_probe.py "$OUT/r/overlap.json" ;;
-    sweep-*) timeout 420 python3 benchmarks/kernel_sweep.py "$OUT/r/$tag.json" ${stage#sweep-} ;;
+    sweep-*) timeout 420 python3 benchmarks/kernel_sweep.py "$OUT/r/$tag.json" ${tag#sweep-} ;;  # tag: -xqa names a part
     ab-sweep-*) PYTHONPATH="/tmp/site:$PWD/.ab" timeout 420 python3 benchmarks/kernel_sweep.py "$OUT/r/$tag.json" \
-        ${stage#ab-sweep-} ;;
+        ${tag#ab-sweep-} ;;
     fp8-engine-tests) timeout 400 python3 -m pytest -q -rs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_store_kv.py tests/kernels/test_triton_backend.py tests/ops/test_kv_quant.py \
         tests/runtime/test_kv_cache_dtype.py "tests/kernels/test_paged_decode_attention.py::test_quantize_query_heads_rounds_as_torch" \
@@ -246,7 +246,8 @@ for tag in "$@"; do
         tests/kernels/test_skinny_matmul.py tests/kernels/test_silu_and_mul.py tests/passes/test_linear_epilogue.py \
         tests/gpu/test_attention_backends.py -k "act_mul or interleaved or epilogue" 2>&1 | tail -12 ;;
     xqa-tests) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
-        tests/kernels/test_xqa_decode.py tests/gpu/test_attention_backends.py -k "xqa" 2>&1 | grep -v DEBUG | tail -20 ;;
+        tests/kernels/test_xqa_decode.py tests/gpu/test_attention_backends.py -k "xqa" 2>&1 \
+        | tee "$OUT/r/$tag-full.log" | grep -v DEBUG | tail -20 ;;
     snp-tests) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_skinny_matmul.py tests/kernels/test_moe_router.py tests/gpu/test_moe_one_row_passes.py -k "norm or rows_with or router" 2>&1 \
         | tee "$OUT/r/$tag-full.log" | grep -v DEBUG | tail -40 ;;
@@ -392,7 +393,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         -k "gemma or olmo2 or phi3 or softcap or soft_cap or mla or deepseek or longrope" ;;
     clean) rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; df -h /tmp | tail -1 ;;
     moe-bench) timeout 200 python3 benchmarks/moe_kernel_bench.py "$OUT/r/$tag.json" ;;
-    moe-kernel-tests) timeout 200 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
+    moe-kernel-tests) timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_fused_moe.py tests/kernels/test_moe_routing.py tests/kernels/test_moe_router.py 2>&1 \
         | grep -v DEBUG | tail -12 ;;
     moe-router) timeout 150 python3 benchmarks/moe_router_bench.py "$OUT/r/$tag.json" ;;

@@ -51,11 +51,11 @@ def test_xqa_decode_gives_the_split_kernels_output(cache, monkeypatch):
     slots = tables.gather(1, (last // block_size)[:, None])[:, 0] * block_size + last % block_size
     starts = torch.arange(batch + 1, device=DEVICE)
     host = HostMeta(np.arange(batch + 1), np.array(seq_lens), tables.cpu().numpy())
-    import flashinfer.xqa
-    calls, real = [], flashinfer.xqa.xqa
+    xqa_module = importlib.import_module("flashinfer.xqa")  # the package's attribute `xqa` is the function
+    calls, real = [], xqa_module.xqa
     outs = []
     for xqa in (False, True):
-        monkeypatch.setattr(flashinfer.xqa, "xqa", lambda *a, **kw: calls.append(xqa) or real(*a, **kw))
+        monkeypatch.setattr(xqa_module, "xqa", lambda *a, **kw: calls.append(xqa) or real(*a, **kw))
         backend = TritonBackend(scales)
         backend.xqa_decode = xqa
         backend.plan(host)
