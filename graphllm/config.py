@@ -30,6 +30,7 @@ QUANTIZATIONS = ("fp8", "int8", "int4")
 # The methods of pre-quantized checkpoints (config.json's quantization_config.quant_method): read
 # from the checkpoint with no flag; naming one checks that the checkpoint is of that method.
 CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "gptq", "awq")
+DEFAULT_QUANTIZATION_GROUP_SIZE = 128  # int4's, when quantizing a float checkpoint
 DEFAULT_LIMITS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "block_size": 16}
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "graphllm"  # compiled artifacts go under <cache_dir>/artifacts
 
@@ -93,7 +94,7 @@ class EngineConfig:
     fp8_linear_prologue: bool = False
     persistent_norms: bool = False
     quantization: str | None = None
-    quantization_group_size: int = 128
+    quantization_group_size: int = DEFAULT_QUANTIZATION_GROUP_SIZE
     quantize_lm_head: bool = False
     # fp8 KV cache: scales from the K and V amax of one calibration prefill at start-up (vLLM's
     # --calculate-kv-scales), instead of a checkpoint's k_scale / v_scale or 1.0
@@ -114,7 +115,7 @@ class EngineConfig:
         if self.speculative_config is not None and self.num_decode_steps > 1:
             raise ValueError("speculative_config and num_decode_steps > 1 do not combine: each is a way of "
                              "producing several tokens per schedule; choose one")
-        check_quantization(self.quantization, self.quantization_group_size)
+        check_quantization(self.quantization, self.quantization_group_size, self.quantize_lm_head)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -157,12 +158,20 @@ class EngineConfig:
         return Path(self.cache_dir or DEFAULT_CACHE_DIR).expanduser() / "artifacts"
 
 
-def check_quantization(quantization: str | None, group_size: int) -> None:
+def check_quantization(quantization: str | None, group_size: int, lm_head: bool) -> None:
+    """The quantization switches; those that would be ignored (they only steer the compiler's own quantizing of a
+    float checkpoint) are refused by name."""
     choices = QUANTIZATIONS + CHECKPOINT_QUANTIZATIONS
     if quantization is not None and quantization not in choices:
         raise ValueError(f"quantization must be one of {', '.join(choices)} (or None), got {quantization!r}")
     if group_size < 8 or group_size % 8:
         raise ValueError(f"quantization_group_size must be a positive multiple of 8, got {group_size}")
+    if group_size != DEFAULT_QUANTIZATION_GROUP_SIZE and quantization != "int4":
+        raise ValueError(f"quantization_group_size ({group_size}) applies to quantization int4 only, got quantization "
+                         f"{quantization!r} (a pre-quantized checkpoint keeps its own group size)")
+    if lm_head and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantize_lm_head applies to quantization {', '.join(QUANTIZATIONS)} only, got quantization "
+                         f"{quantization!r} (a pre-quantized checkpoint keeps lm_head as it stores it)")
 
 
 def default_buckets(max_num_seqs: int) -> tuple[int, ...]:
@@ -240,13 +249,13 @@ class CompileConfig:
     # checkpoint's own quantization_config if it has one, else none). CHECKPOINT_QUANTIZATIONS names
     # are accepted when they match the checkpoint.
     quantization: str | None = None
-    quantization_group_size: int = 128  # int4: input columns per scale and zero point
+    quantization_group_size: int = DEFAULT_QUANTIZATION_GROUP_SIZE  # int4: input columns per scale and zero point
     quantize_lm_head: bool = False  # quantize lm_head too (the embedding always stays in the model dtype)
     # N > 1: the shard_tp pass makes one step per rank (their weights; the code is the same for all)
     tensor_parallel_size: int = 1
 
     def __post_init__(self):
-        check_quantization(self.quantization, self.quantization_group_size)
+        check_quantization(self.quantization, self.quantization_group_size, self.quantize_lm_head)
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):  # as EngineConfig's (s35's fuzzing:

@@ -5,7 +5,8 @@ import dataclasses
 import json
 
 from graphllm.config import (ATTENTION_BACKENDS, CHECKPOINT_QUANTIZATIONS, CUDAGRAPH_MODES, DEFAULT_CUDAGRAPH_MODE,
-                             DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, CompileConfig, EngineConfig)
+                             DEFAULT_QUANTIZATION_GROUP_SIZE, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, CompileConfig,
+                             EngineConfig)
 from graphllm.runtime.sampling_params import SamplingParams
 
 SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
@@ -66,7 +67,7 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
                         help="quantize the linears of a float checkpoint: fp8 (W8A8: float8 weights per channel, "
                              "activations per token), int8 or int4 (weight-only). A pre-quantized checkpoint "
                              f"({', '.join(CHECKPOINT_QUANTIZATIONS)}) needs no flag: config.json says")
-    parser.add_argument("--quantization-group-size", type=int, default=128,
+    parser.add_argument("--quantization-group-size", type=int, default=DEFAULT_QUANTIZATION_GROUP_SIZE,
                         help="int4: input columns per scale and zero point (default 128)")
     parser.add_argument("--quantize-lm-head", action="store_true",
                         help="quantize lm_head too (by default it stays in the model dtype, as the embedding)")

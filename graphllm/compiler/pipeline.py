@@ -117,6 +117,9 @@ def checkpoint_quantization(config: CompileConfig, loaded, model_dir: Path) -> P
     if asked is not None and asked != found.method:
         raise ModelLoadError(f"{model_dir} is a {found.method} checkpoint ({found.scheme}); it cannot be quantized "
                              f"again with --quantization {asked}: drop the flag (the checkpoint's scheme is used)")
+    if config.quantize_lm_head:  # --quantization fp8 names the fp8 method too: the checkpoint's lm_head is float
+        raise ModelLoadError(f"{model_dir} is a pre-quantized {found.method} checkpoint; its lm_head stays as stored: "
+                             "drop --quantize-lm-head")
     return Prequantized(found.scheme, loaded.quantized, loaded.experts)
 
 

@@ -5,9 +5,12 @@ import json
 import pytest
 
 from graphllm import Engine, EngineConfig
+from graphllm.compiler.pipeline import compile_model
+from graphllm.config import CompileConfig
+from graphllm.models.errors import ModelLoadError
 from tests.cli.test_compile_inspect import run_cli
 from tests.conftest import compile_cached
-from tests.quantized_checkpoints import write_gptq_folder
+from tests.quantized_checkpoints import edit_config, write_ct_fp8_folder, write_gptq_folder
 
 
 @pytest.fixture(scope="module")
@@ -70,3 +73,35 @@ def test_from_pretrained_with_quantization_compiles(tiny_model_dir):
     art = compile_cached(EngineConfig(model=str(path), quantization="int8"), path)
     engine = Engine.from_pretrained(path, quantization="int8", cache_dir=str(art.parent.parent))  # no compile=True
     assert engine.state.model_path == art  # the cached int8 artifact, not the eager model
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(quantize_lm_head=True), "quantize_lm_head applies to quantization fp8, int8, int4 only, got .* None"),
+    (dict(quantization="gptq", quantize_lm_head=True), "quantize_lm_head applies to .* got quantization 'gptq'"),
+    (dict(quantization_group_size=64), r"quantization_group_size \(64\) applies to quantization int4 only"),
+    (dict(quantization="fp8", quantization_group_size=64), "applies to quantization int4 only, got quantization 'fp8'"),
+])
+def test_a_switch_that_would_be_ignored_is_refused(options, message):
+    """Before, --quantize-lm-head without --quantization (or on a pre-quantized checkpoint) and a group size
+    without int4 ran, lm_head float and the group size unused, without a word."""
+    for config in (EngineConfig, CompileConfig):
+        with pytest.raises(ValueError, match=message):
+            config(**options)
+
+
+def test_quantize_lm_head_on_a_float_model_run_eager_is_refused(tiny_model_dir):
+    result = run_cli("generate", "--model", str(tiny_model_dir("llama")[0]), "--eager", "--quantize-lm-head",
+                     "--prompt", "w1", "--max-tokens", "1")
+    assert result.returncode == 2 and "quantize_lm_head applies to quantization" in result.stderr
+
+
+def test_quantize_lm_head_on_an_fp8_checkpoint_is_refused(tmp_path):
+    """--quantization fp8 names the fp8 checkpoint method too, so the flags pass EngineConfig; the checkpoint's
+    lm_head is float, and stays so."""
+    folder = write_ct_fp8_folder(tmp_path / "fp8", weight_strategy="tensor", dynamic=False)
+    edit_config(folder, lambda c: c.update(quantization_config={
+        "quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}))
+    config = CompileConfig(quantization="fp8", quantize_lm_head=True)
+    with pytest.raises(ModelLoadError, match="pre-quantized fp8 checkpoint; its lm_head stays as stored"):
+        compile_model(folder, tmp_path / "art", config, device="cpu", show_progress=False)
+    assert not (tmp_path / "art").exists()

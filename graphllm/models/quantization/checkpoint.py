@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from graphllm.models.errors import ModelLoadError
-from graphllm.models.quantization.convert import FLOAT_DTYPES, convert_linear, linear_tensor_names
+from graphllm.models.quantization.convert import FLOAT_DTYPES, check_scale_values, convert_linear, linear_tensor_names
 from graphllm.models.quantization.experts import ExpertLinear, stack_experts
 from graphllm.models.quantization.scheme import CheckpointQuantization
 
@@ -42,6 +42,10 @@ class QuantizedTensors:
         if prefix == UNQUANTIZED_HEAD and suffix in self.suffixes - {"weight"}:
             raise ModelLoadError(f"the checkpoint quantizes lm_head (tensor {name!r}): graphllm keeps lm_head "
                                  "unquantized; add it to the quantization config's ignore list when quantizing")
+        if suffix in self.suffixes - {"weight"} and prefix not in self.linears and self.quant.ignored(prefix):
+            raise ModelLoadError(f"tensor {name!r} is stored quantized, but config.json's quantization_config keeps "
+                                 f"{prefix!r} unquantized (ignore / ignored_layers / modules_to_not_convert / "
+                                 "modules_in_block_to_quantize): the config and the weights disagree")
         return bool(KV_SCALE.fullmatch(name)) or (
             (prefix in self.linears or prefix in self.experts) and suffix in self.suffixes)
 
@@ -58,7 +62,8 @@ class QuantizedTensors:
         return stack_experts(self.quant, self.experts, by_linear(claimed, self.experts), dtype, device)
 
     def kv_scales(self, claimed: dict[str, torch.Tensor], num_layers: int) -> dict[int, tuple[float, float]]:
-        """Layer -> (k_scale, v_scale); every layer must have both when the config declares an fp8 KV cache."""
+        """Layer -> (k_scale, v_scale); every layer must have both when the config declares an fp8 KV cache or
+        any layer has one (the engine binds one pair to each layer's cache)."""
         found: dict[int, dict[str, float]] = {}
         for name, tensor in claimed.items():
             match = KV_SCALE.fullmatch(name)
@@ -66,12 +71,14 @@ class QuantizedTensors:
                 raise ModelLoadError(f"unexpected tensor {name!r}: the model has {num_layers} layers")
             if match:
                 found.setdefault(int(match[1]), {})[match[2] or match[3]] = scalar_scale(name, tensor)
-        layers = range(num_layers) if self.quant.kv_cache_fp8 else sorted(found)
+        layers = range(num_layers) if self.quant.kv_cache_fp8 or found else ()
         for layer in layers:
             for kv in "kv":
                 if kv not in found.get(layer, {}):
+                    why = ("the config declares an fp8 KV cache" if self.quant.kv_cache_fp8
+                           else f"layer {min(found)} has its scales, and each layer needs its own")
                     raise ModelLoadError(f"checkpoint is missing tensor 'model.layers.{layer}.self_attn.{kv}_scale' "
-                                         "(the fp8 KV-cache scale of that layer)")
+                                         f"(the fp8 KV-cache scale of that layer; {why})")
         return {layer: (found[layer]["k"], found[layer]["v"]) for layer in layers}
 
 
@@ -89,4 +96,5 @@ def scalar_scale(name: str, tensor: torch.Tensor) -> float:
     if tensor.numel() != 1 or tensor.dtype not in FLOAT_DTYPES:
         raise ModelLoadError(f"tensor {name!r} has shape {tuple(tensor.shape)} and dtype {tensor.dtype}, "
                              "expected one float32/float16/bfloat16 scale")
+    check_scale_values(name, tensor, positive=True)  # the KV cache divides by it
     return float(tensor.float().reshape(()))

@@ -13,8 +13,9 @@ W is [N, K] (nn.Linear's layout), G the group size along K. On disk, per method:
     awq (gemm)               qweight int32 [K, N/8] and qzeros int32 [K/G, N/8], nibble i = column 8c + AWQ_ORDER[i],
                              scales [K/G, N]
 
-and W[n, k] = (q - zero) * scale in every int4 format. Every tensor is checked for dtype and shape;
-an error names it. A bias is not handled here: it is an ordinary parameter of the model.
+and W[n, k] = (q - zero) * scale in every int4 format. Every tensor is checked for dtype and shape, every
+scale for its values (finite; fp8 scales also positive); an error names it. A bias is not handled here: it is
+an ordinary parameter of the model.
 """
 
 import torch
@@ -65,11 +66,31 @@ class StoredLinear:
                                  + " or ".join(str(s) for s in shapes))
         return tensor
 
+    def take_scale(self, suffix: str, *shapes: tuple[int, ...], positive: bool = False) -> torch.Tensor:
+        """A float scale tensor, checked as take does and for its values: finite, and > 0 where positive (the
+        fp8 scales, which the libraries clamp away from 0; an int4 scale may underflow to 0 in float16)."""
+        scale = self.take(suffix, FLOAT_DTYPES, *shapes)
+        check_scale_values(f"{self.prefix}.{suffix}", scale, positive)
+        return scale
+
     def check_all_taken(self, why: str) -> None:
         extra = sorted(set(self.tensors) - self.taken)
         if extra:
             name = f"{self.prefix}.{extra[0]}"
             raise ModelLoadError(f"unexpected tensor {name!r} in the checkpoint: {why}")
+
+
+def check_scale_values(name: str, scale: torch.Tensor, positive: bool) -> None:
+    """A NaN, infinite (or, where positive, zero or negative) scale would load and compute NaN or garbage."""
+    values = scale.float().flatten()
+    bad = ~torch.isfinite(values)
+    if positive:
+        bad |= values <= 0
+    if bad.any():
+        index = int(bad.nonzero()[0])
+        raise ModelLoadError(f"tensor {name!r} holds {values[index].item()} at flat index {index} "
+                             f"({int(bad.sum())} bad of {values.numel()}): every scale must be finite"
+                             + (" and positive" if positive else ""))
 
 
 def convert_linear(quant: CheckpointQuantization, prefix: str, tensors: dict[str, torch.Tensor],
@@ -86,10 +107,11 @@ def convert_linear(quant: CheckpointQuantization, prefix: str, tensors: dict[str
 
 def fp8_linear(stored: StoredLinear, n: int, k: int, quant: CheckpointQuantization, dtype: torch.dtype):
     weight = stored.take("weight", (FP8_DTYPE,), (n, k))  # [N, K]
-    scale = stored.take("weight_scale", FLOAT_DTYPES, *(PER_TENSOR if quant.weight_per_tensor else ((n,), (n, 1))))
+    shapes = PER_TENSOR if quant.weight_per_tensor else ((n,), (n, 1))
+    scale = stored.take_scale("weight_scale", *shapes, positive=True)
     out = {"qweight": weight, "weight_scale": scale.float().reshape(-1).expand(n).contiguous()}  # [N]
     if not quant.input_dynamic:
-        out["input_scale"] = stored.take("input_scale", FLOAT_DTYPES, *PER_TENSOR).float().reshape(1)
+        out["input_scale"] = stored.take_scale("input_scale", *PER_TENSOR, positive=True).float().reshape(1)
     return out
 
 
@@ -140,7 +162,7 @@ def ct_int4_linear(stored: StoredLinear, n: int, k: int, quant: CheckpointQuanti
     if shape.tolist() != [n, k]:
         raise ModelLoadError(f"tensor '{stored.prefix}.weight_shape' is {shape.tolist()}, "
                              f"the model's linear is {[n, k]}")
-    scale = stored.take("weight_scale", FLOAT_DTYPES, (n, k // group))  # [N, K/G]
+    scale = stored.take_scale("weight_scale", (n, k // group))  # [N, K/G]
     if quant.symmetric:
         zeros = torch.full((k // group, n), 8)  # q + 8 against a zero point 0 + 8
     else:  # pack_to_int32(zero_point, 4, packed_dim=0): [N/8, K/G], nibble j = row 8r + j, value zero + 8
@@ -155,7 +177,7 @@ def gptq_linear(stored: StoredLinear, n: int, k: int, quant: CheckpointQuantizat
     group = group_size_of(quant, stored.prefix, n, k)
     qweight = stored.take("qweight", (torch.int32,), (k // INT4_PACK, n))  # [K/8, N], already our packing
     qzeros = stored.take("qzeros", (torch.int32,), (k // group, n // INT4_PACK))
-    scales = stored.take("scales", FLOAT_DTYPES, (k // group, n))
+    scales = stored.take_scale("scales", (k // group, n))
     check_trivial_g_idx(stored, "g_idx", k, group, "desc_act", quant.act_order)
     zeros = unpack_int4_columns(qzeros) + (1 if quant.format == "gptq" else 0)  # v1 stores zero - 1
     if int(zeros.max()) > 15:
@@ -169,7 +191,7 @@ def awq_linear(stored: StoredLinear, n: int, k: int, quant: CheckpointQuantizati
     group = group_size_of(quant, stored.prefix, n, k)
     qweight = stored.take("qweight", (torch.int32,), (k, n // INT4_PACK))  # [K, N/8]
     qzeros = stored.take("qzeros", (torch.int32,), (k // group, n // INT4_PACK))
-    scales = stored.take("scales", FLOAT_DTYPES, (k // group, n))
+    scales = stored.take_scale("scales", (k // group, n))
     q = unpack_int4_columns(qweight, AWQ_ORDER)  # [K, N]
     return int4_layout(pack_int4(q), scales, unpack_int4_columns(qzeros, AWQ_ORDER), dtype)
 

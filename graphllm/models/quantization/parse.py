@@ -12,7 +12,8 @@ Supported, each mapped onto one internal layout (graphllm/kernels/quant_layout.p
     fp8                 AutoFP8 / vLLM per-tensor fp8                 fp8   (block-wise fp8 refused)
 
 Everything else (other bit widths, block-wise scales, sparsity, transforms, bitsandbytes, ...)
-is refused by name rather than loaded wrong.
+is refused by name rather than loaded wrong, and so is an option of the wrong JSON type (an ignore
+list given as a string would otherwise be read as a list of its characters).
 """
 
 import re
@@ -31,8 +32,9 @@ def read_checkpoint_quantization(hf_config: Config) -> CheckpointQuantization | 
     qc = hf_config.get("quantization_config") or hf_config.get("compression_config")
     if not qc:
         return None
+    qc = options("quantization_config", qc)
     method = qc.get("quant_method")
-    if method not in PARSERS:
+    if not isinstance(method, str) or method not in PARSERS:
         raise ModelLoadError(f"config.json quantization_config: quant_method {method!r} is not supported "
                              f"(supported: {', '.join(PARSERS)})")
     return PARSERS[method](qc)
@@ -43,6 +45,28 @@ def refuse(method: str, option: str, value: Any, supported: str) -> ModelLoadErr
                           f"(supported: {supported})")
 
 
+def options(key: str, value: Any) -> Config:
+    """An object-valued option ({} where it is null or absent); another JSON type is refused by name."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"config.json: {key} must be a JSON object, got {type(value).__name__} {value!r}")
+    return value
+
+
+def names(key: str, value: Any) -> tuple[str, ...]:
+    """A list of module names (() where it is null or absent); a string or another type is refused by name."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise ModelLoadError(f"config.json: {key} must be a list of module names, got {value!r}")
+    return tuple(value)
+
+
+def positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
 # --- compressed-tensors --------------------------------------------------------------------------
 
 def parse_compressed_tensors(qc: Config) -> CheckpointQuantization:
@@ -50,28 +74,31 @@ def parse_compressed_tensors(qc: Config) -> CheckpointQuantization:
     for key in ("sparsity_config", "transform_config"):
         if qc.get(key):
             raise refuse(method, key, qc[key], "none: dense weights without transforms")
-    groups = qc.get("config_groups") or {}
+    groups = options("quantization_config.config_groups", qc.get("config_groups"))
     if len(groups) != 1 or not isinstance(next(iter(groups.values())), dict):
         raise refuse(method, "config_groups", groups, "exactly one scheme, for every Linear")
-    group = next(iter(groups.values()))
+    name, group = next(iter(groups.items()))
     if group.get("targets") != ["Linear"]:
         raise refuse(method, "targets", group.get("targets"), '["Linear"]')
     if group.get("output_activations"):
         raise refuse(method, "output_activations", group["output_activations"], "none")
-    weights, fmt = group.get("weights") or {}, group.get("format") or qc.get("format")
-    common = dict(method=method, format=fmt, ignore=tuple(qc.get("ignore") or ()),
-                  kv_cache_fp8=ct_kv_cache_fp8(qc.get("kv_cache_scheme")))
+    key = f"quantization_config.config_groups.{name}"
+    weights, fmt = options(f"{key}.weights", group.get("weights")), group.get("format") or qc.get("format")
+    acts = options(f"{key}.input_activations", group.get("input_activations"))
+    common = dict(method=method, format=fmt, ignore=names("quantization_config.ignore", qc.get("ignore")),
+                  kv_cache_fp8=ct_kv_cache_fp8(options("quantization_config.kv_cache_scheme",
+                                                       qc.get("kv_cache_scheme"))))
     kind = (weights.get("type"), weights.get("num_bits"))
     if weights.get("dynamic"):
         raise refuse(method, "weights.dynamic", weights["dynamic"], "false")
     if kind == ("float", 8):
-        return ct_fp8(weights, group.get("input_activations"), fmt, common)
+        return ct_fp8(weights, acts, fmt, common)
     if kind == ("int", 4):
-        return ct_int4(weights, group.get("input_activations"), fmt, common)
+        return ct_int4(weights, acts, fmt, common)
     raise refuse(method, "weights type/num_bits", kind, "float 8 (fp8) or int 4 (W4A16)")
 
 
-def ct_fp8(weights: Config, acts: Config | None, fmt: str, common: Config) -> CheckpointQuantization:
+def ct_fp8(weights: Config, acts: Config, fmt: str, common: Config) -> CheckpointQuantization:
     method = "compressed-tensors"
     if fmt not in ("float-quantized", "naive-quantized"):
         raise refuse(method, "format", fmt, "float-quantized or naive-quantized for fp8 weights")
@@ -80,7 +107,7 @@ def ct_fp8(weights: Config, acts: Config | None, fmt: str, common: Config) -> Ch
     if not weights.get("symmetric", True):
         raise refuse(method, "weights.symmetric", False, "true for fp8")
     if not acts:
-        raise refuse(method, "input_activations", acts,
+        raise refuse(method, "input_activations", None,
                      "fp8 activations (W8A8); weight-only fp8 (W8A16) is not offered")
     mode = (acts.get("type"), acts.get("num_bits"), acts.get("strategy"), acts.get("dynamic"))
     if mode not in (("float", 8, "token", True), ("float", 8, "tensor", False)) or not acts.get("symmetric", True):
@@ -90,7 +117,7 @@ def ct_fp8(weights: Config, acts: Config | None, fmt: str, common: Config) -> Ch
                                   weight_per_tensor=weights["strategy"] == "tensor", **common)
 
 
-def ct_int4(weights: Config, acts: Config | None, fmt: str, common: Config) -> CheckpointQuantization:
+def ct_int4(weights: Config, acts: Config, fmt: str, common: Config) -> CheckpointQuantization:
     method = "compressed-tensors"
     if fmt != "pack-quantized":
         raise refuse(method, "format", fmt, "pack-quantized for int4 weights")
@@ -100,13 +127,13 @@ def ct_int4(weights: Config, acts: Config | None, fmt: str, common: Config) -> C
     if strategy not in ("group", "channel"):
         raise refuse(method, "weights.strategy", strategy, "group or channel for int4")
     group_size = weights.get("group_size") if strategy == "group" else None
-    if strategy == "group" and not (isinstance(group_size, int) and group_size > 0):
+    if strategy == "group" and not positive_int(group_size):
         raise refuse(method, "weights.group_size", group_size, "a positive group size")
     return CheckpointQuantization(scheme="int4", group_size=group_size, symmetric=bool(weights.get("symmetric", True)),
                                   act_order=weights.get("actorder") not in TRIVIAL_ACTORDER, **common)
 
 
-def ct_kv_cache_fp8(kv: Config | None) -> bool:
+def ct_kv_cache_fp8(kv: Config) -> bool:
     """kv_cache_scheme: only fp8 with one static scale per tensor (k_scale, v_scale per layer)."""
     if not kv:
         return False
@@ -122,7 +149,7 @@ def ct_kv_cache_fp8(kv: Config | None) -> bool:
 def int4_group_size(method: str, key: str, value: Any) -> int | None:
     if value == -1:
         return None
-    if not isinstance(value, int) or value <= 0:
+    if not positive_int(value):
         raise refuse(method, key, value, "-1 (per channel) or a positive group size")
     return value
 
@@ -144,27 +171,33 @@ def parse_gptq(qc: Config) -> CheckpointQuantization:
         ignore=gptq_unlisted_modules(qc.get("modules_in_block_to_quantize")))
 
 
-def gptq_unlisted_modules(listed: list | None) -> tuple[str, ...]:
-    """modules_in_block_to_quantize ([["self_attn.q_proj", ...], ["mlp.up_proj"], ...]) -> an ignore rule
-    matching every layer's linear that is not listed."""
+def gptq_unlisted_modules(listed: Any) -> tuple[str, ...]:
+    """modules_in_block_to_quantize ([["self_attn.q_proj", ...], ["mlp.up_proj"], ...], or one flat list) -> an
+    ignore rule matching every layer's linear that is not listed."""
+    key = "quantization_config.modules_in_block_to_quantize"
     if not listed:
         return ()
-    names = sorted({name for names in listed for name in names})
-    return (r"re:model\.layers\.\d+\.(?!(?:" + "|".join(map(re.escape, names)) + r")$)",)
+    if not isinstance(listed, list):
+        raise ModelLoadError(f"config.json: {key} must be a list of lists of module names, got {listed!r}")
+    blocks = [names(key, block) if isinstance(block, list) else names(key, [block]) for block in listed]
+    listed = sorted({name for block in blocks for name in block})
+    return (r"re:model\.layers\.\d+\.(?!(?:" + "|".join(map(re.escape, listed)) + r")$)",)
 
 
 def parse_awq(qc: Config) -> CheckpointQuantization:
     method = "awq"
-    version = str(qc.get("version", "gemm")).lower()
-    if version != "gemm":
-        raise refuse(method, "version", qc.get("version"), "gemm")
+    key = "version" if qc.get("version") is not None else "format"  # transformers 5 writes format (version: legacy)
+    if str(qc.get(key) or "gemm").lower() != "gemm":
+        raise refuse(method, key, qc.get(key), "gemm")
+    if qc.get("backend") == "llm-awq":  # transformers: the llm-awq packing, whatever version says
+        raise refuse(method, "backend", qc["backend"], "AutoAWQ's gemm packing")
     bits = qc.get("bits", qc.get("w_bit"))
     if bits != 4:
         raise refuse(method, "bits", bits, "4")
     if not qc.get("zero_point", True):
         raise refuse(method, "zero_point", qc.get("zero_point"), "true")
     group_size = int4_group_size(method, "group_size", qc.get("group_size", qc.get("q_group_size")))
-    skipped = qc.get("modules_to_not_convert") or ()  # substrings of module paths, as transformers matches them
+    skipped = names("quantization_config.modules_to_not_convert", qc.get("modules_to_not_convert"))  # substrings
     return CheckpointQuantization(method=method, scheme="int4", format="gemm", group_size=group_size,
                                   symmetric=False, ignore=tuple("re:.*" + re.escape(s) for s in skipped))
 
@@ -180,7 +213,8 @@ def parse_fp8(qc: Config) -> CheckpointQuantization:
     if scheme not in ("dynamic", "static"):
         raise refuse(method, "activation_scheme", scheme, "dynamic or static")
     return CheckpointQuantization(method=method, scheme="fp8", format="fp8", input_dynamic=scheme == "dynamic",
-                                  weight_per_tensor=True, ignore=tuple(qc.get("ignored_layers") or ()))
+                                  weight_per_tensor=True,
+                                  ignore=names("quantization_config.ignored_layers", qc.get("ignored_layers")))
 
 
 PARSERS: dict[str, Callable[[Config], CheckpointQuantization]] = {
