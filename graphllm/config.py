@@ -67,8 +67,9 @@ class EngineConfig:
     # (graphllm/kernels/rope_decode.py), instead of rope_store_kv's launch before it; changes no value (the GPU
     # tests: the same teacher-forced rows) and measured 1.0% faster at batch 1 and 8 (benchmarks/RESULTS.md, s22)
     fuse_rope_decode: bool = True
-    # triton attention at decode: rope_store_kv, then TensorRT-LLM's XQA decode kernel as FlashInfer builds it
-    # (flashinfer.xqa, sm_90+) instead of graphllm's split kernel (TritonBackend.xqa_decode); off until measured
+    # triton attention, a float8 cache: decode launches where the split kernel would round q to float8 run
+    # rope_store_kv, then TensorRT-LLM's XQA decode kernel as FlashInfer builds it (flashinfer.xqa, sm_90+;
+    # TritonBackend._runs_xqa); off until an H200 A/B (s36 H100: +3.75% fp8 throughput)
     xqa_decode: bool = False
     # auto: triton on CUDA (measured faster than flashinfer), else flashinfer; torch (the reference) on CPU
     attention_backend: str = "auto"

@@ -11,7 +11,7 @@ import torch
 
 from graphllm.backends.base import AttentionBackend, AttentionShape
 from graphllm.backends.torch_backend import TorchBackend
-from graphllm.kernels.kv_quant import KVScales, is_fp8
+from graphllm.kernels.kv_quant import FP8_QK_HEAD_DIM, KVScales, is_fp8
 
 
 def flashinfer_supports(shape: AttentionShape, dtype: torch.dtype,
@@ -32,17 +32,22 @@ def flashinfer_supports(shape: AttentionShape, dtype: torch.dtype,
     return None
 
 
-def xqa_supports(backend: str, shape: AttentionShape, device: torch.device) -> str | None:
+def xqa_supports(backend: str, shape: AttentionShape, device: torch.device, kv_cache_dtype: torch.dtype) -> str | None:
     """None when the triton backend's decode can run through flashinfer.xqa (EngineConfig.xqa_decode), else why
-    not. Layers with a soft cap or a sliding window keep graphllm's kernel (TritonBackend._runs_xqa)."""
+    not: it takes the float8 cache's launches where graphllm's kernel would round q to float8
+    (TritonBackend._runs_xqa), so a cache or heads where that never happens are refused rather than ignored.
+    Layers with a soft cap or a sliding window keep graphllm's kernel."""
     if backend != "triton":
         return f"it replaces the triton backend's decode kernel, and the attention backend is {backend!r}"
     if shape.mla:
         return "multi-head latent attention (MLA) has its own decode kernel"
+    if not is_fp8(kv_cache_dtype):
+        return (f"it takes float8 caches' decode only (over a {kv_cache_dtype} cache it measured slower than "
+                "graphllm's kernel): add --kv-cache-dtype fp8")
+    if shape.head_dim != FP8_QK_HEAD_DIM:
+        return f"it takes {FP8_QK_HEAD_DIM}-wide heads only (where graphllm's kernel rounds q), not {shape.head_dim}"
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
         return "TensorRT-LLM's XQA kernel (flashinfer.xqa) needs a GPU of compute capability 9.0 or newer"
-    if shape.head_dim not in (64, 128, 256):
-        return f"graphllm runs XQA at head_dim 64, 128 or 256, not {shape.head_dim}"
     if importlib.util.find_spec("flashinfer") is None:
         return "flashinfer is not installed (pip install flashinfer-python)"
     return None

@@ -11,10 +11,14 @@ Nothing is planned on the host but that bound (`plan` reads the step's query len
 has): launch grids depend on tensor shapes only, so decode and verify steps capture into CUDA graphs as
 they are. A float8 cache is written and read with `kv_scales`.
 
-With `xqa_decode` (EngineConfig.xqa_decode, sm_90+, flashinfer installed), decode steps instead run rope_store_kv
-and then TensorRT-LLM's XQA decode kernel as FlashInfer builds it (flashinfer.xqa): it reads the padded block
-table and the lengths on the device, so it captures as the split kernel does; over a float8 cache on sm_90 it is
-its Hopper kernel (TMA loads, float8 MMAs). Layers with a logit soft cap or a sliding window keep the split kernel."""
+With `xqa_decode` (EngineConfig.xqa_decode, sm_90+, a float8 cache, flashinfer installed), the decode launches
+where the split kernel would round q to float8 (paged_decode_attention.rounds_q_to_fp8: 128-wide heads, from
+FP8_HALVES_PROGRAMS (sequence, KV head) programs) instead run rope_store_kv and then TensorRT-LLM's XQA decode
+kernel as FlashInfer builds it (flashinfer.xqa), its Hopper kernel (TMA loads, float8 MMAs, q rounded to float8 as
+well): it reads the padded block table and the lengths on the device, so it captures as the split kernel does.
+Measured (s36, H100, benchmarks/RESULTS.md): 11-23% faster than the split kernel over float8 caches at 128-512
+sequences; slower over bf16 caches; and at fewer programs it would round q where the split kernel keeps bf16, which
+cost 3.8 points of teacher-forced agreement. Layers with a logit soft cap or a sliding window keep the split kernel."""
 
 import math
 
@@ -24,7 +28,8 @@ import torch
 from graphllm.kernels.mla_decode import mla_decode_attention
 from graphllm.kernels.mla_prefill import mla_prefill_attention
 from graphllm.kernels.mla_reference import write_latent_cache
-from graphllm.kernels.paged_decode_attention import paged_decode_attention
+from graphllm.kernels.kv_quant import is_fp8
+from graphllm.kernels.paged_decode_attention import paged_decode_attention, rounds_q_to_fp8
 from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
 from graphllm.kernels.paged_verify_attention import MAX_TOKENS, paged_verify_attention
 from graphllm.kernels.rope_decode import NewTokens
@@ -51,7 +56,8 @@ class TritonBackend(AttentionBackend):
     # (kernels/rope_decode.py), one launch a layer fewer than rope_store_kv then the split kernel; on:
     # EngineConfig.fuse_rope_decode (on by default; --no-fuse-rope-decode: rope_store_kv, then the split kernel)
     fuse_rope_decode: bool = True
-    # decode steps through TensorRT-LLM's XQA kernel (flashinfer.xqa; EngineConfig.xqa_decode, off by default)
+    # float8 caches' large decode launches through TensorRT-LLM's XQA kernel (flashinfer.xqa; EngineConfig.xqa_decode,
+    # off by default)
     xqa_decode: bool = False
     # (block table, lengths) as XQA reads them (int32 [B, M], uint32 [B, 1]), converted by the first layer of the
     # step planned last; plan() drops them. Under capture the conversion is captured once, in the first layer
@@ -86,7 +92,7 @@ class TritonBackend(AttentionBackend):
     def rope_forward(self, q, k, v, cos, sin, kv_cache, positions, slot_mapping, block_tables, seq_lens,
                      query_start_loc, scale, sliding_window, logit_softcap=0.0, norms=None):
         decode = q.shape[0] == seq_lens.shape[0]  # T == B
-        if self.fuse_rope_decode and decode and not self._runs_xqa(logit_softcap, sliding_window):
+        if self.fuse_rope_decode and decode and not self._runs_xqa(q, kv_cache, logit_softcap, sliding_window):
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,
                                           sliding_window, kv_scales=self.scales_for(kv_cache),
                                           logit_softcap=logit_softcap,
@@ -104,8 +110,10 @@ class TritonBackend(AttentionBackend):
             return mla_decode_attention(q, cache, block_tables, seq_lens, scale, kv_lora_rank)
         return mla_prefill_attention(q, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank)
 
-    def _runs_xqa(self, logit_softcap: float, sliding_window: int) -> bool:
-        return self.xqa_decode and logit_softcap <= 0 and sliding_window <= 0
+    def _runs_xqa(self, q, kv_cache, logit_softcap: float, sliding_window: int) -> bool:
+        """Whether this decode launch (q [B, H, D]) goes to XQA: where the split kernel would round q to float8."""
+        return (self.xqa_decode and logit_softcap <= 0 and sliding_window <= 0 and is_fp8(kv_cache.dtype)
+                and rounds_q_to_fp8(q.shape[-1], q.shape[0] * kv_cache.shape[3], q.device))
 
     def _xqa(self, q, kv_cache, block_tables, seq_lens, scale):
         """Decode by flashinfer.xqa. Its softmax scale is q_scale * kv_scale / sqrt(D) and it scales P.V by
@@ -139,7 +147,7 @@ class TritonBackend(AttentionBackend):
         return self._xqa_scratch
 
     def _attend(self, q, kv_cache, block_tables, seq_lens, query_start_loc, scale, sliding_window, logit_softcap):
-        if q.shape[0] == seq_lens.shape[0] and self._runs_xqa(logit_softcap, sliding_window):  # T == B: decode
+        if q.shape[0] == seq_lens.shape[0] and self._runs_xqa(q, kv_cache, logit_softcap, sliding_window):  # decode
             return self._xqa(q, kv_cache, block_tables, seq_lens, scale)
         if q.shape[0] == seq_lens.shape[0]:  # T == B: decode
             return paged_decode_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale,

@@ -101,9 +101,10 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                              "token's KV itself, one kernel a layer fewer (the default; --no-fuse-rope-decode: "
                              "rope_store_kv, then attention)")
     parser.add_argument("--xqa-decode", action=argparse.BooleanOptionalAction, default=False,
-                        help="triton attention, sm_90+: decode steps run rope_store_kv, then TensorRT-LLM's XQA "
-                             "decode kernel as FlashInfer builds it (flashinfer.xqa), instead of graphllm's split "
-                             "kernel (layers with a soft cap or a sliding window keep it)")
+                        help="triton attention, sm_90+, --kv-cache-dtype fp8: the decode launches where graphllm's "
+                             "split kernel would round q to float8 (128-wide heads, 256+ sequence x KV-head "
+                             "programs) run rope_store_kv, then TensorRT-LLM's XQA decode kernel as FlashInfer "
+                             "builds it (flashinfer.xqa) (layers with a soft cap or a sliding window keep it)")
     parser.add_argument("--cudagraph-mode", default=DEFAULT_CUDAGRAPH_MODE, choices=CUDAGRAPH_MODES,
                         help="GPU: which steps replay CUDA graphs: FULL (the default): steps with prompt tokens "
                              "too, up to --max-cudagraph-capture-size tokens (triton attention; other backends "

@@ -12,6 +12,9 @@ import torch
 
 FP8_KV_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_KV_DTYPE).max  # 448.0
+# heads of this width, read by many programs on sm_90+, have the decode kernel round q to float8 for q.K
+# (paged_decode_attention's fp8_qk; rounds_q_to_fp8), and only there does --xqa-decode take the launch
+FP8_QK_HEAD_DIM = 128
 
 
 class KVScales(NamedTuple):

@@ -33,7 +33,7 @@ import triton.language as tl
 from graphllm.kernels.attention_loop import FP8_MAX, one_token_attention
 from graphllm.kernels.fp8_convert import fp8_dots_on, kv_fp8_mode
 from graphllm.kernels.gdc import dependent_start
-from graphllm.kernels.kv_quant import KVScales, dequantize_kv
+from graphllm.kernels.kv_quant import FP8_QK_HEAD_DIM, KVScales, dequantize_kv
 from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.quant_layout import correctly_rounded_div
 from graphllm.kernels.reference import soft_cap
@@ -51,11 +51,10 @@ MIN_TILES_PER_SPLIT = 4  # on the longest possible sequence (M pages)
 # over 128-key tiles in a 2-stage pipeline too (128 sequences and up)
 FP8_HALVES_PROGRAMS = 256
 FP8_WIDE_TILE_PROGRAMS = 1024
-# ...and where the GPU has float8 wgmma (sm_90), 128-wide heads instead round q to float8 there and take q.K on it
-# (fp8_qk), in 64-key tiles over 2 stages: the key tile no longer crosses shared memory twice (2026-12-02 H200:
-# 190.9 us against 204.0 at 256 x 1,024 keys, 98.6 against 109.3 at 128, 32.9 against 34.7 at 32, 128.3 against
-# 129.1 at 192 x 850)
-FP8_QK_HEAD_DIM = 128
+# ...and where the GPU has float8 wgmma (sm_90), FP8_QK_HEAD_DIM-wide heads (kv_quant.py) instead round q to float8
+# there and take q.K on it (fp8_qk), in 64-key tiles over 2 stages: the key tile no longer crosses shared memory twice
+# (2026-12-02 H200: 190.9 us against 204.0 at 256 x 1,024 keys, 98.6 against 109.3 at 128, 32.9 against 34.7 at 32,
+# 128.3 against 129.1 at 192 x 850)
 CPU_SM_COUNT = 8  # stand-in for the interpreter
 
 
@@ -148,6 +147,12 @@ class DecodeTiling:
 def fp8_qk_on(device: torch.device) -> bool:
     """decode_tiling may round q to float8 for q.K: a CUDA device with float8 wgmma (sm_90+), where it was measured."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def rounds_q_to_fp8(head_dim: int, programs: int, device: torch.device) -> bool:
+    """Whether the default launch over a float8 cache rounds q to float8 for q.K (decode_tiling's fp8_qk): on
+    sm_90+, for FP8_QK_HEAD_DIM-wide heads read by FP8_HALVES_PROGRAMS (sequence, KV head) programs or more."""
+    return fp8_qk_on(device) and decode_tiling(head_dim, True, False, programs, True).fp8_qk  # fp8_mma
 
 
 def decode_tiling(head_dim: int, fp8: bool, direct: bool, programs: int, fp8_mma: bool = False) -> DecodeTiling:

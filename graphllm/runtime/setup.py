@@ -350,7 +350,7 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     if backend.name == "triton":  # its decode kernel can take rope_store_kv's work (TritonBackend.fuse_rope_decode)
         backend.fuse_rope_decode = config.fuse_rope_decode
         backend.xqa_decode = config.xqa_decode
-    if config.xqa_decode and (why := xqa_supports(backend.name, shape, device)) is not None:
+    if config.xqa_decode and (why := xqa_supports(backend.name, shape, device, kv_dtype)) is not None:
         raise ValueError(f"xqa_decode is unavailable: {why}")
     if layer_kv_scales is not None:
         backend.bind_layer_scales(kv_caches, layer_kv_scales)

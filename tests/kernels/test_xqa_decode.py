@@ -1,6 +1,7 @@
-"""The triton backend's decode through TensorRT-LLM's XQA kernel (EngineConfig.xqa_decode, flashinfer.xqa) gives the
-split kernel's output over bf16 and float8 caches (unequal k and v scales, which XQA takes as one kv_scale and a
-q_scale); where it cannot run, the engine refuses the switch and says why."""
+"""The triton backend's decode through TensorRT-LLM's XQA kernel (EngineConfig.xqa_decode, flashinfer.xqa) takes the
+float8 cache's launches where the split kernel rounds q to float8, and gives its output there (unequal k and v
+scales, which XQA takes as one kv_scale and a q_scale); where it cannot run, the engine refuses the switch and says
+why."""
 
 import importlib.util
 
@@ -14,6 +15,7 @@ from graphllm import Engine  # noqa: E402
 from graphllm.backends import AttentionShape, HostMeta, xqa_supports  # noqa: E402
 from graphllm.backends.triton_backend import TritonBackend  # noqa: E402
 from graphllm.kernels.kv_quant import KVScales  # noqa: E402
+from graphllm.kernels.paged_decode_attention import FP8_HALVES_PROGRAMS, decode_tiling, rounds_q_to_fp8  # noqa: E402
 from tests.kernels.conftest import DEVICE, ON_GPU, make_paged_kv, randn  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
@@ -22,10 +24,14 @@ XQA_GPU = (ON_GPU and torch.cuda.get_device_capability() >= (9, 0)
 
 
 def test_xqa_supports_names_what_is_missing():
-    shape = AttentionShape(32, 8, 128)
-    assert "triton backend's decode" in xqa_supports("flashinfer", shape, torch.device("cpu"))
-    assert "latent attention" in xqa_supports("triton", AttentionShape(16, 16, 192, mla=True), torch.device("cpu"))
-    assert "compute capability 9.0" in xqa_supports("triton", shape, torch.device("cpu"))
+    shape, fp8, bf16 = AttentionShape(32, 8, 128), FP8, torch.bfloat16
+    assert "triton backend's decode" in xqa_supports("flashinfer", shape, torch.device("cpu"), fp8)
+    assert "latent attention" in xqa_supports("triton", AttentionShape(16, 16, 192, mla=True), torch.device("cpu"),
+                                              fp8)
+    # where graphllm's kernel never rounds q to float8, the switch would change nothing: refused, not ignored
+    assert "--kv-cache-dtype fp8" in xqa_supports("triton", shape, torch.device("cpu"), bf16)
+    assert "128-wide heads" in xqa_supports("triton", AttentionShape(32, 8, 64), torch.device("cpu"), fp8)
+    assert "compute capability 9.0" in xqa_supports("triton", shape, torch.device("cpu"), fp8)
 
 
 def test_the_engine_refuses_xqa_decode_where_it_cannot_run(tiny_model_dir):
@@ -34,10 +40,19 @@ def test_the_engine_refuses_xqa_decode_where_it_cannot_run(tiny_model_dir):
         Engine.from_pretrained(path, compile=False, device="cpu", xqa_decode=True)
 
 
-@pytest.mark.skipif(not XQA_GPU, reason="flashinfer.xqa needs a GPU of compute capability 9.0+ and flashinfer")
-@pytest.mark.parametrize("cache", ["bf16", "fp8"])
-def test_xqa_decode_gives_the_split_kernels_output(cache, monkeypatch):
-    seq_lens, heads, kv_heads, dim, block_size = [1, 17, 300, 64, 1000, 33], 32, 8, 128, 16
+def test_the_split_kernel_rounds_q_from_enough_programs_only():
+    """The rule --xqa-decode follows (TritonBackend._runs_xqa): decode_tiling's fp8_qk, which needs 128-wide heads
+    and FP8_HALVES_PROGRAMS (sequence, KV head) programs; never off sm_90."""
+    assert decode_tiling(128, True, False, FP8_HALVES_PROGRAMS, fp8_mma=True).fp8_qk
+    assert not decode_tiling(128, True, False, FP8_HALVES_PROGRAMS - 1, fp8_mma=True).fp8_qk
+    assert not decode_tiling(64, True, False, 4 * FP8_HALVES_PROGRAMS, fp8_mma=True).fp8_qk
+    assert not decode_tiling(128, False, False, 4 * FP8_HALVES_PROGRAMS, fp8_mma=True).fp8_qk
+    assert not rounds_q_to_fp8(128, 4 * FP8_HALVES_PROGRAMS, torch.device("cpu"))
+
+
+def decode_once(seq_lens: list[int], cache: str, xqa: bool, calls: list) -> torch.Tensor:
+    """One decode step of 8B heads through TritonBackend over a random paged cache (unequal k and v scales)."""
+    heads, kv_heads, dim, block_size = 32, 8, 128, 16
     kv_cache, tables = make_paged_kv(seq_lens, block_size, kv_heads, dim, torch.bfloat16, seed=3)
     kv_cache = kv_cache.nan_to_num(0.0)  # an engine's cache is zeroed: XQA reads a last page's tail
     scales = KVScales(0.5, 2.0)
@@ -51,19 +66,31 @@ def test_xqa_decode_gives_the_split_kernels_output(cache, monkeypatch):
     slots = tables.gather(1, (last // block_size)[:, None])[:, 0] * block_size + last % block_size
     starts = torch.arange(batch + 1, device=DEVICE)
     host = HostMeta(np.arange(batch + 1), np.array(seq_lens), tables.cpu().numpy())
+    backend = TritonBackend(scales)
+    backend.xqa_decode = xqa
+    backend.plan(host)
+    before = len(calls)
+    out = backend.forward(q, k, v, kv_cache, last, slots, tables, lens, starts, dim ** -0.5, 0)
+    torch.cuda.synchronize()
+    return out.float(), len(calls) > before
+
+
+@pytest.mark.skipif(not XQA_GPU, reason="flashinfer.xqa needs a GPU of compute capability 9.0+ and flashinfer")
+def test_xqa_decode_takes_the_launches_where_the_split_kernel_rounds_q(monkeypatch):
+    """Over a float8 cache read by 40 sequences x 8 KV heads (320 programs: the split kernel rounds q to float8),
+    XQA runs and gives the split kernel's output; 6 sequences (48 programs), or a bf16 cache, keep the split
+    kernel with the switch on."""
     xqa_module = importlib.import_module("flashinfer.xqa")  # the package's attribute `xqa` is the function
     calls, real = [], xqa_module.xqa
-    outs = []
-    for xqa in (False, True):
-        monkeypatch.setattr(xqa_module, "xqa", lambda *a, **kw: calls.append(xqa) or real(*a, **kw))
-        backend = TritonBackend(scales)
-        backend.xqa_decode = xqa
-        backend.plan(host)
-        cache_copy = kv_cache.clone()
-        outs.append(backend.forward(q, k, v, cache_copy, last, slots, tables, lens, starts, dim ** -0.5, 0))
-        torch.cuda.synchronize()
-    expected, got = (o.float() for o in outs)
-    assert calls == [True]  # the pass with the switch ran XQA, once; the other did not
+    monkeypatch.setattr(xqa_module, "xqa", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    many = [1, 17, 300, 64, 1000, 33, 16, 15, 129, 500] * 4
+    expected, ran = decode_once(many, "fp8", False, calls)
+    assert not ran
+    got, ran = decode_once(many, "fp8", True, calls)
+    assert ran
     err = ((got - expected).abs().max() / expected.abs().max()).item()
-    print(f"xqa_decode {cache}: max error {err:.4f} of the output's largest value")
-    assert err < (0.06 if cache == "fp8" else 0.01)
+    print(f"xqa_decode fp8, {len(many)} sequences: max error {err:.4f} of the output's largest value")
+    assert err < 0.06
+    for seq_lens, cache in ((many[:6], "fp8"), (many, "bf16")):
+        _, ran = decode_once(seq_lens, cache, True, calls)
+        assert not ran, (len(seq_lens), cache)
