@@ -9,7 +9,16 @@ input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc and 
 workers run their shard on them, and the shard's all-reduces keep the ranks in step. A header of
 STOP ends the workers; so does the engine's process exiting (they are daemons, and a finalizer stops
 them when the step is dropped). A worker that exits fails rank 0's next step at once, naming it (the
-engine then reports itself dead); a rank lost inside a collective fails it after TIMEOUT.
+engine then reports itself dead); a rank lost inside a collective fails it after TIMEOUT (but not the
+workers' wait for the next header: an engine may idle for hours). A step cut short on rank 0 (Ctrl-C,
+an error) leaves the ranks in different collectives: rank 0 then ends the workers at once and refuses
+further steps (a STOP, or the next step, would wait out TIMEOUT).
+
+Spawned workers build their step first, tell rank 0 how it went over a pipe, and join at the address
+it sends back: rank 0 raises a worker's build error as its own, and names at once a worker that died
+before joining (a script without an `if __name__ == "__main__":` guard), not after the rendezvous's
+TIMEOUT. They ignore SIGINT: a terminal's Ctrl-C reaches the whole process group, and rank 0 decides
+(the server drains first).
 
 Under torchrun (EngineConfig.distributed_init_method, from the CLI) the other ranks are torchrun's processes,
 on this node or others: each runs worker_main itself and they meet rank 0 at torchrun's address.
@@ -23,10 +32,12 @@ gloo, the torch attention backend, no CUDA graphs.
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import sys
 import weakref
 from datetime import timedelta
+from multiprocessing import connection
 from pathlib import Path
 
 import torch
@@ -45,6 +56,7 @@ logger = logging.getLogger(__name__)
 STOP = -1
 HEADER = 6  # T, B, M, N, cache blocks, block size
 TIMEOUT = timedelta(seconds=120)  # a collective waiting longer than this means a rank is gone
+IDLE = timedelta(days=365)  # but a worker waits this long for the next step: an idle engine has lost no rank
 
 
 def local_model_config(config: ModelConfig, world_size: int) -> ModelConfig:
@@ -98,7 +110,9 @@ def send_step(inputs: tuple, num_blocks: int, block_size: int) -> None:
 def receive_step() -> tuple[tuple, int, int] | None:
     """One step's inputs (ranks 1..N-1), their cache block count and block size; None: stop."""
     header = torch.empty(HEADER, dtype=torch.int64)
-    dist.broadcast(header, src=0)
+    opts = dist.BroadcastOptions()
+    opts.rootRank, opts.timeout = 0, IDLE
+    dist.group.WORLD.broadcast([header], opts).wait()
     t, b, m, n, num_blocks, block_size = header.tolist()
     if t == STOP:
         return None
@@ -113,34 +127,62 @@ class TensorParallelStep:
 
     def __init__(self, shard: torch.fx.GraphModule, workers: list):
         self.shard, self.workers = shard, workers
+        self.failure: str | None = None  # why the ranks are out of step, once a step was cut short
         self._finalizer = weakref.finalize(self, stop_workers, workers)
 
     def __call__(self, input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc,
                  logits_indices, kv_caches):
         inputs = (input_ids, positions, slot_mapping, block_tables, seq_lens, query_start_loc, logits_indices)
         self.check_workers()
-        send_step(inputs, kv_caches[0].shape[1], kv_caches[0].shape[2])
-        return self.shard(*inputs, kv_caches)
+        try:
+            send_step(inputs, kv_caches[0].shape[1], kv_caches[0].shape[2])
+            return self.shard(*inputs, kv_caches)
+        except BaseException as e:
+            if (gone := self.fail(e)) is not None:
+                raise RuntimeError(gone) from e
+            raise
 
     def check_workers(self) -> None:
         """A worker that has exited fails the step at once (not after the collective's timeout)."""
-        for rank, proc in enumerate(self.workers, start=1):
-            if not proc.is_alive():
-                raise RuntimeError(f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with code "
-                                   f"{proc.exitcode}; the engine cannot run without it")
+        if self.failure is not None:
+            raise RuntimeError(f"{self.failure}; the tensor-parallel workers were stopped: start a new engine")
+        if (gone := exited_worker(self.workers)) is not None:
+            raise RuntimeError(gone)
+
+    def fail(self, error: BaseException) -> str | None:
+        """A step cut short: end the workers now, since they wait in a collective rank 0 will not join. Returns
+        what ended a worker that died (the usual cause of a collective's error: gloo's message names no rank)."""
+        gone = exited_worker(self.workers, wait=1.0 if isinstance(error, RuntimeError) else 0)
+        self.failure = gone or f"a step was cut short by {error!r}"
+        self._finalizer.detach()
+        stop_workers(self.workers, tell=False)
+        return gone
 
     def stop(self) -> None:
         self._finalizer()
 
 
-def stop_workers(workers: list) -> None:
-    """Tell the workers to stop, wait a little, then make sure they are gone."""
-    try:
-        dist.broadcast(torch.tensor([STOP] + [0] * (HEADER - 1), dtype=torch.int64), src=0)
-    except Exception:  # a worker already gone: the group is broken; the terminate below still runs
-        pass
+def exited_worker(workers: list, wait: float = 0) -> str | None:
+    """What ended the first worker that has exited (waiting up to `wait` seconds for one to); None: none has."""
+    ended = set(connection.wait([proc.sentinel for proc in workers], timeout=wait)) if workers else set()
+    for rank, proc in enumerate(workers, start=1):
+        if proc.sentinel in ended:
+            proc.join(timeout=5)  # its sentinel closes as it exits, a moment before its exit code is there
+            return (f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with code {proc.exitcode}; "
+                    f"the engine cannot run without it")
+    return None
+
+
+def stop_workers(workers: list, tell: bool = True) -> None:
+    """Stop the workers: tell them (a STOP header) and wait a little, then make sure they are gone. tell=False
+    when they cannot hear it (no group formed yet, or a step cut short): they are ended at once."""
+    if tell:
+        try:
+            dist.broadcast(torch.tensor([STOP] + [0] * (HEADER - 1), dtype=torch.int64), src=0)
+        except Exception:  # a worker already gone: the group is broken; the terminate below still runs
+            pass
     for proc in workers:
-        proc.join(timeout=10)
+        proc.join(timeout=10 if tell else 0)
         if proc.is_alive():
             proc.terminate()
             proc.join(timeout=5)
@@ -177,11 +219,16 @@ def join_group(rank: int, world_size: int, init_method: str) -> None:
 
 
 def worker_main(rank: int, world_size: int, init_method: str, rank_step: RankStep, kv_dtype: torch.dtype) -> None:
-    """Ranks 1..N-1: build the rank's step, then run every step rank 0 broadcasts until it says stop."""
+    """Ranks 1..N-1 (started elsewhere: torchrun): build the rank's step, then serve rank 0's steps."""
+    serve_steps(rank, world_size, init_method, rank_step.build(rank, world_size, torch.device("cpu")), kv_dtype)
+
+
+def serve_steps(rank: int, world_size: int, init_method: str, built: tuple, kv_dtype: torch.dtype) -> None:
+    """Join rank 0, then run every step it broadcasts until it says stop."""
     join_group(rank, world_size, init_method)
     try:
         device = torch.device("cpu")
-        step, local = rank_step.build(rank, world_size, device)
+        step, local = built
         backend, caches = TorchBackend(), None
         with torch.inference_mode(), use_backend(backend):
             while (received := receive_step()) is not None:
@@ -193,15 +240,55 @@ def worker_main(rank: int, world_size: int, init_method: str, rank_step: RankSte
         dist.destroy_process_group()
 
 
-def spawned_worker(*args) -> None:
-    """worker_main in a process spawned here; once it has returned (stopped and left the group) the process
-    exits without the interpreter's teardown, where a C++ thread still joinable (the gloo group's, the
-    compiled step's) can abort it: "terminate called without an active exception", exit code -6, once in a
-    full CPU test run. An exception still ends it the usual way, with its traceback and a non-zero code."""
-    worker_main(*args)
+def spawned_worker(pipe, rank: int, world_size: int, rank_step: RankStep, kv_dtype: torch.dtype) -> None:
+    """A worker process spawned here: build the step, tell rank 0 (None, or the error's kind and message),
+    join at the address rank 0 sends back once every rank has built its step, and serve steps. Once they stop
+    (the rank has left the group) the process exits without the interpreter's teardown, where a C++ thread
+    still joinable (the gloo group's, the compiled step's) can abort it: "terminate called without an active
+    exception", exit code -6, once in a full CPU test run. An exception still ends it the usual way, with its
+    traceback and a non-zero code."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle: it stops the workers
+    try:
+        built = rank_step.build(rank, world_size, torch.device("cpu"))
+    except ValueError as e:  # a bad model folder or artifact: rank 0 raises it, as it would its own
+        pipe.send((ValueError, str(e)))
+        sys.exit(1)
+    except Exception as e:
+        pipe.send((RuntimeError, f"{type(e).__name__}: {e}"))
+        raise
+    pipe.send(None)
+    serve_steps(rank, world_size, pipe.recv(), built, kv_dtype)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def spawn_workers(world_size: int, rank_step: RankStep, kv_dtype: torch.dtype) -> tuple[list, list]:
+    """Ranks 1..N-1 as daemon processes, each with its pipe to rank 0."""
+    ctx, workers, pipes = mp.get_context("spawn"), [], []
+    for rank in range(1, world_size):
+        ours, theirs = ctx.Pipe()
+        workers.append(ctx.Process(target=spawned_worker, args=(theirs, rank, world_size, rank_step, kv_dtype),
+                                   daemon=True))
+        workers[-1].start()
+        theirs.close()  # the worker holds the other copy: its exit ends the pipe (EOFError in await_workers)
+        pipes.append(ours)
+    return workers, pipes
+
+
+def await_workers(workers: list, pipes: list) -> None:
+    """Wait until every spawned worker has built its step; a worker's error, or its death, is raised here."""
+    for rank, (proc, pipe) in enumerate(zip(workers, pipes), start=1):
+        try:
+            error = pipe.recv()
+        except EOFError:  # it exited before it could say
+            proc.join(timeout=5)
+            raise RuntimeError(f"tensor-parallel worker rank {rank} (pid {proc.pid}) exited with code {proc.exitcode} "
+                               "before building its step (its error is above); a script that starts a tensor-parallel "
+                               "engine needs an `if __name__ == \"__main__\":` guard: each worker imports it") from None
+        if error is not None:
+            kind, message = error
+            raise kind(f"tensor-parallel worker rank {rank} could not build its step: {message}")
 
 
 def start_tensor_parallel(world_size: int, rank_step: RankStep, kv_dtype: torch.dtype,
@@ -209,23 +296,25 @@ def start_tensor_parallel(world_size: int, rank_step: RankStep, kv_dtype: torch.
                           ) -> tuple[TensorParallelStep, ModelConfig]:
     """Join ranks 1..N-1 as rank 0 and return rank 0's step with the ModelConfig of its KV cache (rank0: its
     (step, config) when the caller already built it). init_method None: start them here (spawned processes,
-    on a free local port); else they were started elsewhere (torchrun: worker_main on every other rank) and
-    meet at init_method. A failure after the workers start stops them before it propagates."""
-    workers = []
-    if init_method is None:
-        init_method = f"tcp://127.0.0.1:{_free_port()}"
-        ctx = mp.get_context("spawn")
-        workers = [ctx.Process(target=spawned_worker, args=(rank, world_size, init_method, rank_step, kv_dtype),
-                               daemon=True) for rank in range(1, world_size)]
-        for proc in workers:
-            proc.start()
+    meeting on a free local port once every rank has built its step); else they were started elsewhere
+    (torchrun: worker_main on every other rank) and meet at init_method. A failure after the workers start
+    stops them before it propagates."""
+    if dist.is_initialized():  # its STOP and destroy_process_group below would end the other engine
+        raise RuntimeError("this process already holds a torch.distributed group (another tensor-parallel engine?): "
+                           "one tensor-parallel engine per process; stop the other first (engine.runner.step.stop())")
+    workers, pipes = spawn_workers(world_size, rank_step, kv_dtype) if init_method is None else ([], [])
     try:
+        step, local = rank0 or rank_step.build(0, world_size, torch.device("cpu"))
+        if init_method is None:
+            await_workers(workers, pipes)
+            init_method = f"tcp://127.0.0.1:{_free_port()}"
+            for pipe in pipes:
+                pipe.send(init_method)
         join_group(0, world_size, init_method)
         logger.info("tensor parallel: %d ranks (gloo, %s), rank 0 schedules", world_size, init_method)
-        step, local = rank0 or rank_step.build(0, world_size, torch.device("cpu"))
         return TensorParallelStep(step, workers), local
     except BaseException:
-        stop_workers(workers)
+        stop_workers(workers, tell=dist.is_initialized())
         raise
 
 

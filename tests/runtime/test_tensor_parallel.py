@@ -157,30 +157,39 @@ def test_a_dead_worker_fails_the_next_step_at_once_naming_it(tiny_model_dir):
     assert not dist.is_initialized()
 
 
+def start_tp2_server(path, **popen):
+    """`graphllm serve --model PATH --eager -tp 2` on a free port, once healthy: (the process, its base URL)."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.cli.test_serve import _healthy
+    from tests.server.conftest import free_port
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "graphllm.cli", "serve", "--model", str(path), "--eager", "-tp", "2",
+                             "--port", str(port), "--log-level", "warning"], **popen)
+    base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+    while not _healthy(base):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise AssertionError("server did not come up")
+        time.sleep(0.2)
+    return proc, base
+
+
 def test_the_server_at_tp2_answers_the_openai_client_and_exits_cleanly(tiny_model_dir):
     """`graphllm serve --eager -tp 2`: a completion equals the TP = 1 engine's; SIGTERM ends the server
     and its worker with exit code 0, leaving no process behind."""
     import signal
     import subprocess
-    import sys
-    import time
 
     import openai
     import psutil
 
-    from tests.cli.test_serve import _healthy
-    from tests.server.conftest import free_port
     path, _ = tiny_model_dir("llama")
     expected = Engine.from_pretrained(path).generate([[1, 5, 9, 17]], GREEDY)[0].outputs[0].text
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "graphllm.cli", "serve", "--model", str(path), "--eager", "-tp", "2",
-                             "--port", str(port), "--log-level", "warning"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc, base = start_tp2_server(path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
-        while not _healthy(base):
-            assert proc.poll() is None and time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
         workers = psutil.Process(proc.pid).children(recursive=True)
         assert workers  # the rank-1 worker (and multiprocessing's helper)
         client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=60)
