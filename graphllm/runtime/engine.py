@@ -56,6 +56,24 @@ class Engine:
         self.step_loop = StepLoop(config, self.scheduler, self.pool, self.runner, self.state, self._post,
                                   self.spec_decoder)
         self._streams = StreamDriver(self.step_loop.step, self.scheduler.has_unfinished)
+        self._shut_down = False
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Abort every request and stop the processes the engine started (its tensor-parallel workers); later
+        requests are refused. Dropping the engine, or the end of a `with Engine...(...) as engine:` block, does
+        the same; calling it again does nothing."""
+        for request_id in list(self.requests):
+            self.abort(request_id)
+        self._shut_down = True
+        stop = getattr(self.runner.step, "stop", None)  # TensorParallelStep's; a local step holds no process
+        if stop is not None:
+            stop()
 
     @classmethod
     def from_pretrained(cls, path: str | None = None, **options) -> "Engine":
@@ -89,6 +107,8 @@ class Engine:
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Queue a prompt (text or token ids) with its n sequences; returns the request id."""
+        if self._shut_down:
+            raise RuntimeError("the engine was shut down (Engine.shutdown): load a new one")
         params = params if params is not None else SamplingParams()
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")

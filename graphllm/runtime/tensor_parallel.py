@@ -301,7 +301,7 @@ def start_tensor_parallel(world_size: int, rank_step: RankStep, kv_dtype: torch.
     stops them before it propagates."""
     if dist.is_initialized():  # its STOP and destroy_process_group below would end the other engine
         raise RuntimeError("this process already holds a torch.distributed group (another tensor-parallel engine?): "
-                           "one tensor-parallel engine per process; stop the other first (engine.runner.step.stop())")
+                           "one tensor-parallel engine per process; shut the other down first (engine.shutdown())")
     workers, pipes = spawn_workers(world_size, rank_step, kv_dtype) if init_method is None else ([], [])
     try:
         step, local = rank0 or rank_step.build(0, world_size, torch.device("cpu"))

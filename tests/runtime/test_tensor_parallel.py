@@ -88,11 +88,25 @@ def test_quantized_int4_at_tp2_generates_tp1s_tokens(tiny_model_dir, tmp_path):
     common = dict(compile=True, quantization="int4", quantization_group_size=32, cache_dir=str(tmp_path))
     one = Engine.from_pretrained(path, **common)
     want = [o.outputs[0].token_ids for o in one.generate(PROMPTS, GREEDY)]
-    two = Engine.from_pretrained(path, tensor_parallel_size=2, **common)
-    try:
+    with Engine.from_pretrained(path, tensor_parallel_size=2, **common) as two:
         assert [o.outputs[0].token_ids for o in two.generate(PROMPTS, GREEDY)] == want
-    finally:
-        two.runner.step.stop()
+        workers = two.runner.step.workers
+    assert not any(p.is_alive() for p in workers)  # the block's end shut the engine down
+
+
+def test_shutdown_stops_the_workers_aborts_the_requests_and_refuses_more(tiny_model_dir):
+    path, _ = tiny_model_dir("llama")
+    engine = Engine.from_pretrained(path, tensor_parallel_size=2)
+    workers = engine.runner.step.workers
+    engine.add_request(PROMPTS[0], GREEDY)
+    engine.shutdown()
+    assert not engine.has_unfinished_requests() and not engine.requests
+    assert not any(p.is_alive() for p in workers) and all(p.exitcode == 0 for p in workers)
+    with pytest.raises(RuntimeError, match="shut down"):
+        engine.generate(PROMPTS[:1], GREEDY)
+    engine.shutdown()  # again: nothing
+    with Engine.from_pretrained(path, tensor_parallel_size=2) as again:  # the process may start another
+        assert again.generate(PROMPTS[:1], GREEDY)[0].outputs[0].token_ids
 
 
 def test_a_tensor_parallel_artifact_runs_at_its_size(tiny_model_dir, tmp_path, capsys):
