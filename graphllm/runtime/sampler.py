@@ -21,6 +21,8 @@ import torch
 
 from graphllm.runtime.sampling_params import SamplingParams
 
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
 
 @dataclass
 class Logprob:
@@ -201,7 +203,8 @@ def token_counts(seqs: Sequence[Sequence[int]], vocab: int, device: torch.device
 
 
 def apply_min_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """-inf on min_tokens_stop_ids for rows still shorter than min_tokens, in place."""
+    """-inf on min_tokens_stop_ids for rows still shorter than min_tokens, in place; a row whose only
+    allowed tokens are those (a grammar that can only end here) keeps them: the grammar ends the output."""
     vocab = logits.shape[1]
     row_of, id_of = [], []
     for i, r in enumerate(rows):
@@ -211,7 +214,11 @@ def apply_min_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
         row_of.extend([i] * len(ids))
         id_of.extend(ids)
     if row_of:
-        logits[_index(row_of, logits.device), _index(id_of, logits.device)] = float("-inf")
+        row, col = _index(row_of, logits.device), _index(id_of, logits.device)
+        kept = logits[row, col]  # [n]
+        logits[row, col] = float("-inf")
+        emptied = (logits == float("-inf")).all(dim=-1)  # [B]; torch.where: no sync on the device path
+        logits[row, col] = torch.where(emptied[row], kept, logits[row, col])
     return logits
 
 
@@ -236,7 +243,9 @@ def sampling_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> to
     logits: [b, V] float32, penalties and min_tokens already applied (speculative decoding's verifier
     calls it per position too); returns [b, V]."""
     device = logits.device
-    sub = logits / _column([p.temperature for p in params], device)  # [b, V]
+    # +inf (a repetition penalty near 0, a small temperature) would make the softmax NaN: the largest float
+    # instead, so that the row samples among its largest logits
+    sub = (logits / _column([p.temperature for p in params], device)).clamp_(max=FLOAT32_MAX)  # [b, V]
     sub = apply_top_k_top_p(sub, _top_k(params, sub.shape[1], device), _top_p(params, device))
     sub = apply_min_p(sub, _min_p(params, device))
     return torch.softmax(sub, dim=-1)  # [b, V]

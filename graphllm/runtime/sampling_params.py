@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import math
 import numbers
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ class SamplingParams:
             value = getattr(self, name)
             _check(isinstance(value, numbers.Real) and not isinstance(value, bool), name, value, "must be a number")
             _check(math.isfinite(value), name, value, "must be a finite number")
+            # the sampler computes in float32: 1e39 would be inf there, and a top_p of 1e-46 would be 0
+            _check(math.isfinite(float32(value)), name, value, "must fit in float32 (at most 3.4e38)")
         self._verify_sampling()
         self._verify_penalties()
         self._verify_lengths()
@@ -78,7 +81,7 @@ class SamplingParams:
     def _verify_sampling(self) -> None:
         _check(self.n >= 1, "n", self.n, "must be >= 1")
         _check(self.temperature >= 0.0, "temperature", self.temperature, "must be >= 0")
-        _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "must be in (0, 1]")
+        _check(0.0 < float32(self.top_p) <= 1.0, "top_p", self.top_p, "must be in (0, 1] (in float32)")
         _check(self.top_k >= -1, "top_k", self.top_k, "must be -1, 0 (off) or >= 1")
         _check(0.0 <= self.min_p <= 1.0, "min_p", self.min_p, "must be in [0, 1]")
         if self.logprobs is not None:
@@ -86,8 +89,8 @@ class SamplingParams:
 
     def _verify_penalties(self) -> None:
         _check(
-            self.repetition_penalty > 0.0,
-            "repetition_penalty", self.repetition_penalty, "must be > 0",
+            float32(self.repetition_penalty) > 0.0,
+            "repetition_penalty", self.repetition_penalty, "must be > 0 (in float32)",
         )
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
@@ -116,6 +119,11 @@ def _normalize_stop(stop: list[str] | str | None) -> list[str]:
     if isinstance(stop, str):
         return [stop]
     return list(stop)
+
+
+def float32(value: float) -> float:
+    """value rounded to float32, as the sampler sees it (inf past its range, 0 below its smallest)."""
+    return array.array("f", [float(value)])[0]
 
 
 def _integer(value: object) -> bool:

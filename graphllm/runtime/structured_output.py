@@ -81,6 +81,19 @@ def choice_grammar(choices: list[str]) -> str:
     return "root ::= " + " | ".join(json.dumps(c) for c in choices)  # JSON string escapes are EBNF's
 
 
+def _compile(compiler, params: StructuredOutputsParams) -> Any:
+    """params' grammar compiled by xgrammar's GrammarCompiler."""
+    kind, any_whitespace = params.kind, not params.disable_any_whitespace
+    if kind == "json":
+        schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
+        return compiler.compile_json_schema(schema, any_whitespace=any_whitespace)
+    if kind == "json_object":
+        return compiler.compile_json_schema(OBJECT_SCHEMA, any_whitespace=any_whitespace)
+    if kind == "regex":
+        return compiler.compile_regex(params.regex)
+    return compiler.compile_grammar(params.grammar if kind == "grammar" else choice_grammar(params.choice))
+
+
 class StructuredOutputManager:
     """Compiles requests' grammars and constrains their logits: one per engine, built on first use (the
     tokenizer's vocabulary is read then)."""
@@ -108,20 +121,24 @@ class StructuredOutputManager:
         self._compiler = xgr.GrammarCompiler(info)
 
     def compile(self, params: StructuredOutputsParams) -> Any:
-        """The xgrammar CompiledGrammar of params; ValueError naming the field when it does not compile."""
-        compiler, kind = self._grammar_compiler(), params.kind
+        """The xgrammar CompiledGrammar of params; ValueError naming the field when it does not compile, or
+        when no token can start it (its sequences would have nothing to sample)."""
+        compiler = self._grammar_compiler()
         try:
-            if kind == "json":
-                schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
-                return compiler.compile_json_schema(schema, any_whitespace=not params.disable_any_whitespace)
-            if kind == "json_object":
-                return compiler.compile_json_schema(OBJECT_SCHEMA, any_whitespace=not params.disable_any_whitespace)
-            if kind == "regex":
-                return compiler.compile_regex(params.regex)
-            return compiler.compile_grammar(params.grammar if kind == "grammar" else choice_grammar(params.choice))
+            compiled = _compile(compiler, params)
         except (RuntimeError, ValueError, TypeError) as exc:  # xgrammar reports parse errors as RuntimeError
             reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            raise ValueError(f"structured_outputs {kind} does not compile: {reason}") from None
+            raise ValueError(f"structured_outputs {params.kind} does not compile: {reason}") from None
+        if not self._allows_a_first_token(compiled):
+            raise ValueError(f"structured_outputs {params.kind} admits no output: no token of this model's "
+                             "vocabulary (not even end-of-text) can start it")
+        return compiled
+
+    def _allows_a_first_token(self, compiled) -> bool:
+        import xgrammar as xgr
+        mask = xgr.allocate_token_bitmask(1, self.vocab_size)  # [1, V / 32] int32
+        xgr.GrammarMatcher(compiled).fill_next_token_bitmask(mask)
+        return bool(mask.any())
 
     def matcher(self, compiled) -> Any:
         import xgrammar as xgr

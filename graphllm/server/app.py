@@ -30,7 +30,7 @@ from graphllm.server.metrics import CONTENT_TYPE, ServerMetrics
 from graphllm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from graphllm.server.serving_chat import ServingChat
 from graphllm.server.serving_completions import ServingCompletions
-from graphllm.server.serving_engine import Admissions
+from graphllm.server.serving_engine import Admissions, grammar_executor
 from graphllm.version import __version__
 
 router = APIRouter()
@@ -53,9 +53,10 @@ def state(request: Request) -> AppState:
 
 def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
     app = FastAPI(title="graphllm", version=__version__, docs_url=None, redoc_url=None)
-    metrics, admissions = ServerMetrics(engine), Admissions()  # one count of admitted requests for both routes
-    app.state.graphllm = AppState(engine, config, metrics, ServingChat(engine, config, metrics, admissions),
-                                  ServingCompletions(engine, config, metrics, admissions), int(time.time()))
+    # both routes share one count of admitted requests and the threads that compile grammars
+    metrics, shared = ServerMetrics(engine), (Admissions(), grammar_executor())
+    app.state.graphllm = AppState(engine, config, metrics, ServingChat(engine, config, metrics, *shared),
+                                  ServingCompletions(engine, config, metrics, *shared), int(time.time()))
     app.include_router(router)
     install_error_handlers(app)
     if config.api_key is not None:

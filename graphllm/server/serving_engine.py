@@ -11,6 +11,7 @@ import logging
 import math
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextlib import aclosing
 from pathlib import Path
 
@@ -29,6 +30,10 @@ GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_pen
 STRUCTURED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")  # vLLM's older names
 STRUCTURED_OUTPUTS_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace")
 MIN_LOGPROB = -9999.0  # JSON has no -inf
+# grammars compiled at once, in threads of their own: a schema can take xgrammar minutes (a 40,000-value enum),
+# and in asyncio's default threads, which tokenizing and the engine's steps use, a few such requests stopped
+# every other request (s36's fuzzing)
+GRAMMAR_THREADS = 2
 
 
 def generation_defaults(model_path: Path) -> dict:
@@ -96,11 +101,16 @@ class Reservation:
         self.release(self._left)
 
 
+def grammar_executor() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(GRAMMAR_THREADS, thread_name_prefix="graphllm-grammar")
+
+
 class OpenAIServing:
     def __init__(self, engine: EngineClient, config: ServerConfig, metrics: ServerMetrics,
-                 admissions: Admissions | None = None):
+                 admissions: Admissions | None = None, grammars: Executor | None = None):
         self.engine, self.config, self.metrics = engine, config, metrics
         self.admissions = admissions if admissions is not None else Admissions()  # the app shares one
+        self.grammars = grammars if grammars is not None else grammar_executor()  # and one of these
         self.defaults = generation_defaults(engine.model_path)
 
     @property
@@ -214,7 +224,8 @@ class OpenAIServing:
         name, params = given[0]
         try:
             params = params if isinstance(params, StructuredOutputsParams) else StructuredOutputsParams(**params)
-            await asyncio.to_thread(self.engine.check_structured_outputs, params)  # compiling: off the loop
+            await asyncio.get_running_loop().run_in_executor(  # compiling: off the loop, in the grammars' threads
+                self.grammars, self.engine.check_structured_outputs, params)
         except (ValueError, TypeError) as e:
             raise bad_request(str(e), name) from e
         return params
