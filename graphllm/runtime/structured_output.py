@@ -94,6 +94,12 @@ def _compile(compiler, params: StructuredOutputsParams) -> Any:
     return compiler.compile_grammar(params.grammar if kind == "grammar" else choice_grammar(params.choice))
 
 
+# xgrammar's cache of compiled grammars, bounded as vLLM bounds it (VLLM_XGRAMMAR_CACHE_MB, 512): unbounded, distinct
+# large schemas grew the server without limit (a 40,000-value enum holds ~73 MB). Past it the least recently used
+# grammar is dropped, and a request that needs it again compiles it again.
+GRAMMAR_CACHE_BYTES = 512 * 2**20
+
+
 class StructuredOutputManager:
     """Compiles requests' grammars and constrains their logits: one per engine, built on first use (the
     tokenizer's vocabulary is read then)."""
@@ -109,7 +115,7 @@ class StructuredOutputManager:
                 raise ValueError("structured output needs the model's tokenizer, and this model has none")
             info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
                                                       stop_token_ids=self.stop_token_ids)
-            self._compiler = xgr.GrammarCompiler(info)
+            self._compiler = xgr.GrammarCompiler(info, cache_limit_bytes=GRAMMAR_CACHE_BYTES)
         return self._compiler
 
     def use_vocabulary(self, token_texts: list[str]) -> None:
@@ -118,7 +124,7 @@ class StructuredOutputManager:
         import xgrammar as xgr
         info = xgr.TokenizerInfo(token_texts, xgr.VocabType.RAW, vocab_size=self.vocab_size,
                                  stop_token_ids=self.stop_token_ids)
-        self._compiler = xgr.GrammarCompiler(info)
+        self._compiler = xgr.GrammarCompiler(info, cache_limit_bytes=GRAMMAR_CACHE_BYTES)
 
     def compile(self, params: StructuredOutputsParams) -> Any:
         """The xgrammar CompiledGrammar of params; ValueError naming the field when it does not compile, or

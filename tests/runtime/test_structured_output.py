@@ -125,3 +125,19 @@ def test_structured_outputs_fields_of_the_wrong_type_are_refused(fields):
     iterates as its characters), and {"json_object": "yes"} passed as true."""
     with pytest.raises(ValueError, match="structured_outputs"):
         SO(**fields)
+
+
+def test_the_compiled_grammars_cache_is_bounded(monkeypatch):
+    """Distinct schemas past GRAMMAR_CACHE_BYTES drop the least recently used (s36's fuzzing: unbounded, 40,000-value
+    enums grew the server ~73 MB each); a dropped grammar compiles again when asked for."""
+    from graphllm.runtime import structured_output
+    monkeypatch.setattr(structured_output, "GRAMMAR_CACHE_BYTES", 2**20)
+    engine = Engine.from_pretrained()  # the demo model: its own manager, built after the patch
+    manager = engine.structured_outputs
+    schemas = [{"enum": [f"v{i}-{j}" for j in range(400)]} for i in range(48)]  # ~2.3 MB unbounded
+    for schema in schemas:
+        manager.compile(SO(json=schema))
+    assert 0 < manager._grammar_compiler().get_cache_size_bytes() <= 2**20
+    out = engine.generate([[1, 5, 9]], SamplingParams(temperature=0, max_tokens=40,
+                                                      structured_outputs=SO(json=schemas[0])))[0].outputs[0]
+    assert json.loads(out.text) in schemas[0]["enum"]
