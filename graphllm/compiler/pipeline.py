@@ -297,7 +297,7 @@ def compile_model(model_dir: str | Path, out: str | Path, config: CompileConfig 
     model_config = loaded.config
     with timer.phase("capture"):
         graph = capture(loaded.model, model_config, dtype, device, max_num_tokens=config.max_num_batched_tokens,
-                        max_num_seqs=config.max_num_seqs)
+                        max_num_seqs=config.max_num_seqs, block_size=config.block_size)
         before = format_graph(graph.gm), graph.gm.code
     del loaded.model  # the graph owns the weights now
     dumps = GraphDumps()

@@ -88,9 +88,13 @@ def step_dynamic_shapes(config: ModelConfig, max_num_tokens: int, max_num_seqs: 
 
 
 def capture(model: nn.Module, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-            max_num_tokens: int = 8192, max_num_seqs: int = 256, max_blocks_per_seq: int = 4096) -> StepGraph:
-    """Export the model's step as a StepGraph (weights become the GraphModule's attributes)."""
-    inputs = example_step_inputs(config, dtype, device)
+            max_num_tokens: int = 8192, max_num_seqs: int = 256, max_blocks_per_seq: int = 4096,
+            block_size: int = 16) -> StepGraph:
+    """Export the model's step as a StepGraph (weights become the GraphModule's attributes).
+
+    block_size: the KV cache's tokens per block, a static size of the graph's cache inputs (Inductor's step
+    asserts it on every call)."""
+    inputs = example_step_inputs(config, dtype, device, block_size)
     dynamic = step_dynamic_shapes(config, max_num_tokens, max_num_seqs, max_blocks_per_seq)
     exported = torch.export.export(StepModule(model), inputs, dynamic_shapes=dynamic, strict=False)
     return StepGraph(exported.module(), inputs, dynamic)
