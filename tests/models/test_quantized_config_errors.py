@@ -8,7 +8,6 @@ import re
 import shutil
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from graphllm.models.loader import ModelLoadError, load_checkpoint
