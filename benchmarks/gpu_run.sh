@@ -169,6 +169,7 @@ for tag in "$@"; do
   case $stage in *-route) stage=${stage%-route} BENCH_EXTRA="$BENCH_EXTRA --fuse-moe-router" ;; esac
   case $stage in *-pn) stage=${stage%-pn} BENCH_EXTRA="$BENCH_EXTRA --persistent-norms" ;; esac
   case $stage in *-xqa) stage=${stage%-xqa} BENCH_EXTRA="$BENCH_EXTRA --xqa-decode" ;; esac
+  case $stage in *-noxqa) stage=${stage%-noxqa} BENCH_EXTRA="$BENCH_EXTRA --no-xqa-decode" ;; esac
   # qtput-S-big: vLLM's offline batch on a large GPU (its LLM class takes 1,024 sequences and 16,384 tokens a step
   # from 70 GiB up); 512 sequences here, what the H200's KV cache holds of this workload
   qlimits=$LIMITS; case $stage in qtput-*-big) stage=${stage%-big}
@@ -183,13 +184,15 @@ for tag in "$@"; do
   # holds others, drop them first (call 8 of 2026-11-29 lost fam-phi-3-mini to a full disk). A stage whose preset
   # is already there needs at most another artifact (~16 GB): it keeps them unless under 20 GB are free (every 8B
   # stage of 2026-12-01 rewrote the preset and recompiled, 34 GB being free after the first)
-  case $stage in fam*-*|pdlfam-*) preset=${stage#*-} ;; moe-*) preset=qwen3-30b-a3b ;; startup*) preset=startup ;;
+  case $stage in fam*-*|pdlfam-*) preset=${stage#*-} ;; moe-*|ab-moe-*) preset=qwen3-30b-a3b ;; startup*) preset=startup ;;
     *) preset=llama-3-8b ;; esac
   need=40; [ -d "$WORK/models/$preset" ] && need=20
   # a stage run again since the last drop finds its preset and artifact there (call 1 of 2026-12-06 dropped and rebuilt
   # them twice for A/B pairs run twice: ~80 s of 391)
   echo " $kept " | grep -qF " ${tag%.*} " && need=0
-  case $stage in fam*|latency*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*)
+  # the ab- stages write the same presets and artifacts (call 2 of s37: ab-moe-lat was killed at 1 GB free, after a
+  # call's 8B preset and three artifacts)
+  case $stage in fam*|latency*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*|ab-moe-*|ab-qtput-*|ab-throughput-*|ab-latency1-*)
     [ "$(free_gb)" -lt $need ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
       rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; kept=""; } ;;
   esac

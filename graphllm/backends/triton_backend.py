@@ -11,14 +11,18 @@ Nothing is planned on the host but that bound (`plan` reads the step's query len
 has): launch grids depend on tensor shapes only, so decode and verify steps capture into CUDA graphs as
 they are. A float8 cache is written and read with `kv_scales`.
 
-With `xqa_decode` (EngineConfig.xqa_decode, sm_90+, a float8 cache, flashinfer installed), the decode launches
+With `xqa_decode` (EngineConfig.xqa_decode: by default wherever sm_90+, a float8 cache, 128-wide heads and an
+installed flashinfer whose XQA builds allow it; probe_xqa), the decode launches
 where the split kernel would round q to float8 (paged_decode_attention.rounds_q_to_fp8: 128-wide heads, from
 FP8_HALVES_PROGRAMS (sequence, KV head) programs) instead run rope_store_kv and then TensorRT-LLM's XQA decode
 kernel as FlashInfer builds it (flashinfer.xqa), its Hopper kernel (TMA loads, float8 MMAs, q rounded to float8 as
 well): it reads the padded block table and the lengths on the device, so it captures as the split kernel does.
 Measured (s36, H100, benchmarks/RESULTS.md): 11-23% faster than the split kernel over float8 caches at 128-512
-sequences; slower over bf16 caches; and at fewer programs it would round q where the split kernel keeps bf16, which
-cost 3.8 points of teacher-forced agreement. Layers with a logit soft cap or a sliding window keep the split kernel."""
+sequences (+3.75% fp8 throughput at 256 sequences, +8.6% at 512: s36-s37); slower over bf16 caches; and at fewer
+programs it would round q where the split kernel keeps bf16, which cost 3.8 points of teacher-forced agreement. Where
+both round q it still costs ~2.4 points (s37): its Hopper kernel also rounds P to float8 for the P.V MMA
+(mha_sm90.cu, CACHE_ELEM_ENUM 2), as FlashAttention-3's float8 path that vLLM runs over a float8 cache does.
+Layers with a logit soft cap or a sliding window keep the split kernel."""
 
 import math
 
@@ -56,8 +60,8 @@ class TritonBackend(AttentionBackend):
     # (kernels/rope_decode.py), one launch a layer fewer than rope_store_kv then the split kernel; on:
     # EngineConfig.fuse_rope_decode (on by default; --no-fuse-rope-decode: rope_store_kv, then the split kernel)
     fuse_rope_decode: bool = True
-    # float8 caches' large decode launches through TensorRT-LLM's XQA kernel (flashinfer.xqa; EngineConfig.xqa_decode,
-    # off by default)
+    # float8 caches' large decode launches through TensorRT-LLM's XQA kernel (flashinfer.xqa; EngineConfig.xqa_decode:
+    # on where it can run and builds, probe_xqa)
     xqa_decode: bool = False
     # (block table, lengths) as XQA reads them (int32 [B, M], uint32 [B, 1]), converted by the first layer of the
     # step planned last; plan() drops them. Under capture the conversion is captured once, in the first layer
@@ -137,6 +141,25 @@ class TritonBackend(AttentionBackend):
             kv_cache.shape[2], q_scale=scale * math.sqrt(dim) * (s.k / s.v if s else 1.0),
             kv_scale=s.v if s else 1.0, enable_pdl=False)
         return out
+
+    def probe_xqa(self, heads: int, kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
+                  device: torch.device) -> str | None:
+        """Run flashinfer.xqa once over a one-page float8 cache with this model's heads, block size and dtype: its
+        first call builds the kernel (FlashInfer JIT-compiles it with nvcc, or takes it from its cache). None when it
+        ran, else why not (EngineConfig.xqa_decode's default then keeps the split kernel, saying why)."""
+        try:
+            q = torch.zeros(1, heads, head_dim, dtype=dtype, device=device)
+            cache = torch.zeros(2, 2, block_size, kv_heads, head_dim, dtype=torch.float8_e4m3fn, device=device)
+            tables = torch.zeros(1, 1, dtype=torch.int32, device=device)
+            lens = torch.ones(1, dtype=torch.int32, device=device)
+            self._xqa(q, cache, tables, lens, head_dim ** -0.5)
+            torch.cuda.synchronize(device)
+        except Exception as e:  # noqa: BLE001 - any failure to build or run means: not here
+            lines = str(e).strip().splitlines()
+            return f"{type(e).__name__}: {lines[-1] if lines else ''}"
+        finally:
+            self._xqa_inputs = None
+        return None
 
     def _xqa_buffers(self, device) -> tuple[torch.Tensor, torch.Tensor]:
         """XQA's scratch (256 MiB, as FlashInfer's tests give it) and its semaphores (zeroed; the kernel returns

@@ -100,11 +100,13 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                         help="triton attention: at decode the attention kernel rotates q and k and writes the new "
                              "token's KV itself, one kernel a layer fewer (the default; --no-fuse-rope-decode: "
                              "rope_store_kv, then attention)")
-    parser.add_argument("--xqa-decode", action=argparse.BooleanOptionalAction, default=False,
+    parser.add_argument("--xqa-decode", action=argparse.BooleanOptionalAction, default=None,
                         help="triton attention, sm_90+, --kv-cache-dtype fp8: the decode launches where graphllm's "
                              "split kernel would round q to float8 (128-wide heads, 256+ sequence x KV-head "
                              "programs) run rope_store_kv, then TensorRT-LLM's XQA decode kernel as FlashInfer "
-                             "builds it (flashinfer.xqa) (layers with a soft cap or a sliding window keep it)")
+                             "builds it (flashinfer.xqa), which rounds P to float8 as well (layers with a soft cap or "
+                             "a sliding window keep the split kernel). Default: wherever it can run and builds; "
+                             "--xqa-decode: required; --no-xqa-decode: never")
     parser.add_argument("--cudagraph-mode", default=DEFAULT_CUDAGRAPH_MODE, choices=CUDAGRAPH_MODES,
                         help="GPU: which steps replay CUDA graphs: FULL (the default): steps with prompt tokens "
                              "too, up to --max-cudagraph-capture-size tokens (triton attention; other backends "

@@ -150,6 +150,26 @@ def kv_cache_budget(config: EngineConfig, device: torch.device) -> int:
     return int(free - (1 - GPU_MEMORY_UTILIZATION) * total)
 
 
+def resolve_xqa_decode(wanted: bool | None, backend, shape: AttentionShape, device: torch.device,
+                       kv_dtype: torch.dtype, dtype: torch.dtype, block_size: int) -> bool:
+    """Whether the triton backend's float8 decode goes through flashinfer.xqa (EngineConfig.xqa_decode): never with
+    False; with True wherever it can run and builds, else a ValueError saying why; with None (the default) the
+    same, except that where it cannot run it is off, and where it cannot build (no nvcc, a FlashInfer without the
+    kernel) off with a warning."""
+    why = xqa_supports(backend.name, shape, device, kv_dtype)
+    if wanted and why is not None:
+        raise ValueError(f"xqa_decode is unavailable: {why}")
+    if why is not None or wanted is False:
+        return False
+    why = backend.probe_xqa(shape.num_heads, shape.num_kv_heads, shape.head_dim, block_size, dtype, device)
+    if why is not None and wanted:
+        raise ValueError(f"xqa_decode is unavailable: flashinfer.xqa did not build or run here: {why}")
+    if why is not None:
+        logger.warning("float8 KV cache decode: flashinfer.xqa did not build or run here (%s); graphllm's split "
+                       "kernel takes every decode launch (--no-xqa-decode says so and skips the attempt)", why)
+    return why is None
+
+
 def build_runtime(config: EngineConfig) -> Runtime:
     """Eager from a model folder, or compiled from an artifact (config.artifact or config.compile)."""
     if config.artifact is not None:
@@ -349,9 +369,8 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     backend = select_backend(config.attention_backend, shape, dtype, device, limits.block_size, kv_dtype, widest)
     if backend.name == "triton":  # its decode kernel can take rope_store_kv's work (TritonBackend.fuse_rope_decode)
         backend.fuse_rope_decode = config.fuse_rope_decode
-        backend.xqa_decode = config.xqa_decode
-    if config.xqa_decode and (why := xqa_supports(backend.name, shape, device, kv_dtype)) is not None:
-        raise ValueError(f"xqa_decode is unavailable: {why}")
+    if resolve_xqa_decode(config.xqa_decode, backend, shape, device, kv_dtype, dtype, limits.block_size):
+        backend.xqa_decode = True
     if layer_kv_scales is not None:
         backend.bind_layer_scales(kv_caches, layer_kv_scales)
     logger.info("attention backend: %s", backend.name)

@@ -291,7 +291,8 @@ def test_fp8_cache_with_q_rounded_for_q_k_agrees_as_the_converted_keys_do(bf16_m
     for rounds in (False, True):
         tilings.clear()
         monkeypatch.setattr(decode, "FP8_HALVES_PROGRAMS", 1 if rounds else 1 << 20)
-        engine = Engine.load(art, attention_backend="triton", async_scheduling=False, kv_cache_dtype="fp8")
+        engine = Engine.load(art, attention_backend="triton", async_scheduling=False, kv_cache_dtype="fp8",
+                             xqa_decode=False)  # the split kernel's rounding, not XQA's (on by default there)
         values[rounds] = agreement(reference, teacher_forced_top1(engine, histories))
         rounded[rounds] = sum(t.fp8_qk for t in tilings)
         del engine
@@ -305,12 +306,14 @@ def test_fp8_cache_with_q_rounded_for_q_k_agrees_as_the_converted_keys_do(bf16_m
     torch.cuda.is_available() and torch.cuda.get_device_capability() < (9, 0)), reason="flashinfer.xqa on sm_90+")
 def test_xqa_decode_in_the_graphs_agrees_as_the_split_kernel_does(bf16_model, histories_and_reference,
                                                                   fuse_rope_attention, monkeypatch):
-    """--xqa-decode over a float8 cache: the compiled engine's decode graphs run rope_store_kv and flashinfer.xqa
-    where the split kernel would round q to float8. This test's 8 sequences x 2 KV heads are below the split
-    kernel's FP8_HALVES_PROGRAMS, so it lowers that to 1 for both engines: each then rounds q at every batch, and
-    XQA's rows agree with the eager engine within two points of the split kernel's. (s36, H100, XQA at every batch
-    against the split kernel keeping q in bf16: 0.794 against 0.832; over a bf16 cache 0.974 against 0.980, where
-    XQA measured slower and the switch is now refused.)"""
+    """xqa_decode over a float8 cache (the default where it runs): the compiled engine's decode graphs run
+    rope_store_kv and flashinfer.xqa where the split kernel would round q to float8. This test's 8 sequences x 2 KV
+    heads are below the split kernel's FP8_HALVES_PROGRAMS, so it lowers that to 1 for both engines: each then
+    rounds q at every batch, and XQA's rows agree with the eager engine within four points of the split kernel's.
+    Four, not the two of s36's guess: XQA's Hopper kernel also rounds P to float8 for its P.V MMA (mha_sm90.cu),
+    where the split kernel keeps it in bf16; s37 on an H100 measured 0.794 against the split kernel's 0.818. (s36,
+    XQA at every batch against the split kernel keeping q in bf16: 0.794 against 0.832; over a bf16 cache 0.974
+    against 0.980, where XQA measured slower and the switch is now refused.)"""
     histories, reference = histories_and_reference
     art = compile_cached(bf16_config(bf16_model, fuse_rope_attention), bf16_model)
     with pytest.raises(ValueError, match="xqa_decode is unavailable: .*--kv-cache-dtype fp8"):
@@ -320,14 +323,15 @@ def test_xqa_decode_in_the_graphs_agrees_as_the_split_kernel_does(bf16_model, hi
     calls, real = [], xqa_module.xqa
     monkeypatch.setattr(xqa_module, "xqa", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     values = {}
-    for xqa in (False, True):
+    for xqa in (False, None):
         calls.clear()
         engine = Engine.load(art, attention_backend="triton", async_scheduling=False, kv_cache_dtype="fp8",
                              xqa_decode=xqa)
-        assert bool(calls) == xqa  # the graphs' capture (and warm-up) called XQA only with the switch
+        assert bool(calls) == (xqa is None)  # the graphs' capture (and the probe) called XQA by default only
+        xqa = xqa is None
         values[xqa] = agreement(reference, teacher_forced_top1(engine, histories))
         assert engine.runner.graphs.replays >= FORCED_LEN - 1
         del engine
     print(f"fp8 cache, q rounded at every batch, teacher-forced top-1 agreement with the eager engine: split kernel "
           f"{values[False]:.4f}, xqa {values[True]:.4f}")
-    assert values[True] >= values[False] - 0.02
+    assert values[True] >= values[False] - 0.04

@@ -40,6 +40,29 @@ def test_the_engine_refuses_xqa_decode_where_it_cannot_run(tiny_model_dir):
         Engine.from_pretrained(path, compile=False, device="cpu", xqa_decode=True)
 
 
+def test_xqa_decode_is_on_by_default_only_where_it_runs_and_builds(monkeypatch, caplog):
+    """EngineConfig.xqa_decode: None (the default) takes XQA wherever xqa_supports allows it and the kernel builds
+    (TritonBackend.probe_xqa); a failed build keeps the split kernel with a warning naming why, where True refuses
+    by name; False never tries."""
+    from graphllm.runtime import setup
+
+    shape, device = AttentionShape(32, 8, 128), torch.device("cpu")
+    assert not setup.resolve_xqa_decode(None, TritonBackend(), shape, device, FP8, torch.bfloat16, 16)  # cannot run
+    monkeypatch.setattr(setup, "xqa_supports", lambda *a: None)  # as on an H100 or H200 with flashinfer
+    if not XQA_GPU:  # here the real probe fails as a machine without flashinfer's XQA would
+        with caplog.at_level("WARNING"):
+            assert not setup.resolve_xqa_decode(None, TritonBackend(), shape, device, FP8, torch.bfloat16, 16)
+        assert "flashinfer.xqa did not build or run here" in caplog.text
+        with pytest.raises(ValueError, match="xqa_decode is unavailable: flashinfer.xqa did not build or run here"):
+            setup.resolve_xqa_decode(True, TritonBackend(), shape, device, FP8, torch.bfloat16, 16)
+    probed = []
+    monkeypatch.setattr(TritonBackend, "probe_xqa", lambda self, *a: probed.append(a) and None)
+    assert setup.resolve_xqa_decode(None, TritonBackend(), shape, device, FP8, torch.bfloat16, 16)
+    assert probed == [(32, 8, 128, 16, torch.bfloat16, device)]
+    assert not setup.resolve_xqa_decode(False, TritonBackend(), shape, device, FP8, torch.bfloat16, 16)
+    assert len(probed) == 1  # --no-xqa-decode does not try
+
+
 def test_the_split_kernel_rounds_q_from_enough_programs_only():
     """The rule --xqa-decode follows (TritonBackend._runs_xqa): decode_tiling's fp8_qk, which needs 128-wide heads
     and FP8_HALVES_PROGRAMS (sequence, KV head) programs; never off sm_90."""
