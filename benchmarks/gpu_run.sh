@@ -192,7 +192,7 @@ for tag in "$@"; do
   echo " $kept " | grep -qF " ${tag%.*} " && need=0
   # the ab- stages write the same presets and artifacts (call 2 of s37: ab-moe-lat was killed at 1 GB free, after a
   # call's 8B preset and three artifacts)
-  case $stage in fam*|latency*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*|ab-moe-*|ab-qtput-*|ab-throughput-*|ab-latency1-*)
+  case $stage in fam*|latency*|mixed*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*|ab-moe-*|ab-qtput-*|ab-throughput-*|ab-latency1-*)
     [ "$(free_gb)" -lt $need ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
       rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; kept=""; } ;;
   esac
@@ -220,6 +220,13 @@ for tag in "$@"; do
         | grep -v "^\.*$" | grep -v DEBUG | tail -40 ;;
     waits) timeout 300 python3 benchmarks/host_waits.py $WORK/models/llama-3-8b "$OUT/r/waits.json" ;;
     mixed) timeout 200 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/mixed.json" ;;
+    # a throughput run's prefill / mixed step (~200 decodes + ~900 prompt tokens), bf16 or fp8 W8A8 + fp8 KV
+    mixed-none|mixed-fp8) python3 -c "from pathlib import Path; from graphllm.bench.presets import write_preset
+d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)" ;;&
+    mixed-none) timeout 240 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/$tag.json" \
+        --decoding 200 --context 800 --new 900 ;;
+    mixed-fp8) timeout 240 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/$tag.json" \
+        --decoding 200 --context 800 --new 900 --quantization fp8 --kv-cache-dtype fp8 ;;
     steps8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --num-decode-steps 8 \
         --attention-backend "${stage#steps8-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     nofused8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --no-linear-prologue \

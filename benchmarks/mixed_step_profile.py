@@ -1,6 +1,7 @@
 """Where a mixed step's time goes (GPU runs): decodes plus one admitted prompt, as in offline throughput.
 
     python benchmarks/mixed_step_profile.py MODEL_DIR OUT.json [--decoding 255] [--context 800] [--new 400]
+        [--quantization fp8] [--kv-cache-dtype fp8]
 
 Fills the engine with `--decoding` sequences past their prompts of `--context` tokens, then
 times, several times each: a pure decode step (CUDA graph), a mixed step (those decodes plus a
@@ -69,8 +70,11 @@ def main() -> None:
     p.add_argument("--new", type=int, default=400)
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--max-model-len", type=int, default=LIMITS["max_model_len"])
+    p.add_argument("--quantization", default=None)
+    p.add_argument("--kv-cache-dtype", default="auto")
     args = p.parse_args()
-    engine = Engine.from_pretrained(args.model, compile=torch.cuda.is_available(),
+    engine = Engine.from_pretrained(args.model, compile=torch.cuda.is_available(), quantization=args.quantization,
+                                    kv_cache_dtype=args.kv_cache_dtype,
                                     **(LIMITS | {"max_model_len": args.max_model_len}))
     vocab, rng = engine.state.model_config.vocab_size, random.Random(0)
     long = SamplingParams(max_tokens=1000, ignore_eos=True)
@@ -112,7 +116,7 @@ def main() -> None:
         r = report[name]
         print(f"{name}: wall {r['wall_ms']:.2f} ms, GPU kernels {r['gpu_kernel_ms']:.2f} ms in {r['kernels']} kernels, "
               f"{r['launch_calls']} launch calls taking {r['launch_cpu_ms']:.2f} ms of CPU")
-        for t in r["top"][:6]:
+        for t in r["top"][:12]:
             print(f"    {t['ms']:8.3f} ms {t['calls']:4d}x {t['name']}")
 
 
