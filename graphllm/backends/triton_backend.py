@@ -115,9 +115,11 @@ class TritonBackend(AttentionBackend):
         return mla_prefill_attention(q, cache, block_tables, seq_lens, query_start_loc, scale, kv_lora_rank)
 
     def _runs_xqa(self, q, kv_cache, logit_softcap: float, sliding_window: int) -> bool:
-        """Whether this decode launch (q [B, H, D]) goes to XQA: where the split kernel would round q to float8."""
+        """Whether this decode launch (q [B, H, D]) goes to XQA: where the split kernel would round q to float8, and
+        within XQA's semaphores (XQA_MAX_SEQ_HEADS: past them the split kernel takes the launch)."""
+        programs = q.shape[0] * kv_cache.shape[3]
         return (self.xqa_decode and logit_softcap <= 0 and sliding_window <= 0 and is_fp8(kv_cache.dtype)
-                and rounds_q_to_fp8(q.shape[-1], q.shape[0] * kv_cache.shape[3], q.device))
+                and programs <= XQA_MAX_SEQ_HEADS and rounds_q_to_fp8(q.shape[-1], programs, q.device))
 
     def _xqa(self, q, kv_cache, block_tables, seq_lens, scale):
         """Decode by flashinfer.xqa. Its softmax scale is q_scale * kv_scale / sqrt(D) and it scales P.V by

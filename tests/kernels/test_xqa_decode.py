@@ -63,6 +63,21 @@ def test_xqa_decode_is_on_by_default_only_where_it_runs_and_builds(monkeypatch, 
     assert len(probed) == 1  # --no-xqa-decode does not try
 
 
+def test_xqa_takes_no_launch_past_its_semaphores(monkeypatch):
+    """On by default, XQA must not fail a step that is larger than its semaphores cover (XQA_MAX_SEQ_HEADS sequence x
+    KV-head pairs): the split kernel takes that launch."""
+    import graphllm.backends.triton_backend as triton_backend
+
+    monkeypatch.setattr(triton_backend, "rounds_q_to_fp8", lambda dim, programs, device: True)  # as on sm_90
+    backend = TritonBackend()
+    backend.xqa_decode = True
+    cache = torch.empty(2, 1, 16, 8, 128, dtype=FP8)  # [K/V, blocks, block size, 8 KV heads, D]
+    fits = triton_backend.XQA_MAX_SEQ_HEADS // 8
+    assert backend._runs_xqa(torch.empty(1, 32, 128).expand(fits, 32, 128), cache, 0.0, 0)
+    assert not backend._runs_xqa(torch.empty(1, 32, 128).expand(fits + 1, 32, 128), cache, 0.0, 0)
+    assert not backend._runs_xqa(torch.empty(1, 32, 128).expand(fits, 32, 128), cache, 30.0, 0)  # a soft cap
+
+
 def test_the_split_kernel_rounds_q_from_enough_programs_only():
     """The rule --xqa-decode follows (TritonBackend._runs_xqa): decode_tiling's fp8_qk, which needs 128-wide heads
     and FP8_HALVES_PROGRAMS (sequence, KV head) programs; never off sm_90."""
