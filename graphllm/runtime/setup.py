@@ -150,6 +150,9 @@ def kv_cache_budget(config: EngineConfig, device: torch.device) -> int:
     return int(free - (1 - GPU_MEMORY_UTILIZATION) * total)
 
 
+XQA_PAGE_SIZES = (16, 32, 64, 128)  # flashinfer.xqa's page_size choices
+
+
 def resolve_xqa_decode(wanted: bool | None, backend, shape: AttentionShape, device: torch.device,
                        kv_dtype: torch.dtype, dtype: torch.dtype, block_size: int) -> bool:
     """Whether the triton backend's float8 decode goes through flashinfer.xqa (EngineConfig.xqa_decode): never with
@@ -157,6 +160,8 @@ def resolve_xqa_decode(wanted: bool | None, backend, shape: AttentionShape, devi
     same, except that where it cannot run it is off, and where it cannot build (no nvcc, a FlashInfer without the
     kernel) off with a warning."""
     why = xqa_supports(backend.name, shape, device, kv_dtype)
+    if why is None and block_size not in XQA_PAGE_SIZES:
+        why = f"its pages are {', '.join(map(str, XQA_PAGE_SIZES))} tokens, not --block-size {block_size}"
     if wanted and why is not None:
         raise ValueError(f"xqa_decode is unavailable: {why}")
     if why is not None or wanted is False:

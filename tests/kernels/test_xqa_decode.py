@@ -61,6 +61,11 @@ def test_xqa_decode_is_on_by_default_only_where_it_runs_and_builds(monkeypatch, 
     assert probed == [(32, 8, 128, 16, torch.bfloat16, device)]
     assert not setup.resolve_xqa_decode(False, TritonBackend(), shape, device, FP8, torch.bfloat16, 16)
     assert len(probed) == 1  # --no-xqa-decode does not try
+    assert not setup.resolve_xqa_decode(None, TritonBackend(), shape, device, FP8, torch.bfloat16, 8)
+    with pytest.raises(ValueError, match="xqa_decode is unavailable: its pages are 16, 32, 64, 128 tokens, not "
+                                         "--block-size 8"):
+        setup.resolve_xqa_decode(True, TritonBackend(), shape, device, FP8, torch.bfloat16, 8)
+    assert len(probed) == 1  # nor does a block size XQA has no kernel for
 
 
 def test_xqa_takes_no_launch_past_its_semaphores(monkeypatch):
