@@ -17,8 +17,8 @@ further steps (a STOP, or the next step, would wait out TIMEOUT).
 Spawned workers build their step first, tell rank 0 how it went over a pipe, and join at the address
 it sends back: rank 0 raises a worker's build error as its own, and names at once a worker that died
 before joining (a script without an `if __name__ == "__main__":` guard), not after the rendezvous's
-TIMEOUT. They ignore SIGINT: a terminal's Ctrl-C reaches the whole process group, and rank 0 decides
-(the server drains first).
+TIMEOUT. They run in a process group of their own and ignore SIGINT: a terminal's Ctrl-C, or a SIGTERM to the
+whole group, reaches rank 0 alone, which decides (the server drains first).
 
 Under torchrun (EngineConfig.distributed_init_method, from the CLI) the other ranks are torchrun's processes,
 on this node or others: each runs worker_main itself and they meet rank 0 at torchrun's address.
@@ -247,7 +247,11 @@ def spawned_worker(pipe, rank: int, world_size: int, rank_step: RankStep, kv_dty
     still joinable (the gloo group's, the compiled step's) can abort it: "terminate called without an active
     exception", exit code -6, once in a full CPU test run. An exception still ends it the usual way, with its
     traceback and a non-zero code."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle: it stops the workers
+    # a signal to the whole process group (a terminal's Ctrl-C, `kill -TERM -PGID`) is rank 0's to handle: it drains,
+    # then stops the workers. So a worker leaves the group (rank 0's own signals to it, and its death, still end it)
+    if hasattr(os, "setpgid"):
+        os.setpgid(0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         built = rank_step.build(rank, world_size, torch.device("cpu"))
     except ValueError as e:  # a bad model folder or artifact: rank 0 raises it, as it would its own

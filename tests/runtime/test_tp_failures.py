@@ -143,9 +143,11 @@ def test_a_script_without_a_main_guard_is_named_at_once(tiny_model_dir, tmp_path
     assert 'worker rank 1' in out.stderr and 'needs an `if __name__ == "__main__":` guard' in out.stderr
 
 
-def test_ctrl_c_of_a_tp2_server_drains_its_streams_and_leaves_no_process(tiny_model_dir):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_signal_to_a_tp2_servers_group_drains_its_streams_and_leaves_no_process(signum, tiny_model_dir):
     """The bug: a terminal's Ctrl-C reaches the whole process group; the worker died of it at once, so the stream
-    in flight ended in a 500 and the server exited 1, instead of draining (exit 0)."""
+    in flight ended in a 500 and the server exited 1, instead of draining (exit 0). The same for a SIGTERM to the
+    group (`kill -TERM -PGID`, a supervisor stopping the group): the worker died of it before rank 0 drained."""
     import openai
     import psutil
 
@@ -159,7 +161,7 @@ def test_ctrl_c_of_a_tp2_server_drains_its_streams_and_leaves_no_process(tiny_mo
         chunks = client.completions.create(model=client.models.list().data[0].id, prompt=[1, 5, 9], max_tokens=100,
                                            temperature=0, stream=True, extra_body={"ignore_eos": True})
         first = next(iter(chunks))
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, signum)
         assert [first, *chunks][-1].choices[0].finish_reason == "length"  # the stream ran to its max_tokens
         assert proc.wait(timeout=60) == 0
         _, alive = psutil.wait_procs(workers, timeout=15)
