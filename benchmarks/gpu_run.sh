@@ -57,7 +57,9 @@
 #              qtput-fp8kv-big-pn
 #   STAGE-xqa  any bench stage with --xqa-decode (decode attention by TensorRT-LLM's XQA kernel, flashinfer.xqa; a
 #              run-time switch, so the stage's artifact is the one without it), e.g. qtput-fp8kv-big-xqa;
-#              xqa-tests  its GPU tests
+#              xqa-tests  its GPU tests (XQA is on by default over float8 caches since s37: STAGE-noxqa is the A/B)
+#   STAGE-xm   any bench stage (and mixed-fp8) with TritonBackend.xqa_mixed on: a mixed step's decodes through XQA
+#              too (s37, off by default), e.g. qtput-fp8kv-xm, mixed-fp8-xm
 #   STAGE-epi  any bench stage with --linear-epilogue (gate_up's rows interleaved, SwiGLU in its epilogue: the A/B
 #              against the stage without it), e.g. latency1-triton-epi;  epi-tests  its kernel, op and engine tests
 #   qtput-S-big  qtput-S with 512 sequences and 16,384 tokens a step (its own artifact; vLLM's offline defaults
@@ -154,14 +156,22 @@ LIMITS="--max-num-seqs 256 --max-model-len 2064 --max-num-batched-tokens 8192"  
 PCLIMITS="--max-num-seqs 256 --max-model-len 2320 --max-num-batched-tokens 8192"  # the pc-* stages' one artifact
 BENCH_EXTRA=""  # a -nopdl stage's --no-enable-pdl
 BENCH_TIMEOUT=0  # a -sumsq stage's limit: past it SIGABRT, and faulthandler prints every thread's stack
-bench() { PYTHONFAULTHANDLER=1 timeout -s ABRT $BENCH_TIMEOUT python3 -m graphllm.cli bench "$@" $BENCH_EXTRA; }
+XM=""  # a -xm stage: TritonBackend.xqa_mixed on (a mixed step's decodes through XQA; s37, off by default)
+bench() {
+  if [ -n "$XM" ]; then PYTHONFAULTHANDLER=1 timeout -s ABRT $BENCH_TIMEOUT python3 -c "import sys
+from graphllm.backends.triton_backend import TritonBackend
+TritonBackend.xqa_mixed = True
+from graphllm.cli.main import main; sys.exit(main(sys.argv[1:]))" bench "$@" $BENCH_EXTRA
+  else PYTHONFAULTHANDLER=1 timeout -s ABRT $BENCH_TIMEOUT python3 -m graphllm.cli bench "$@" $BENCH_EXTRA; fi
+}
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/r/nvidia-smi.txt"
 date -u +%FT%TZ | tee "$OUT/r/run.txt"  # the device copy's .git is not the working tree: record the commit where you launch
 free_gb() { df -BG --output=avail /tmp | tail -1 | tr -dc 0-9; }
 runs="" kept=""  # kept: the tags run since the presets and artifacts were last dropped
 for tag in "$@"; do
   start=$(date +%s)
-  stage=$tag BENCH_EXTRA="" BENCH_TIMEOUT=0  # tag names the outputs; stage picks the commands below
+  stage=$tag BENCH_EXTRA="" BENCH_TIMEOUT=0 XM=""  # tag names the outputs; stage picks the commands below
+  case $stage in *-xm) stage=${stage%-xm} XM=1 ;; esac
   case $tag in *-nopdl) stage=${tag%-nopdl} BENCH_EXTRA="--no-enable-pdl" ;; esac
   case $stage in *-noepi) stage=${stage%-noepi} BENCH_EXTRA="$BENCH_EXTRA --no-linear-epilogue" ;; esac
   case $stage in *-epi) stage=${stage%-epi} BENCH_EXTRA="$BENCH_EXTRA --linear-epilogue" ;; esac
@@ -226,7 +236,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     mixed-none) timeout 240 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/$tag.json" \
         --decoding 200 --context 800 --new 900 ;;
     mixed-fp8) timeout 240 python3 benchmarks/mixed_step_profile.py $WORK/models/llama-3-8b "$OUT/r/$tag.json" \
-        --decoding 200 --context 800 --new 900 --quantization fp8 --kv-cache-dtype fp8 ;;
+        --decoding 200 --context 800 --new 900 --quantization fp8 --kv-cache-dtype fp8 ${XM:+--xqa-mixed} ;;
     steps8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --output-len 256 --num-decode-steps 8 \
         --attention-backend "${stage#steps8-}" $LIMITS --work $WORK --json "$OUT/r/$tag.json" ;;
     nofused8-*) bench latency --preset llama-3-8b --batch-sizes 1,8 --input-len 128 --no-linear-prologue \

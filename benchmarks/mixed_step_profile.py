@@ -1,7 +1,7 @@
 """Where a mixed step's time goes (GPU runs): decodes plus one admitted prompt, as in offline throughput.
 
     python benchmarks/mixed_step_profile.py MODEL_DIR OUT.json [--decoding 255] [--context 800] [--new 400]
-        [--quantization fp8] [--kv-cache-dtype fp8]
+        [--quantization fp8] [--kv-cache-dtype fp8] [--xqa-mixed]
 
 Fills the engine with `--decoding` sequences past their prompts of `--context` tokens, then
 times, several times each: a pure decode step (CUDA graph), a mixed step (those decodes plus a
@@ -72,7 +72,11 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=LIMITS["max_model_len"])
     p.add_argument("--quantization", default=None)
     p.add_argument("--kv-cache-dtype", default="auto")
+    p.add_argument("--xqa-mixed", action="store_true", help="TritonBackend.xqa_mixed: a mixed step's decodes via XQA")
     args = p.parse_args()
+    if args.xqa_mixed:
+        from graphllm.backends.triton_backend import TritonBackend
+        TritonBackend.xqa_mixed = True
     engine = Engine.from_pretrained(args.model, compile=torch.cuda.is_available(), quantization=args.quantization,
                                     kv_cache_dtype=args.kv_cache_dtype,
                                     **(LIMITS | {"max_model_len": args.max_model_len}))

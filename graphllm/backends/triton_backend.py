@@ -34,7 +34,7 @@ from graphllm.kernels.mla_prefill import mla_prefill_attention
 from graphllm.kernels.mla_reference import write_latent_cache
 from graphllm.kernels.kv_quant import is_fp8
 from graphllm.kernels.paged_decode_attention import paged_decode_attention, rounds_q_to_fp8
-from graphllm.kernels.paged_prefill_attention import paged_prefill_attention
+from graphllm.kernels.paged_prefill_attention import DECODE_KERNEL_MIN_SEQS, paged_prefill_attention
 from graphllm.kernels.paged_verify_attention import MAX_TOKENS, paged_verify_attention
 from graphllm.kernels.rope_decode import NewTokens
 from graphllm.kernels.rope_store_kv import rope_store_kv
@@ -63,6 +63,13 @@ class TritonBackend(AttentionBackend):
     # float8 caches' large decode launches through TensorRT-LLM's XQA kernel (flashinfer.xqa; EngineConfig.xqa_decode:
     # on where it can run and builds, probe_xqa)
     xqa_decode: bool = False
+    # with xqa_decode, a mixed step's one-token rows too, where the split kernel would take them in its own launch
+    # (from xqa_mixed_min_seqs sequences) with q rounded to float8: XQA over the step's sequences (one q row each;
+    # the other rows' outputs are dropped), then the prefill kernel for the rest. Off: built in s37 after an H100
+    # profile of a throughput mixed step (200 decodes + 900 prompt tokens: the split kernel's launch 5.07 ms a step
+    # where XQA takes the same decodes in 3.90 ms), not yet run on a GPU (tests/gpu, kernel_sweep's A/B)
+    xqa_mixed: bool = False
+    xqa_mixed_min_seqs: int = DECODE_KERNEL_MIN_SEQS
     # (block table, lengths) as XQA reads them (int32 [B, M], uint32 [B, 1]), converted by the first layer of the
     # step planned last; plan() drops them. Under capture the conversion is captured once, in the first layer
     _xqa_inputs: tuple | None = None
@@ -117,9 +124,30 @@ class TritonBackend(AttentionBackend):
     def _runs_xqa(self, q, kv_cache, logit_softcap: float, sliding_window: int) -> bool:
         """Whether this decode launch (q [B, H, D]) goes to XQA: where the split kernel would round q to float8, and
         within XQA's semaphores (XQA_MAX_SEQ_HEADS: past them the split kernel takes the launch)."""
-        programs = q.shape[0] * kv_cache.shape[3]
+        return self._xqa_takes(q.shape[0], q, kv_cache, logit_softcap, sliding_window)
+
+    def _xqa_takes(self, seqs: int, q, kv_cache, logit_softcap: float, sliding_window: int) -> bool:
+        programs = seqs * kv_cache.shape[3]
         return (self.xqa_decode and logit_softcap <= 0 and sliding_window <= 0 and is_fp8(kv_cache.dtype)
                 and programs <= XQA_MAX_SEQ_HEADS and rounds_q_to_fp8(q.shape[-1], programs, q.device))
+
+    def _runs_xqa_mixed(self, q, kv_cache, seq_lens, logit_softcap: float, sliding_window: int) -> bool:
+        """Whether a mixed step's (T > B) one-token rows go to XQA (xqa_mixed)."""
+        seqs = seq_lens.shape[0]
+        return (self.xqa_mixed and seqs >= self.xqa_mixed_min_seqs
+                and self._xqa_takes(seqs, q, kv_cache, logit_softcap, sliding_window))
+
+    def _xqa_mixed(self, q, kv_cache, block_tables, seq_lens, query_start_loc, scale) -> torch.Tensor:
+        """XQA over every sequence of a mixed step, each with the q row of its first new token (a padding sequence,
+        with none, the last row; at least one key), into [T + 1, H, D]: a one-token sequence's output lands on its
+        row, every other one on the spare row T, and the prefill kernel then writes the rows of the rest."""
+        num_tokens = q.shape[0]
+        starts = query_start_loc[:-1].long()
+        one_token = (query_start_loc[1:].long() - starts) == 1
+        rows = self._xqa(q.index_select(0, starts.clamp(max=num_tokens - 1)), kv_cache, block_tables,
+                         seq_lens.clamp(min=1), scale)
+        out = q.new_empty((num_tokens + 1, *q.shape[1:]))
+        return out.index_copy_(0, torch.where(one_token, starts, num_tokens), rows)
 
     def _xqa(self, q, kv_cache, block_tables, seq_lens, scale):
         """Decode by flashinfer.xqa. Its softmax scale is q_scale * kv_scale / sqrt(D) and it scales P.V by
@@ -183,6 +211,10 @@ class TritonBackend(AttentionBackend):
             return paged_verify_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
                                           scale, sliding_window, most, kv_scales=self.scales_for(kv_cache),
                                           logit_softcap=logit_softcap)
-        return paged_prefill_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
-                                       scale, sliding_window, kv_scales=self.scales_for(kv_cache),
-                                       logit_softcap=logit_softcap)
+        decoded = None
+        if self._runs_xqa_mixed(q, kv_cache, seq_lens, logit_softcap, sliding_window):
+            decoded = self._xqa_mixed(q, kv_cache, block_tables, seq_lens, query_start_loc, scale)
+        out = paged_prefill_attention(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, query_start_loc,
+                                      scale, sliding_window, kv_scales=self.scales_for(kv_cache),
+                                      logit_softcap=logit_softcap, decoded=decoded)
+        return out if decoded is None else out[:q.shape[0]]

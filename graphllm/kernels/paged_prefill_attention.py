@@ -180,7 +180,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             query_start_loc: torch.Tensor, scale: float,
                             sliding_window: int, kv_scales: KVScales = KVScales(),
                             decode_kernel_min_seqs: int = DECODE_KERNEL_MIN_SEQS,
-                            logit_softcap: float = 0.0, num_warps: int | None = None) -> torch.Tensor:
+                            logit_softcap: float = 0.0, num_warps: int | None = None,
+                            decoded: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of the step's new tokens over their sequences' pages; returns [T, Hq, D].
 
     q: [T, Hq, D] (last-dim stride 1), sequence b's new tokens at rows
@@ -194,16 +195,18 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     decode_kernel_min_seqs sequences, one-token sequences run in a launch of the decode kernel.
     logit_softcap > 0: the scaled scores s become logit_softcap * tanh(s / logit_softcap) before the
     mask (Gemma 2). num_warps: the prefill kernel's (None: 4, 8 for heads over 128 wide; kernel_sweep's prefill
-    part times both).
+    part times both). decoded: an output of [T (or more), Hq, D] whose one-token rows the caller has already
+    written (TritonBackend's XQA launch of a mixed step's decodes): the others are written into it, and it is
+    returned.
     """
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride() == k_cache.stride()
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if decoded is None else decoded
     if num_tokens == 0 or num_seqs == 0:
         return out
-    decode_launch = num_seqs >= decode_kernel_min_seqs
+    decode_launch = decoded is None and num_seqs >= decode_kernel_min_seqs
     if decode_launch:
         paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, sliding_window,
                                kv_scales=kv_scales, query_start_loc=query_start_loc, out=out,
@@ -221,7 +224,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         block_tables.stride(0), scale_log2, kv_scales.v, logit_softcap * LOG2E if softcap else 1.0, sliding_window,
         num_seqs, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_N=64 if head_dim <= 128 else 32, ONE_TOKEN_ROWS=not decode_launch,
+        BLOCK_N=64 if head_dim <= 128 else 32, ONE_TOKEN_ROWS=not decode_launch and decoded is None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
         WINDOWED=sliding_window > 0, num_warps=num_warps or (4 if head_dim <= 128 else 8), num_stages=3)
     return out

@@ -83,6 +83,46 @@ def test_xqa_takes_no_launch_past_its_semaphores(monkeypatch):
     assert not backend._runs_xqa(torch.empty(1, 32, 128).expand(fits, 32, 128), cache, 30.0, 0)  # a soft cap
 
 
+def test_a_mixed_steps_decodes_through_xqa_leave_the_prefill_kernel_the_rest(monkeypatch):
+    """xqa_mixed: XQA takes every sequence of a mixed step with the q row of its first new token; the one-token rows'
+    outputs land on their rows, the others' on a spare row, and the prefill kernel writes the prompts' and chunks'
+    rows. Here XQA is stood in for by its function (the float32 decode oracle): the step's output is the prefill
+    oracle's, over a float8 cache with unequal scales, with padding sequences of no tokens at the end."""
+    import graphllm.backends.triton_backend as triton_backend
+    from graphllm.kernels.paged_decode_attention import paged_decode_attention_reference
+    from graphllm.kernels.paged_prefill_attention import paged_prefill_attention_reference
+    from tests.kernels.conftest import assert_close
+
+    monkeypatch.setattr(triton_backend, "rounds_q_to_fp8", lambda dim, programs, device: True)  # as on sm_90
+    launches = []
+
+    def xqa_function(self, q, kv_cache, block_tables, seq_lens, scale):
+        launches.append(q.shape[0])
+        return paged_decode_attention_reference(q, kv_cache[0], kv_cache[1], block_tables, seq_lens, scale, 0,
+                                                kv_scales=self.scales_for(kv_cache))
+
+    monkeypatch.setattr(TritonBackend, "_xqa", xqa_function)
+    # (cached, new): a prompt, a chunk over a prefix, decodes, one with no new token, a mixed graph's padding
+    chunks = [(0, 40), (37, 20), (99, 1), (0, 1), (5, 0), (20, 1), (0, 0), (0, 0)]
+    heads, kv_heads, dim, block_size, scales = 8, 2, 64, 8, KVScales(0.37, 1.9)
+    seq_lens = [cached + new for cached, new in chunks]
+    kv_cache, tables = make_paged_kv(seq_lens, block_size, kv_heads, dim, torch.float32, seed=0)
+    kv_cache = torch.stack([kv_cache[0] / scales.k, kv_cache[1] / scales.v]).to(FP8)
+    starts = torch.tensor([0] + [new for _, new in chunks]).cumsum(0).to(DEVICE)
+    q = randn((int(starts[-1]), heads, dim), torch.float32, seed=1)
+    lens = torch.tensor(seq_lens, device=DEVICE)
+    backend = TritonBackend(scales)
+    backend.xqa_decode = backend.xqa_mixed = True
+    backend.xqa_mixed_min_seqs = 1  # the engine's: DECODE_KERNEL_MIN_SEQS sequences
+    got = backend._attend(q, kv_cache, tables, lens, starts, dim ** -0.5, 0, 0.0)
+    assert launches == [len(chunks)] and got.shape == q.shape
+    assert_close(got, paged_prefill_attention_reference(q, kv_cache[0], kv_cache[1], tables, lens, starts,
+                                                        dim ** -0.5, 0, kv_scales=scales))
+    backend.xqa_mixed_min_seqs = len(chunks) + 1  # fewer sequences: the prefill kernel alone
+    assert_close(backend._attend(q, kv_cache, tables, lens, starts, dim ** -0.5, 0, 0.0), got)
+    assert launches == [len(chunks)]
+
+
 def test_the_split_kernel_rounds_q_from_enough_programs_only():
     """The rule --xqa-decode follows (TritonBackend._runs_xqa): decode_tiling's fp8_qk, which needs 128-wide heads
     and FP8_HALVES_PROGRAMS (sequence, KV head) programs; never off sm_90."""
@@ -137,3 +177,35 @@ def test_xqa_decode_takes_the_launches_where_the_split_kernel_rounds_q(monkeypat
     for seq_lens, cache in ((many[:6], "fp8"), (many, "bf16")):
         _, ran = decode_once(seq_lens, cache, True, calls)
         assert not ran, (len(seq_lens), cache)
+
+
+@pytest.mark.skipif(not XQA_GPU, reason="flashinfer.xqa needs a GPU of compute capability 9.0+ and flashinfer")
+def test_xqa_takes_a_mixed_steps_decodes_as_the_split_kernels_launch_does(monkeypatch):
+    """xqa_mixed on the GPU: a mixed step of 2 prompts and 130 decodes over a float8 cache (8B heads; the split
+    kernel's own launch of the decodes rounds q to float8 there too) gives the split kernel's output, with one XQA
+    launch."""
+    xqa_module = importlib.import_module("flashinfer.xqa")
+    calls, real = [], xqa_module.xqa
+    monkeypatch.setattr(xqa_module, "xqa", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    chunks = [(0, 300), (500, 64)] + [(n, 1) for n in ([16, 299, 63, 999, 32, 128] * 22)[:130]]
+    heads, kv_heads, dim, block_size, scales = 32, 8, 128, 16, KVScales(0.5, 2.0)
+    seq_lens = [cached + new for cached, new in chunks]
+    kv_cache, tables = make_paged_kv(seq_lens, block_size, kv_heads, dim, torch.bfloat16, seed=3)
+    kv_cache = kv_cache.nan_to_num(0.0)  # an engine's cache is zeroed: XQA reads a last page's tail
+    kv_cache = torch.stack([kv_cache[0] / scales.k, kv_cache[1] / scales.v]).to(FP8)
+    starts = torch.tensor([0] + [new for _, new in chunks]).cumsum(0)
+    q = randn((int(starts[-1]), heads, dim), torch.bfloat16, seed=4)
+    lens = torch.tensor(seq_lens, device=DEVICE)
+    backend = TritonBackend(scales)
+    backend.xqa_decode = True
+    backend.plan(HostMeta(starts.numpy(), np.array(seq_lens), tables.cpu().numpy()))
+    starts = starts.to(DEVICE)
+    expected = backend._attend(q, kv_cache, tables, lens, starts, dim ** -0.5, 0, 0.0).float()
+    assert not calls
+    backend.xqa_mixed = True
+    got = backend._attend(q, kv_cache, tables, lens, starts, dim ** -0.5, 0, 0.0).float()
+    torch.cuda.synchronize()
+    assert len(calls) == 1
+    err = ((got - expected).abs().max() / expected.abs().max()).item()
+    print(f"xqa_mixed: {len(chunks)} sequences, max error {err:.4f} of the output's largest value")
+    assert err < 0.06
