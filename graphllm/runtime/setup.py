@@ -378,7 +378,8 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
         backend.xqa_decode = True
     if layer_kv_scales is not None:
         backend.bind_layer_scales(kv_caches, layer_kv_scales)
-    logger.info("attention backend: %s", backend.name)
+    logger.info("attention backend: %s%s", backend.name, " (float8 decode launches where q is rounded to float8: "
+                "TensorRT-LLM's XQA, flashinfer.xqa)" if getattr(backend, "xqa_decode", False) else "")
     graphs, verify_graphs, mixed = None, [], None
     if device.type == "cuda" and config.cuda_graphs:
         buckets, max_blocks = buckets or default_buckets(limits.max_num_seqs), -(-max_model_len // limits.block_size)
