@@ -121,7 +121,7 @@ class Engine:
             raise ValueError(f"request id {request_id!r} is already in use")
         request = Request(request_id, prompt_text, prompt_ids, params)
         # a grammar compiles once per request (ValueError when it does not); each sequence matches on its own
-        grammar = None if params.structured_outputs is None else self.structured_outputs.compile(
+        grammar = None if params.structured_outputs is None else self.structured_outputs.compiled_for(
             params.structured_outputs)
         request.seqs = [self._new_sequence(request, i) for i in range(params.n)]
         for seq in request.seqs if grammar is not None else []:
@@ -291,8 +291,9 @@ class Engine:
                            self.pool.prefix_cache_queries, self.pool.prefix_cache_hits, spec)
 
     def check_structured_outputs(self, params) -> None:
-        """Compile params' grammar now (xgrammar caches it for add_request); ValueError if it does not compile."""
-        self.structured_outputs.compile(params)
+        """Compile params' grammar now, kept for the add_request of these params (StructuredOutputManager.check);
+        ValueError if it does not compile."""
+        self.structured_outputs.check(params)
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (vLLM's reset_prefix_cache); the number of cached blocks forgotten."""

@@ -28,6 +28,8 @@ proposal the grammar forbids is rejected and the target's token there obeys the 
 
 import json
 import logging
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +100,9 @@ def _compile(compiler, params: StructuredOutputsParams) -> Any:
 # large schemas grew the server without limit (a 40,000-value enum holds ~73 MB). Past it the least recently used
 # grammar is dropped, and a request that needs it again compiles it again.
 GRAMMAR_CACHE_BYTES = 512 * 2**20
+# grammars compiled by check() for requests not yet added (the server checks in its grammar threads, then adds on
+# the event loop); past this many the oldest are forgotten, and its request, if it comes, compiles again
+CHECKED_KEPT = 256
 
 
 class StructuredOutputManager:
@@ -107,6 +112,8 @@ class StructuredOutputManager:
     def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int]):
         self.tokenizer, self.vocab_size, self.stop_token_ids = tokenizer, vocab_size, list(stop_token_ids)
         self._compiler = self._batch = self._host = self._device = None
+        self._checked: OrderedDict[int, tuple] = OrderedDict()  # id(params) -> (params, its compiled grammar)
+        self._checked_lock = threading.Lock()
 
     def _grammar_compiler(self):
         if self._compiler is None:
@@ -139,6 +146,22 @@ class StructuredOutputManager:
             raise ValueError(f"structured_outputs {params.kind} admits no output: no token of this model's "
                              "vocabulary (not even end-of-text) can start it")
         return compiled
+
+    def check(self, params: StructuredOutputsParams) -> None:
+        """compile(params) ahead of its request (the server, in its grammar threads), and keep the result for
+        compiled_for: adding the request then compiles nothing, even where xgrammar's bounded cache has dropped
+        the grammar meanwhile (which would compile it on the server's event loop)."""
+        compiled = self.compile(params)
+        with self._checked_lock:
+            self._checked[id(params)] = (params, compiled)
+            while len(self._checked) > CHECKED_KEPT:
+                self._checked.popitem(last=False)
+
+    def compiled_for(self, params: StructuredOutputsParams) -> Any:
+        """params' compiled grammar: the one check() kept for this very object, else compile(params)."""
+        with self._checked_lock:
+            kept = self._checked.pop(id(params), None)
+        return kept[1] if kept is not None and kept[0] is params else self.compile(params)
 
     def _allows_a_first_token(self, compiled) -> bool:
         import xgrammar as xgr

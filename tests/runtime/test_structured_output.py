@@ -141,3 +141,20 @@ def test_the_compiled_grammars_cache_is_bounded(monkeypatch):
     out = engine.generate([[1, 5, 9]], SamplingParams(temperature=0, max_tokens=40,
                                                       structured_outputs=SO(json=schemas[0])))[0].outputs[0]
     assert json.loads(out.text) in schemas[0]["enum"]
+
+
+def test_a_checked_grammar_is_not_compiled_again_when_its_request_is_added(monkeypatch):
+    """The server compiles a request's grammar in its grammar threads (check_structured_outputs), then adds the
+    request on its event loop: add_request compiled it again there, for minutes with a large schema whenever
+    xgrammar's bounded cache had dropped it in between (s36 left this alone). Now it takes the checked grammar."""
+    from graphllm.runtime import structured_output
+    engine = Engine.from_pretrained()
+    compiles, real = [], structured_output._compile
+    monkeypatch.setattr(structured_output, "_compile", lambda *a: compiles.append(1) or real(*a))
+    so = SO(json={"enum": ["yes", "no"]})
+    engine.check_structured_outputs(so)
+    engine.structured_outputs._grammar_compiler().clear_cache()  # as if other grammars had pushed it out
+    out = engine.generate([[1, 5, 9]], SamplingParams(temperature=0, max_tokens=8, structured_outputs=so))
+    assert len(compiles) == 1 and json.loads(out[0].outputs[0].text) in ("yes", "no")
+    engine.generate([[1, 5, 9]], SamplingParams(max_tokens=8, structured_outputs=so))  # not checked again: compiles
+    assert len(compiles) == 2 and not engine.structured_outputs._checked
