@@ -162,6 +162,8 @@ def resolve_xqa_decode(wanted: bool | None, backend, shape: AttentionShape, devi
     why = xqa_supports(backend.name, shape, device, kv_dtype)
     if why is None and block_size not in XQA_PAGE_SIZES:
         why = f"its pages are {', '.join(map(str, XQA_PAGE_SIZES))} tokens, not --block-size {block_size}"
+    if why is None and dtype not in (torch.bfloat16, torch.float16):
+        why = f"its queries are bfloat16 or float16, not {dtype}"
     if wanted and why is not None:
         raise ValueError(f"xqa_decode is unavailable: {why}")
     if why is not None or wanted is False:

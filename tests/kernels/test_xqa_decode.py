@@ -66,6 +66,10 @@ def test_xqa_decode_is_on_by_default_only_where_it_runs_and_builds(monkeypatch, 
                                          "--block-size 8"):
         setup.resolve_xqa_decode(True, TritonBackend(), shape, device, FP8, torch.bfloat16, 8)
     assert len(probed) == 1  # nor does a block size XQA has no kernel for
+    assert not setup.resolve_xqa_decode(None, TritonBackend(), shape, device, FP8, torch.float32, 16)
+    with pytest.raises(ValueError, match="its queries are bfloat16 or float16, not torch.float32"):
+        setup.resolve_xqa_decode(True, TritonBackend(), shape, device, FP8, torch.float32, 16)
+    assert len(probed) == 1  # nor a float32 model
 
 
 def test_xqa_takes_no_launch_past_its_semaphores(monkeypatch):
