@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from graphllm.runtime.client import EngineClient, EngineDeadError
-from graphllm.server.serving_chat import render_prompt, template_input_bytes, tool_dict
+from graphllm.server.serving_chat import render_prompt, tool_dict
 from graphllm.server.config import ServerConfig
 from graphllm.server.errors import OpenAIError, bad_request, error_response, install_error_handlers
 from graphllm.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -112,8 +112,9 @@ async def tokenize(body: TokenizeRequest, raw: Request):
     tokenizer = s.engine.tokenizer
     if body.messages is not None:  # checked for length first, then templated and tokenized off the event loop
         tools = [tool_dict(t) for t in body.tools or []]
-        s.chat.check_text_length(template_input_bytes(body.messages, tools), "messages")
-        ids = await asyncio.to_thread(render_prompt, tokenizer, body.messages, tools)
+        template_kwargs = s.chat.template_kwargs(body)
+        s.chat.check_template_input(body.messages, tools, template_kwargs)
+        ids = await asyncio.to_thread(render_prompt, tokenizer, body.messages, tools, template_kwargs)
     else:
         s.chat.check_text_length(len(body.prompt.encode()), "prompt")
         ids = list(await asyncio.to_thread(tokenizer.encode, body.prompt, add_special_tokens=body.add_special_tokens))

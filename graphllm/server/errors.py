@@ -21,6 +21,8 @@ logger = logging.getLogger("graphllm.server")
 FIELD = re.compile(r"[a-z_][a-z0-9_]*")
 UNION_TAGS = frozenset({"str", "int", "float", "bool", "none"})
 CLIENT_CLOSED = 499  # nginx's "client closed request": only the metrics ever see it
+JSON_TYPES = {list: "an array", str: "a string", int: "a number", float: "a number", bool: "a boolean",
+              type(None): "null"}
 
 
 class OpenAIError(Exception):
@@ -74,7 +76,27 @@ def validation_error(exc: RequestValidationError) -> OpenAIError:
         return bad_request(f"request body is not valid JSON: {detail}")
     if first.get("type") == "missing" and not param:
         return bad_request("request body is missing")
+    if first.get("type") == "model_attributes_type" and not param:
+        return bad_request(not_an_object(first.get("input")))
     return bad_request(f"{param or 'body'}: {first.get('msg')}", param or None)
+
+
+def not_an_object(body) -> str:
+    """What is wrong with a body that is not a JSON object: FastAPI hands over the raw bytes unless the request's
+    Content-Type says JSON (curl -d sends application/x-www-form-urlencoded)."""
+    if isinstance(body, bytes):
+        return "request body is not JSON: send a JSON object with the header Content-Type: application/json"
+    return f"request body must be a JSON object, got {JSON_TYPES.get(type(body), type(body).__name__)}"
+
+
+def parse_error(exc: HTTPException) -> OpenAIError | None:
+    """FastAPI's 400 'There was an error parsing the body' as what went wrong, when json.loads says."""
+    cause = exc.__cause__
+    if isinstance(cause, UnicodeDecodeError):
+        return bad_request(f"request body is not valid JSON: it is not UTF-8 text ({cause})")
+    if isinstance(cause, RecursionError):
+        return bad_request("request body is not valid JSON: it is nested too deeply to parse")
+    return None
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -92,6 +114,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_http_error(request: Request, exc: HTTPException):
         if isinstance(exc.__cause__, ClientDisconnect):  # FastAPI's 400 for a body the client stopped sending
             return error_response(OpenAIError(CLIENT_CLOSED, "the client closed the request", code="client_closed"))
+        if (error := parse_error(exc)) is not None:
+            return error_response(error)
         message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
         code = "request_too_large" if exc.status_code == 413 else None
         return error_response(OpenAIError(exc.status_code, message, code=code))

@@ -43,8 +43,8 @@ from graphllm.runtime.structured_output import StructuredOutputsParams
 from graphllm.server.errors import OpenAIError, bad_request
 from graphllm.server.protocol import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionRequest,
                                       ChatCompletionResponse, ChatLogprobs, ChatMessage, NamedToolChoice,
-                                      ResponseMessage, ResponseToolCall, TokenLogprob, Tool, ToolCallFunction,
-                                      TopLogprob, random_id, usage)
+                                      ResponseMessage, ResponseToolCall, TokenizeRequest, TokenLogprob, Tool,
+                                      ToolCallFunction, TopLogprob, random_id, usage)
 from graphllm.server.serving_engine import OpenAIServing, Reservation, logprob_value, num_visible_tokens
 from graphllm.server.streaming import SSE_DONE, EventStreamResponse, sse, sse_error, until_disconnect
 from graphllm.server.reasoning_parsers import THINK_CLOSE
@@ -131,17 +131,18 @@ def message_dict(i: int, m: ChatMessage) -> dict:
 
 
 def message_bytes(m: ChatMessage) -> int:
-    """UTF-8 bytes of the text a message hands the chat template: content (or its parts' text), name, reasoning,
-    tool-call id and its calls' names and arguments."""
+    """UTF-8 bytes of the text a message hands the chat template: content (its parts' text and the newlines that join
+    them), name, reasoning, tool-call id and its calls' names and arguments."""
+    separators = 0
     if m.content is None or isinstance(m.content, str):
         texts = [m.content]
     else:
-        texts = [part.text for part in m.content]
+        texts, separators = [part.text for part in m.content], max(len(m.content) - 1, 0)
     texts += [m.name, m.reasoning_content, m.tool_call_id]
     for call in m.tool_calls or ():
         args = call.function.arguments
         texts += [call.id, call.function.name, args if isinstance(args, str) else json.dumps(args)]
-    return sum(len(t.encode()) for t in texts if t)
+    return separators + sum(len(t.encode()) for t in texts if t)
 
 
 def template_input_bytes(messages: list[ChatMessage], tools: list[dict] | None = None,
@@ -179,10 +180,13 @@ def content_text(i: int, content) -> str | None:
     if content is None or isinstance(content, str):
         return content
     texts = []
-    for part in content:
-        if part.type != "text" or part.text is None:
+    for k, part in enumerate(content):
+        if part.type != "text":
             raise bad_request(f"messages.{i}.content: only text parts are supported, got {part.type!r}",
                               f"messages.{i}.content")
+        if part.text is None:
+            raise bad_request(f"messages.{i}.content.{k}.text is required for a part of type 'text'",
+                              f"messages.{i}.content.{k}.text")
         texts.append(part.text)
     return "\n".join(texts)
 
@@ -193,7 +197,7 @@ def arguments(value: str | dict) -> str | dict:
         return value
     try:
         parsed = json.loads(value)
-    except ValueError:
+    except (ValueError, RecursionError):
         return value
     return parsed if isinstance(parsed, dict) else value
 
@@ -212,6 +216,9 @@ def render_prompt(tokenizer, messages: list[ChatMessage], tools: list[dict] | No
                                                   return_dict=False, **kwargs))
     except (jinja2.TemplateError, ValueError, TypeError, KeyError) as e:
         raise bad_request(f"the chat template failed on these messages: {e}", "messages") from e
+    except RecursionError as e:  # transformers copies the template's input recursively (s37: 500 levels, a 500)
+        raise bad_request("what the chat template gets (messages, tool-call arguments, tools, chat_template_kwargs) "
+                          "is nested too deeply to render", "messages") from e
 
 
 # -- the answer ------------------------------------------------------------------------------
@@ -238,12 +245,8 @@ class ServingChat(OpenAIServing):
         if req.tools and len(req.tools) > self.config.max_tools:
             raise bad_request(f"tools may hold at most {self.config.max_tools} tools, got {len(req.tools)}", "tools")
         mode = tool_mode(req, self.config.tool_call_parser)
-        template_kwargs = dict(req.chat_template_kwargs or {})
-        if req.chat_template is not None:
-            template_kwargs["chat_template"] = req.chat_template
-        check_template_kwargs(self.engine.tokenizer, template_kwargs, self.config.trust_request_chat_template)
-        if self.engine.tokenizer is not None:
-            self.check_text_length(template_input_bytes(req.messages, mode.tools, template_kwargs), "messages")
+        template_kwargs = self.template_kwargs(req)
+        self.check_template_input(req.messages, mode.tools, template_kwargs)
         prompt_ids = await asyncio.to_thread(render_prompt, self.engine.tokenizer, req.messages, mode.tools,
                                              template_kwargs)  # templating and tokenizing: off the loop
         asked, param = ((req.max_completion_tokens, "max_completion_tokens") if req.max_completion_tokens
@@ -266,6 +269,27 @@ class ServingChat(OpenAIServing):
             choices=[self.choice(req, mode, c) for c in out.outputs],
             usage=usage(len(prompt_ids), sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens))
         return JSONResponse(response.model_dump())
+
+    def template_kwargs(self, req: ChatCompletionRequest | TokenizeRequest) -> dict:
+        """What the chat template gets besides messages and tools: the request's chat_template_kwargs and its own
+        chat_template, checked (check_template_kwargs). /tokenize takes them too, to count the prompt chat runs."""
+        kwargs = dict(req.chat_template_kwargs or {})
+        if req.chat_template is not None:
+            kwargs["chat_template"] = req.chat_template
+        check_template_kwargs(self.engine.tokenizer, kwargs, self.config.trust_request_chat_template)
+        return kwargs
+
+    def check_template_input(self, messages: list[ChatMessage], tools: list[dict] | None,
+                             template_kwargs: dict) -> None:
+        """Refuse messages that cannot fit max_model_len before templating them: the template renders each message
+        as one token at least (its role's markers; 500,000 empty messages took 10 s to template and tokenize), and
+        everything it gets as check_text_length's tokens at least."""
+        if len(messages) >= self.max_model_len:
+            raise bad_request(f"This model's maximum context length is {self.max_model_len} tokens. However, your "
+                              f"messages hold {len(messages)} messages, at least one token each.", "messages",
+                              "context_length_exceeded")
+        if self.engine.tokenizer is not None:
+            self.check_text_length(template_input_bytes(messages, tools, template_kwargs), "messages")
 
     # -- parsers -----------------------------------------------------------------------------
 

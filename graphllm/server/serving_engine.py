@@ -6,6 +6,7 @@ prompt and output length, sampling values), so a stream never has to fail after 
 
 import asyncio
 import functools
+import itertools
 import json
 import logging
 import math
@@ -30,6 +31,7 @@ GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_pen
 STRUCTURED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")  # vLLM's older names
 STRUCTURED_OUTPUTS_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace")
 MIN_LOGPROB = -9999.0  # JSON has no -inf
+LOGGED_NAMES, LOGGED_NAME_CHARS = 8, 40  # of the unknown fields a request's warning names
 # grammars compiled at once, in threads of their own: a schema can take xgrammar minutes (a 40,000-value enum),
 # and in asyncio's default threads, which tokenizing and the engine's steps use, a few such requests stopped
 # every other request (s36's fuzzing)
@@ -57,6 +59,14 @@ def num_visible_tokens(c: CompletionOutput) -> int:
     """Output tokens that made text: an EOS or stop token id that ended the sequence did not."""
     ended_by_token = c.finish_reason == "stop" and not isinstance(c.stop_reason, str)
     return len(c.token_ids) - (1 if ended_by_token and c.token_ids else 0)
+
+
+def field_names(fields: dict) -> str:
+    """The first few names of `fields`, each cut short: a log line of bounded length whatever the body (a million
+    unknown keys logged 12 MB a request, s37's fuzzing)."""
+    names = [name if len(name) <= LOGGED_NAME_CHARS else name[:LOGGED_NAME_CHARS] + "..."
+             for name in itertools.islice(fields, LOGGED_NAMES)]
+    return ", ".join(names) + (", ..." if len(fields) > len(names) else "")
 
 
 def logprob_value(value: float) -> float:
@@ -161,13 +171,16 @@ class OpenAIServing:
         """Refuse what we would otherwise silently ignore; unknown fields are only logged (as vLLM)."""
         self.check_sizes(req)
         if req.model_extra:
-            logger.warning("ignoring unknown request fields: %s", sorted(req.model_extra))
+            logger.warning("ignoring %d unknown request fields: %s", len(req.model_extra), field_names(req.model_extra))
         if req.logit_bias:
             raise bad_request("logit_bias is not supported yet", "logit_bias")
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of other than n is not supported", "best_of")
         if req.stream_options is not None and not req.stream:
             raise bad_request("stream_options is only allowed with stream=true", "stream_options")
+        vocab = self.engine.limits.vocab_size
+        if outside := [t for t in req.stop_token_ids or () if not 0 <= t < vocab]:
+            raise bad_request(f"stop_token_ids must lie in [0, {vocab}), got {outside}", "stop_token_ids")
 
     def check_logprobs(self, value: int | None, param: str) -> None:
         if value is not None and not 0 <= value <= self.config.max_logprobs:

@@ -118,3 +118,26 @@ def test_unsupported_and_contradictory_fields_are_400(server, client):
 def test_unknown_route_is_404_in_openai_shape(server):
     check_shape(server.get("/nothing-here"), 404)
     check_shape(server.post("/v1/nothing-here", {}), 404)
+
+
+def test_a_text_part_without_text_is_named(server):
+    """Regression (s37's fuzzing): a text part without its text was refused as 'only text parts are supported, got
+    'text''."""
+    content = [{"type": "text", "text": "What is 2 plus 3?"}, {"type": "text"}]
+    error = check_shape(server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": content}]}),
+                        400, "messages.0.content.1.text")
+    assert "text" in error["message"] and "only text parts" not in error["message"]
+
+
+@pytest.mark.parametrize("body, headers, words", [
+    (b'{"prompt": "caf\xe9", "max_tokens": 1}', {}, "UTF-8"),
+    (b"[" * 100_000 + b"]" * 100_000, {}, "nested"),
+    (b'{"prompt": [1, 2, 3], "max_tokens": 1}', {"content-type": "text/plain"}, "Content-Type: application/json"),
+    (b"[1, 2, 3]", {}, "JSON object"),
+], ids=["not-utf8", "too-deep", "not-json-content-type", "an-array"])
+def test_a_body_that_does_not_parse_to_an_object_is_named(server, body, headers, words):
+    """Regression (s37's fuzzing): a body that is not UTF-8 or nests past the parser's depth got FastAPI's 'There was
+    an error parsing the body', and one sent without a JSON Content-Type 'body: Input should be a valid
+    dictionary'."""
+    error = check_shape(server.post("/v1/completions", body, headers=headers), 400)
+    assert words in error["message"], error["message"]

@@ -2,11 +2,14 @@
 allocated, non-finite floats and incomplete tool messages are refused, a body too large for the
 context is refused before it is tokenized, and the server keeps answering /health meanwhile."""
 
+import json
+import logging
 import threading
 import time
 
 import pytest
 
+from graphllm.server.serving_engine import max_token_bytes
 from tests.server.conftest import MODEL, start
 from tests.server.test_errors import check_shape
 
@@ -169,3 +172,123 @@ def test_tool_definitions_and_call_arguments_count_toward_the_length_check(serve
     error = check_shape(server.post("/v1/chat/completions", {**CHAT, "messages": messages}), 400, "messages",
                         "context_length_exceeded")
     assert "bytes of text" in error["message"], error["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("path, body", [("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)])
+def test_stop_token_ids_outside_the_vocabulary_are_a_400_before_any_answer(server, path, body, stream):
+    """Regression (s37's fuzzing): only the engine checked stop_token_ids against the vocabulary, so a streamed
+    request got its 200 and then an error event, and a whole one a 400 naming no field."""
+    vocab = server.engine.state.model_config.vocab_size
+    error = check_shape(server.post(path, {**body, "stop_token_ids": [1, vocab], "stream": stream}), 400,
+                        "stop_token_ids")
+    assert str(vocab) in error["message"]
+
+
+def test_more_messages_than_the_context_holds_are_refused_before_templating(server):
+    """Regression (s37's fuzzing): the length check before templating counted only text bytes, so 500,000 empty
+    messages (a 16 MB body) were templated and tokenized to 1,000,000 tokens (10 s) before the 400, and six such
+    requests held every thread the engine steps in (a 2-token answer took 20 s). Every message renders at least one
+    token (its role's markers)."""
+    limit = server.engine.state.max_model_len
+    messages = [{"role": "user", "content": ""}] * limit
+    for path in ("/v1/chat/completions", "/tokenize"):
+        error = check_shape(server.post(path, {**CHAT, "messages": messages}), 400, "messages",
+                            "context_length_exceeded")
+        assert f"{limit} messages" in error["message"], error["message"]
+
+
+def test_content_parts_count_their_separators_toward_the_length_check(request, engine):
+    """Regression (s37's fuzzing): text parts are joined with newlines, which the length check did not count, so
+    half a million empty parts reached the template and tokenizer (4 s) before the 400."""
+    big = start(request, engine, max_body_bytes=8 * 2**20)
+    parts = [{"type": "text", "text": ""}] * (engine.state.max_model_len * max_token_bytes(engine.tokenizer) + 1)
+    error = check_shape(big.post("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": parts}]}),
+                        400, "messages", "context_length_exceeded")
+    assert "bytes of text" in error["message"], error["message"]
+
+
+def test_a_prompt_batch_is_refused_at_its_first_prompt_past_the_context(server):
+    """Regression (s37's fuzzing): every prompt of a batch was tokenized before any was checked against the context,
+    so 256 prompts of 64 KB each (16 MB, each under the bytes-per-token bound) took 7 s of tokenizing before the 400,
+    and six such requests held every thread the engine steps in (a 2-token answer took 32 s). Each prompt is now
+    checked as it is tokenized: here the second, empty, prompt is never reached."""
+    limit = server.engine.state.max_model_len
+    long = "seven times eight " * ((limit - 1) * max_token_bytes(server.engine.tokenizer) // 18)
+    error = check_shape(server.post("/v1/completions", {**COMPLETION, "prompt": [long, ""]}), 400, "prompt",
+                        "context_length_exceeded")
+    assert "resulted in" in error["message"], error["message"]
+
+
+def test_a_large_structured_body_does_not_hold_the_event_loop(request, engine):
+    """Regression (s37's fuzzing): the check for lone surrogates walked every node of a body in Python on the event
+    loop, so 8 MB of empty objects in an ignored field stopped /health for 2 s (the walk now runs only when a
+    C-speed check finds such text)."""
+    big = start(request, engine, max_body_bytes=16 * 2**20)
+    body = json.dumps({**COMPLETION, "padding": [{}] * (2 * 2**20)}).encode()
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(r=big.post("/v1/completions", body)))
+    thread.start()
+    while thread.is_alive():
+        began = time.monotonic()
+        assert big.get("/health", auth=False).status_code == 200
+        assert time.monotonic() - began < 1.0
+        time.sleep(0.02)
+    thread.join()
+    assert result["r"].status_code == 200, result["r"].text
+
+
+def test_tokenize_renders_messages_as_the_chat_route_does(request, engine, server):
+    """Regression (s37's fuzzing): /tokenize ignored chat_template and chat_template_kwargs (vLLM's fields there too),
+    so it counted another prompt than the chat route ran, and took a template an untrusting server refuses."""
+    messages = CHAT["messages"]
+    check_shape(server.post("/tokenize", {"messages": messages, "chat_template": UNBOUNDED_TEMPLATE}), 400,
+                "chat_template_kwargs.chat_template")
+    check_shape(server.post("/tokenize", {"messages": messages, "chat_template_kwargs": {"tokenize": False}}), 400,
+                "chat_template_kwargs.tokenize")
+    trusting = start(request, engine, trust_request_chat_template=True)
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{{ suffix }}"
+    for body in ({"chat_template": template}, {"chat_template": template, "chat_template_kwargs": {"suffix": "ok"}}):
+        tokens = trusting.post("/tokenize", {"messages": messages, **body}).json()["tokens"]
+        chat = trusting.post("/v1/chat/completions", {**CHAT, **body}).json()
+        assert len(tokens) == chat["usage"]["prompt_tokens"], body
+
+
+def nested(depth: int) -> dict:
+    value = {"a": 1}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize("where", ["arguments", "tools", "chat_template_kwargs"])
+def test_deeply_nested_template_input_is_a_400_not_a_500(server, where):
+    """Regression (s37's fuzzing): transformers copies what the chat template gets recursively, so 600 levels of
+    nesting (which the body's JSON parser takes) were a RecursionError and a 500; and tool-call arguments as text
+    were parsed with json.loads catching ValueError only, so 2,000 levels there were one too (that text now goes to
+    the template as it is)."""
+    bodies = {"tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": nested(600)}}]},
+              "chat_template_kwargs": {"chat_template_kwargs": {"x": nested(600)}}}
+    for path in ("/v1/chat/completions", "/tokenize"):
+        body = {**CHAT, **bodies[where]} if where in bodies else {**CHAT, "messages": with_call(nested(600))}
+        error = check_shape(server.post(path, body), 400, "messages")
+        assert "nested too deeply" in error["message"], error["message"]
+        if where == "arguments":
+            response = server.post(path, {**CHAT, "messages": with_call("[" * 2000 + "]" * 2000)})
+            assert response.status_code < 500, response.text
+
+
+def with_call(arguments) -> list[dict]:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    return [*CHAT["messages"], {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+
+
+def test_unknown_fields_are_logged_in_a_bounded_line(server, caplog):
+    """Regression (s37's fuzzing): every unknown field name went into one warning, so a 16 MB body of a million
+    unknown keys wrote 12 MB to the log per request."""
+    body = {**COMPLETION, "x" * 10_000: 1, **{f"field{i}": 0 for i in range(1_000)}}
+    with caplog.at_level(logging.WARNING, logger="graphllm.server"):
+        assert server.post("/v1/completions", body).status_code == 200
+    [record] = [r for r in caplog.records if "unknown request fields" in r.getMessage()]
+    assert len(record.getMessage()) < 1_000 and "1001" in record.getMessage(), record.getMessage()[:200]
