@@ -110,6 +110,7 @@ class SamplingRequest(RequestBody):
     frequency_penalty: float = 0.0
     logit_bias: dict[str, float] | None = None
     response_format: ResponseFormat | None = None
+    user: str | None = None  # OpenAI's end-user id: accepted and unused, as vLLM does (not an unknown field)
     # vLLM's extra sampling fields
     top_k: int | None = None
     min_p: float | None = None

@@ -292,3 +292,10 @@ def test_unknown_fields_are_logged_in_a_bounded_line(server, caplog):
         assert server.post("/v1/completions", body).status_code == 200
     [record] = [r for r in caplog.records if "unknown request fields" in r.getMessage()]
     assert len(record.getMessage()) < 1_000 and "1001" in record.getMessage(), record.getMessage()[:200]
+
+
+def test_openais_user_field_is_accepted_without_a_warning(server, caplog):
+    """`user` (OpenAI's end-user id) is a standard field: it was logged as an unknown field on every request."""
+    with caplog.at_level(logging.WARNING, logger="graphllm.server"):
+        assert server.post("/v1/completions", {**COMPLETION, "user": "user-1234"}).status_code == 200
+    assert not [r for r in caplog.records if "unknown request fields" in r.getMessage()]
