@@ -1,13 +1,16 @@
 """The asyncio stream driver: one background task steps the engine for every open stream.
 
 Each stream opens a queue under its request id; while any queue is open and requests remain,
-the task runs `step` in a worker thread and hands each output to its request's queue, so the
+the task runs `step` in a thread of its own and hands each output to its request's queue, so the
 concurrent streams of one event loop share one continuous batch. An engine failure is put in
-every open queue, for each stream to raise.
+every open queue, for each stream to raise. The step's thread is not one of asyncio's default
+threads, where the server tokenizes and templates requests: a burst of large requests there held
+every running stream's next step back (s37's fuzzing).
 """
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from graphllm.runtime.client import EngineDeadError
 from graphllm.runtime.outputs import RequestOutput
@@ -18,6 +21,7 @@ class StreamDriver:
         self.step, self.has_work = step, has_work
         self.queues: dict[str, asyncio.Queue] = {}
         self._task: asyncio.Task | None = None
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="graphllm-step")  # steps run one after another
         self.failure: EngineDeadError | None = None  # set when a step raised: the driver stopped for good
 
     def open(self, request_id: str) -> asyncio.Queue:
@@ -38,7 +42,7 @@ class StreamDriver:
         """Step while any stream waits; hand each output to its stream's queue."""
         try:
             while self.queues and self.has_work():
-                for out in await asyncio.to_thread(self.step):
+                for out in await asyncio.get_running_loop().run_in_executor(self._thread, self.step):
                     if out.request_id in self.queues:
                         self.queues[out.request_id].put_nowait(out)
                 await asyncio.sleep(0)
