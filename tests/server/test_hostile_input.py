@@ -24,6 +24,21 @@ def still_serving(server):
     assert server.post("/v1/completions", COMPLETION).status_code == 200
 
 
+def post_while_healthy(server, path: str, body, **kwargs):
+    """POST body from a thread, asking /health every few tens of milliseconds meanwhile: each answer must come
+    within a second (the body is handled off the event loop). The POST's response."""
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(r=server.post(path, body, **kwargs)))
+    thread.start()
+    while thread.is_alive():
+        began = time.monotonic()
+        assert server.get("/health", auth=False).status_code == 200
+        assert time.monotonic() - began < 1.0
+        time.sleep(0.02)
+    thread.join()
+    return result["r"]
+
+
 @pytest.mark.parametrize("field, value", [("n", 17592186044416), ("n", 129), ("n", 0), ("best_of", 10**9)])
 def test_sizes_past_the_limits_are_refused_before_any_allocation(server, field, value):
     start = time.monotonic()
@@ -60,18 +75,10 @@ def test_a_context_sized_body_is_refused_before_tokenizing_and_health_stays_up(r
     token) is a 400 at once, and /health answers within a second while it is parsed."""
     big = start(request, engine, max_body_bytes=64 * 2**20)
     text = "seven times eight " * (10 * 2**20 // 18)  # ~10 MB
-    result = {}
-    thread = threading.Thread(target=lambda: result.update(r=big.post(
-        "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": text}]}, timeout=60)))
     began = time.monotonic()
-    thread.start()
-    while thread.is_alive():
-        t = time.monotonic()
-        assert big.get("/health", auth=False).status_code == 200
-        assert time.monotonic() - t < 1.0
-        time.sleep(0.05)
-    thread.join()
-    check_shape(result["r"], 400, "messages", "context_length_exceeded")
+    response = post_while_healthy(big, "/v1/chat/completions",
+                                  {**CHAT, "messages": [{"role": "user", "content": text}]}, timeout=60)
+    check_shape(response, 400, "messages", "context_length_exceeded")
     assert time.monotonic() - began < 10
     check_shape(big.post("/v1/completions", {**COMPLETION, "prompt": text}), 400, "prompt", "context_length_exceeded")
     check_shape(big.post("/tokenize", {"model": MODEL, "prompt": text}), 400, "prompt", "context_length_exceeded")
@@ -226,16 +233,8 @@ def test_a_large_structured_body_does_not_hold_the_event_loop(request, engine):
     C-speed check finds such text)."""
     big = start(request, engine, max_body_bytes=16 * 2**20)
     body = json.dumps({**COMPLETION, "padding": [{}] * (2 * 2**20)}).encode()
-    result = {}
-    thread = threading.Thread(target=lambda: result.update(r=big.post("/v1/completions", body)))
-    thread.start()
-    while thread.is_alive():
-        began = time.monotonic()
-        assert big.get("/health", auth=False).status_code == 200
-        assert time.monotonic() - began < 1.0
-        time.sleep(0.02)
-    thread.join()
-    assert result["r"].status_code == 200, result["r"].text
+    response = post_while_healthy(big, "/v1/completions", body)
+    assert response.status_code == 200, response.text
 
 
 def test_tokenize_renders_messages_as_the_chat_route_does(request, engine, server):
