@@ -190,10 +190,14 @@ class IncrementalDetokenizer:
         """The stop string found so far, or None."""
         return self._stopped_on
 
-    def update(self, new_token_ids: Sequence[int]) -> str | None:
+    def update(self, new_token_ids: Sequence[int], check_stop: bool = True) -> str | None:
         """Append generated tokens. Returns the stop string if one now appears in the output text
         (the text is then cut exactly: before the stop string, or after it when include_stop_str_in_output),
-        else None. After a stop was found, further updates are an error."""
+        else None. After a stop was found, further updates are an error.
+
+        check_stop=False (the tokens within a request's min_tokens) appends their text without looking for
+        stop strings; later updates search only their own text and the len(stop) - 1 characters before it,
+        so a stop string must end past those tokens (vLLM's rule)."""
         if self._stopped_on is not None:
             raise RuntimeError(f"update() after stop string {self._stopped_on!r} was found")
         token_ids = [int(t) for t in new_token_ids]
@@ -201,6 +205,8 @@ class IncrementalDetokenizer:
         if not new_text:
             return None
         self._text += new_text
+        if not check_stop:
+            return None
         found = find_stop(self._text, len(new_text), self._stop, self._include_stop)
         if found is None:
             return None

@@ -74,7 +74,9 @@ class PostProcessor:
         if stop is None and verdict is not None:
             stop = (verdict, None)
         if seq.detokenizer is not None and (stop is None or stop[0] == "length"):
-            stop_str = seq.detokenizer.update([token])  # EOS and stop tokens never become text
+            # EOS and stop tokens never become text; stop strings, like stop ids, end it only past min_tokens
+            past_min = seq.num_output_tokens > seq.params.min_tokens
+            stop_str = seq.detokenizer.update([token], check_stop=past_min)
             if stop_str is not None:
                 stop = ("stop", stop_str)
         if stop is not None:

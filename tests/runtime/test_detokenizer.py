@@ -412,6 +412,17 @@ def test_stop_strings_match_reference_for_random_streams(tok):
         assert "".join(deltas) == detok.output_text
 
 
+def test_text_fed_without_a_stop_check_is_not_searched_later(byte_tok):
+    """check_stop=False (the tokens within min_tokens): their text is output and a stop string inside it is no
+    stop; one that ends in text fed later is, even where it starts in theirs."""
+    detok = IncrementalDetokenizer(byte_tok, [], stop=["fox", "brown fox"])
+    assert detok.update(_encode(byte_tok, " the fox"), check_stop=False) is None
+    assert detok.update(_encode(byte_tok, " quick brown"), check_stop=False) is None
+    assert detok.output_text == " the fox quick brown"
+    assert detok.update(_encode(byte_tok, " fox jumps")) == "brown fox"
+    assert detok.output_text == " the fox quick "
+
+
 def test_update_after_stop_is_an_error(byte_tok):
     detok = IncrementalDetokenizer(byte_tok, [], stop=["fox"])
     assert detok.update(_encode(byte_tok, " the fox jumps")) == "fox"

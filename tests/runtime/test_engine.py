@@ -96,6 +96,23 @@ def test_min_tokens_holds_back_stop_tokens(engine):
     assert len(ids) >= 4 and stop_at not in ids[:4]
 
 
+def test_stop_strings_count_only_past_min_tokens(engine):
+    """Regression (s38's fuzzing): a stop string in the text of the first min_tokens tokens ended the request there
+    (2 tokens of min_tokens=6). Like stop ids, a stop string counts only once it ends in the text of a token past
+    min_tokens (vLLM's rule); it may start before."""
+    full = engine.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    head = engine.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0].outputs[0]
+    for stop in (full.text.split()[1], head.text[-3:] + full.text[len(head.text):][:2]):  # in token 2; across 6|7
+        out = engine.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=12, min_tokens=6,
+                                                            ignore_eos=True, stop=[stop]))[0].outputs[0]
+        start = full.text.find(stop, len(head.text) - len(stop) + 1)  # the first match ending past the 6 tokens
+        assert out.token_ids[:6] == full.token_ids[:6] and len(out.token_ids) > 6
+        if start < 0:
+            assert (out.text, out.finish_reason, out.token_ids) == (full.text, "length", full.token_ids)
+        else:
+            assert (out.text, out.finish_reason, out.stop_reason) == (full.text[:start], "stop", stop)
+
+
 def test_n_gives_distinct_reproducible_samples(engine):
     params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=12, ignore_eos=True)
     first = engine.generate([PROMPTS[0]], params)[0]
