@@ -67,7 +67,8 @@ class TritonBackend(AttentionBackend):
     # (from xqa_mixed_min_seqs sequences) with q rounded to float8: XQA over the step's sequences (one q row each;
     # the other rows' outputs are dropped), then the prefill kernel for the rest. Off: built in s37 after an H100
     # profile of a throughput mixed step (200 decodes + 900 prompt tokens: the split kernel's launch 5.07 ms a step
-    # where XQA takes the same decodes in 3.90 ms), not yet run on a GPU (tests/gpu, kernel_sweep's A/B)
+    # where XQA takes the same decodes in 3.90 ms), not yet run on a GPU (its test: tests/kernels/test_xqa_decode.py;
+    # its A/B: gpu_run.sh mixed-fp8-xm, qtput-fp8kv-xm)
     xqa_mixed: bool = False
     xqa_mixed_min_seqs: int = DECODE_KERNEL_MIN_SEQS
     # (block table, lengths) as XQA reads them (int32 [B, M], uint32 [B, 1]), converted by the first layer of the
