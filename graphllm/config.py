@@ -32,6 +32,7 @@ QUANTIZATIONS = ("fp8", "int8", "int4")
 CHECKPOINT_QUANTIZATIONS = ("compressed-tensors", "gptq", "awq")
 DEFAULT_QUANTIZATION_GROUP_SIZE = 128  # int4's, when quantizing a float checkpoint
 DEFAULT_LIMITS = {"max_num_seqs": 64, "max_num_batched_tokens": 2048, "block_size": 16}
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "graphllm"  # compiled artifacts go under <cache_dir>/artifacts
 
 
@@ -48,7 +49,11 @@ class EngineConfig:
     block_size: int | None = None  # tokens per KV-cache block
     max_model_len: int | None = None  # prompt + output; None = the model's max positions
     num_kv_blocks: int | None = None  # None = sized from kv_cache_memory_gib
-    kv_cache_memory_gib: float | None = None  # None: 4 GiB on CPU, 90% of free memory on GPU
+    kv_cache_memory_gib: float | None = None  # None: 4 GiB on CPU, on a GPU what gpu_memory_utilization leaves
+    # GPU: the share of the GPU's memory this engine may hold (vLLM's --gpu-memory-utilization): the KV cache takes
+    # what is free after the weights, less the rest of the GPU's memory (1 - this), which keeps room for the
+    # step's activations and CUDA graphs (the 8B preset's graphs together: 0.67 GiB) and other processes
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
     seed: int = 0  # for unseeded sampling
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs (GPU only)
     # with cuda_graphs: FULL_DECODE_ONLY graphs decode steps; FULL also steps that carry prompt tokens, one graph
@@ -139,6 +144,11 @@ class EngineConfig:
             raise ValueError(f"num_decode_steps must be >= 1, got {self.num_decode_steps}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.kv_cache_memory_gib is not None and not self.kv_cache_memory_gib > 0:
+            raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization is a share of the GPU's memory, in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
 

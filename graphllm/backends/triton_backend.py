@@ -43,6 +43,7 @@ from graphllm.kernels.store_kv import store_kv
 from graphllm.backends.base import AttentionBackend
 
 XQA_MAX_SEQ_HEADS = 8192 * 8  # sequences x KV heads a decode step through XQA may have (its semaphores)
+XQA_SCRATCH_BYTES = 256 * 2**20  # XQA's workspace, as FlashInfer's tests give it (the KV cache's budget leaves it)
 
 
 class TritonBackend(AttentionBackend):
@@ -196,7 +197,7 @@ class TritonBackend(AttentionBackend):
         """XQA's scratch (256 MiB, as FlashInfer's tests give it) and its semaphores (zeroed; the kernel returns
         them to zero), allocated once at the first plan: graphs captured later keep their addresses."""
         if self._xqa_scratch is None:
-            self._xqa_scratch = (torch.zeros(256 * 2**20, dtype=torch.uint8, device=device),
+            self._xqa_scratch = (torch.zeros(XQA_SCRATCH_BYTES, dtype=torch.uint8, device=device),
                                  torch.zeros(3 * XQA_MAX_SEQ_HEADS + 6, dtype=torch.uint32, device=device))
         return self._xqa_scratch
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from graphllm.cli.args import add_pass_flags, add_runtime_flags, pass_switches
+from graphllm.cli.args import add_pass_flags, add_runtime_flags, memory_options, pass_switches
 from graphllm.config import ATTENTION_BACKENDS, DEFAULT_LIMITS, DTYPES, EngineConfig
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.runtime.structured_output import StructuredOutputsParams
@@ -64,7 +64,7 @@ def add_common_args(p: argparse.ArgumentParser, max_num_seqs: int | None) -> Non
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
     p.add_argument("--max-model-len", type=int, help="default: the longest request, rounded up to whole KV blocks")
     p.add_argument("--max-num-batched-tokens", type=int, help="token budget of one step")
-    p.add_argument("--kv-cache-memory-gib", type=float, help="KV cache memory cap (default: 90%% of free GPU memory, 4 GiB on CPU)")
+    p.add_argument("--block-size", type=int, help="tokens per KV-cache block (default 16)")
     p.add_argument("--dtype", default="auto", choices=DTYPES)
     p.add_argument("--device", default="auto")
     p.add_argument("--seed", type=int, default=0, help="seeds prompts (and lengths)")
@@ -123,9 +123,10 @@ def build_engine(args: argparse.Namespace, model_dir: Path, max_num_seqs: int, m
     tokens = max(max_num_batched_tokens, max_num_seqs, MIN_MAX_NUM_BATCHED_TOKENS)
     config = EngineConfig(
         model=str(model_dir), compile=not args.eager, dtype=args.dtype, device=args.device,
-        max_num_seqs=max_num_seqs, max_model_len=args.max_model_len or whole_blocks(model_dir, max_model_len),
-        max_num_batched_tokens=args.max_num_batched_tokens or tokens,
-        kv_cache_memory_gib=args.kv_cache_memory_gib, cuda_graphs=not args.no_cuda_graphs,
+        max_num_seqs=max_num_seqs,
+        max_model_len=args.max_model_len or whole_blocks(model_dir, max_model_len, args.block_size),
+        max_num_batched_tokens=args.max_num_batched_tokens or tokens, block_size=args.block_size,
+        **memory_options(args), cuda_graphs=not args.no_cuda_graphs,
         attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
         async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
         calculate_kv_scales=args.calculate_kv_scales, enable_prefix_caching=args.enable_prefix_caching,
@@ -146,10 +147,11 @@ def model_dtype(args: argparse.Namespace, model_dir: Path, device: torch.device)
     return resolve_dtype(args.dtype, json.loads((model_dir / "config.json").read_text()), device)
 
 
-def whole_blocks(model_dir: Path, tokens: int) -> int:
-    """`tokens` rounded up to whole KV blocks (within the model's positions): the engine sizes its
-    cache as max_num_seqs * max_model_len tokens, so every sequence then gets its blocks at once."""
-    block = DEFAULT_LIMITS["block_size"]
+def whole_blocks(model_dir: Path, tokens: int, block: int | None = None) -> int:
+    """`tokens` rounded up to whole KV blocks of `block` tokens (None: the default size), within the model's
+    positions: the engine sizes its cache as max_num_seqs * max_model_len tokens, so every sequence then gets its
+    blocks at once."""
+    block = block or DEFAULT_LIMITS["block_size"]
     config = model_dir / "config.json"  # missing: the engine says so
     limit = json.loads(config.read_text()).get("max_position_embeddings") if config.is_file() else None
     limit = limit or tokens

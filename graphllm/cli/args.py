@@ -5,8 +5,8 @@ import dataclasses
 import json
 
 from graphllm.config import (ATTENTION_BACKENDS, CHECKPOINT_QUANTIZATIONS, CUDAGRAPH_MODES, DEFAULT_CUDAGRAPH_MODE,
-                             DEFAULT_QUANTIZATION_GROUP_SIZE, DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, CompileConfig,
-                             EngineConfig)
+                             DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_LIMITS, DEFAULT_QUANTIZATION_GROUP_SIZE, DTYPES,
+                             KV_CACHE_DTYPES, QUANTIZATIONS, CompileConfig, EngineConfig)
 from graphllm.runtime.sampling_params import SamplingParams
 
 SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
@@ -29,6 +29,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--max-num-seqs", type=int)
     parser.add_argument("--max-num-batched-tokens", type=int)
+    parser.add_argument("--block-size", type=int, help=f"tokens per KV-cache block (default "
+                        f"{DEFAULT_LIMITS['block_size']}; an artifact runs with the block size it was compiled for)")
     add_pass_flags(parser)
 
 
@@ -89,6 +91,14 @@ def add_runtime_flags(parser: argparse.ArgumentParser) -> None:
                              "--no-enable-prefix-caching turns it off)")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
                         help="auto: the model's dtype; fp8: float8_e4m3fn (half the KV bytes)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=DEFAULT_GPU_MEMORY_UTILIZATION,
+                        help="GPU: the share of the GPU's memory the engine may hold; the KV cache takes what is "
+                             "free after the weights less the rest (default %(default)s, as vLLM's)")
+    parser.add_argument("--kv-cache-memory-gib", type=float,
+                        help="the KV cache's size in GiB, instead of --gpu-memory-utilization's share (default on "
+                             "the CPU: 4)")
+    parser.add_argument("--num-gpu-blocks-override", type=int, metavar="N",
+                        help="exactly N KV-cache blocks, whatever the memory (vLLM's flag; for tests and A/Bs)")
     parser.add_argument("--calculate-kv-scales", action="store_true",
                         help="fp8 KV cache: scales from the K/V amax of a calibration prefill at start-up "
                              "(default: the checkpoint's k_scale/v_scale, else 1.0)")
@@ -140,16 +150,23 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     config = EngineConfig(model=args.model, artifact=args.artifact, compile=not args.eager and not args.artifact,
                           dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                          attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
+                          block_size=args.block_size, attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
                           async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
                           enable_prefix_caching=args.enable_prefix_caching, enable_pdl=args.enable_pdl,
                           fuse_rope_decode=args.fuse_rope_decode, xqa_decode=args.xqa_decode,
                           cudagraph_mode=args.cudagraph_mode,
                           max_cudagraph_capture_size=args.max_cudagraph_capture_size,
                           calculate_kv_scales=args.calculate_kv_scales, cache_dir=getattr(args, "cache_dir", None),
+                          **memory_options(args),
                           speculative_config=getattr(args, "speculative_config", None), **pass_switches(args))
     torchrun = getattr(args, "torchrun", None)
     return config if torchrun is None else under_torchrun(config, torchrun)
+
+
+def memory_options(args: argparse.Namespace) -> dict:
+    """EngineConfig's KV-cache sizing from add_runtime_flags' flags."""
+    return {"gpu_memory_utilization": args.gpu_memory_utilization, "kv_cache_memory_gib": args.kv_cache_memory_gib,
+            "num_kv_blocks": args.num_gpu_blocks_override}
 
 
 def json_object(text: str) -> dict:
@@ -176,7 +193,7 @@ def under_torchrun(config: EngineConfig, torchrun) -> EngineConfig:
 
 
 def compile_config(args: argparse.Namespace) -> CompileConfig:
-    given = {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len")}
+    given = {k: getattr(args, k) for k in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size")}
     return CompileConfig(dtype=args.dtype, buckets=tuple(args.buckets) if args.buckets else None,
                          inductor_pdl=getattr(args, "enable_pdl", True),
                          **{k: v for k, v in given.items() if v is not None}, **pass_switches(args))

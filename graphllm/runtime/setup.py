@@ -14,10 +14,11 @@ import torch
 from torch import nn
 
 from graphllm.backends import AttentionShape, select_backend, xqa_supports
+from graphllm.backends.triton_backend import XQA_SCRATCH_BYTES
 from graphllm.config import DEFAULT_LIMITS, EngineConfig, default_buckets
 from graphllm.device import resolve_device, resolve_dtype
 from graphllm.ir.capture import GRAPH_PADDING_SEQS, StepModule
-from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales
+from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales, is_fp8
 from graphllm.kernels.launch import programmatic_launch
 from graphllm.models.config import ModelConfig
 from graphllm.models.loader import load_model, read_hf_config, read_json_object
@@ -30,7 +31,6 @@ logger = logging.getLogger("graphllm")
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 CPU_KV_CACHE_GIB = 4.0
-GPU_MEMORY_UTILIZATION = 0.9
 
 
 class Limits(NamedTuple):
@@ -125,29 +125,58 @@ def resolve_max_model_len(config: EngineConfig, model_config: ModelConfig) -> in
 
 
 def resolve_num_blocks(config: EngineConfig, limits: Limits, model_config: ModelConfig,
-                       kv_cache_dtype: torch.dtype, device: torch.device, max_model_len: int) -> int:
+                       kv_cache_dtype: torch.dtype, device: torch.device, max_model_len: int,
+                       reserved: int = 0) -> int:
     """config.num_kv_blocks, else as many as the KV memory budget holds in kv_cache_dtype (capped
-    at every sequence at full length)."""
+    at every sequence at full length); `reserved`: bytes the engine allocates after the cache (kv_cache_budget)."""
     block_size = limits.block_size
     if config.num_kv_blocks is not None:
         num_blocks = config.num_kv_blocks
     else:
         per_block = kv_bytes_per_block(model_config, block_size, kv_cache_dtype)
         wanted = limits.max_num_seqs * -(-max_model_len // block_size)  # every sequence at full length
-        num_blocks = min(wanted, kv_cache_budget(config, device) // per_block)
+        num_blocks = min(wanted, kv_cache_budget(config, device, reserved) // per_block)
     if num_blocks * block_size < max_model_len:
         raise ValueError(f"the KV cache holds {num_blocks * block_size} tokens, fewer than "
                          f"max_model_len={max_model_len}: give more KV memory or a smaller max_model_len")
     return num_blocks
 
 
-def kv_cache_budget(config: EngineConfig, device: torch.device) -> int:
+def kv_cache_budget(config: EngineConfig, device: torch.device, reserved: int = 0) -> int:
+    """The KV cache's bytes: config.kv_cache_memory_gib, else 4 GiB on the CPU, else on a GPU gpu_kv_budget of
+    what is free now (the weights loaded), less `reserved` (a buffer the engine allocates after the cache: XQA's
+    scratch)."""
     if config.kv_cache_memory_gib is not None:
         return int(config.kv_cache_memory_gib * 2**30)
     if device.type == "cpu":
         return int(CPU_KV_CACHE_GIB * 2**30)
     free, total = torch.cuda.mem_get_info(device)
-    return int(free - (1 - GPU_MEMORY_UTILIZATION) * total)
+    return gpu_kv_budget(free, total, config.gpu_memory_utilization, reserved)
+
+
+def gpu_kv_budget(free: int, total: int, utilization: float, reserved: int = 0) -> int:
+    """What a GPU with `free` of `total` bytes free gives the KV cache when the engine may hold `utilization` of
+    it (vLLM's --gpu-memory-utilization): the free bytes less the share it must leave, less `reserved`. The
+    share left (10% by default) also holds the step's activations and the CUDA graphs, allocated later. None
+    left is an error that names the numbers and the two flags that change them."""
+    budget = int(free - (1 - utilization) * total) - reserved
+    if budget <= 0:
+        gib = 2**30
+        raise ValueError(f"no GPU memory left for the KV cache: {free / gib:.2f} GiB of {total / gib:.2f} GiB are "
+                         f"free with the model loaded, and --gpu-memory-utilization {utilization:g} leaves "
+                         f"{(1 - utilization) * total / gib:.2f} GiB to other uses"
+                         + (f" and {reserved / gib:.2f} GiB to attention scratch" if reserved else "")
+                         + ": raise --gpu-memory-utilization, or give --kv-cache-memory-gib")
+    return budget
+
+
+def reserved_after_kv_cache(config: EngineConfig, kv_dtype: torch.dtype, device: torch.device) -> int:
+    """Bytes allocated after the KV cache is sized that its budget leaves free: XQA's scratch where a float8
+    cache's decode may take it (EngineConfig.xqa_decode not False; whether it runs is known only after the
+    cache exists, so where it then does not, the cache is 256 MiB smaller than it could be)."""
+    if device.type != "cuda" or config.xqa_decode is False or not is_fp8(kv_dtype):
+        return 0
+    return XQA_SCRATCH_BYTES
 
 
 XQA_PAGE_SIZES = (16, 32, 64, 128)  # flashinfer.xqa's page_size choices
@@ -354,7 +383,8 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     timer.lap("tokenizer")
     max_model_len = resolve_max_model_len(config, model_config)
     kv_dtype = resolve_kv_cache_dtype(config, dtype)
-    num_blocks = resolve_num_blocks(config, limits, model_config, kv_dtype, device, max_model_len)
+    num_blocks = resolve_num_blocks(config, limits, model_config, kv_dtype, device, max_model_len,
+                                    reserved_after_kv_cache(config, kv_dtype, device))
     # one block more than the pool hands out: padded CUDA-graph rows write their K/V there
     kv_caches = allocate_kv_caches(model_config, num_blocks + 1, limits.block_size, kv_dtype, device)
     kv_bytes = sum(c.numel() * c.element_size() for c in kv_caches)

@@ -50,3 +50,18 @@ def test_invalid_sampling_flag_is_a_message(tiny_model_dir):
     path, _ = tiny_model_dir("llama")
     result = run_cli("generate", "--model", str(path), "--eager", "--prompt", "w3", "--top-p", "1.5")
     assert result.returncode == 2 and "top_p" in result.stderr
+
+
+def test_block_size_and_block_count_flags_size_the_cache_and_keep_the_tokens(tiny_model_dir):
+    """--block-size and --num-gpu-blocks-override (vLLM's flags) reach the engine: 4-token blocks, 64 of them (the
+    tiny model's 256 positions), generate the greedy tokens of the default cache; too few blocks for max_model_len
+    is a message naming it."""
+    path, _ = tiny_model_dir("llama")
+    base = ("generate", "--model", str(path), "--eager", "--prompt", "w3 w4 w5 w6 w7", "--raw", "--max-tokens", "12",
+            "--ignore-eos", "--json")
+    default, small = run_cli(*base), run_cli(*base, "--block-size", "4", "--num-gpu-blocks-override", "64")
+    assert default.returncode == 0 and small.returncode == 0, default.stderr + small.stderr
+    assert json.loads(small.stdout)["token_ids"] == json.loads(default.stdout)["token_ids"]
+    short = run_cli(*base, "--block-size", "4", "--num-gpu-blocks-override", "8")
+    assert short.returncode == 2 and "holds 32 tokens, fewer than max_model_len=256" in short.stderr
+    assert "Traceback" not in short.stderr

@@ -9,7 +9,9 @@ import time
 import httpx2 as httpx
 import pytest
 
-from graphllm.cli.args import engine_config
+from graphllm.cli.args import compile_config, engine_config
+from graphllm.cli.main import build_parser
+from graphllm.config import DEFAULT_LIMITS
 from graphllm.cli.serve import DEMO_MODEL_NAME, add_serve_parser, server_config
 from tests.server.conftest import free_port, model_dir  # noqa: F401  (model_dir: a fixture)
 
@@ -38,6 +40,25 @@ def test_flags_reach_the_configs():
     assert (engine.model, engine.max_model_len, engine.max_num_seqs, engine.dtype, engine.compile) == \
         ("/m", 64, 4, "float32", False)
     assert server_config(parse("--model", "/m")).tool_call_parser is None  # only the demo defaults to hermes
+
+
+def test_memory_and_block_flags_reach_the_engine_and_the_compiler():
+    """vLLM's sizing flags: --gpu-memory-utilization, --num-gpu-blocks-override, --kv-cache-memory-gib (was bench-only)
+    and --block-size, which the artifact-mismatch error already told users to pass and no command took."""
+    args = parse("--gpu-memory-utilization", "0.95", "--kv-cache-memory-gib", "12.5", "--num-gpu-blocks-override",
+                 "300", "--block-size", "32")
+    engine = engine_config(args)
+    assert (engine.gpu_memory_utilization, engine.kv_cache_memory_gib, engine.num_kv_blocks, engine.block_size) == \
+        (0.95, 12.5, 300, 32)
+    assert engine.compile_config().block_size == 32  # serve / generate compiling a model folder
+    compile_args = ["compile", "--model", "/m", "--out", "/a"]
+    assert compile_config(build_parser().parse_args([*compile_args, "--block-size", "32"])).block_size == 32
+    assert compile_config(build_parser().parse_args(compile_args)).block_size == DEFAULT_LIMITS["block_size"]
+    defaults = engine_config(parse())
+    assert (defaults.gpu_memory_utilization, defaults.kv_cache_memory_gib, defaults.num_kv_blocks,
+            defaults.block_size) == (0.9, None, None, None)
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        engine_config(parse("--gpu-memory-utilization", "1.2"))
 
 
 def test_conflicting_model_flags_and_bad_ports_are_refused_before_loading():

@@ -13,8 +13,9 @@ from graphllm.ir.capture import StepModule
 from graphllm.models.loader import read_hf_config
 from graphllm.models.registry import resolve_architecture
 from graphllm.runtime.kv_cache import kv_bytes_per_block
-from graphllm.runtime.setup import (Limits, build_runtime, eos_token_ids, resolve_kv_cache_dtype, resolve_limits,
-                                    resolve_max_model_len, resolve_num_blocks)
+from graphllm.backends.triton_backend import XQA_SCRATCH_BYTES
+from graphllm.runtime.setup import (Limits, build_runtime, eos_token_ids, gpu_kv_budget, reserved_after_kv_cache,
+                                    resolve_kv_cache_dtype, resolve_limits, resolve_max_model_len, resolve_num_blocks)
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.runtime.sequence import Sequence
 from tests.tiny_models import make_tokenizer
@@ -89,6 +90,36 @@ def test_a_cache_shorter_than_max_model_len_is_refused(llama, option):
     _, model_config = llama
     with pytest.raises(ValueError, match="holds 112 tokens, fewer than max_model_len=128"):
         resolve_num_blocks(EngineConfig(**option), Limits(64, 2048, 16), model_config, torch.float32, CPU, 128)
+
+
+def test_the_gpu_budget_is_what_the_utilization_leaves_less_what_is_reserved():
+    gib = 2**30
+    assert gpu_kv_budget(70 * gib, 80 * gib, 0.9) == 62 * gib  # 80 GiB card, 10 GiB of weights: 8 GiB kept back
+    assert gpu_kv_budget(70 * gib, 80 * gib, 0.95) == 66 * gib
+    assert gpu_kv_budget(70 * gib, 80 * gib, 0.9, XQA_SCRATCH_BYTES) == 62 * gib - 256 * 2**20
+    with pytest.raises(ValueError, match=r"no GPU memory left for the KV cache: 7.00 GiB of 80.00 GiB are free .*"
+                                         r"--gpu-memory-utilization 0.9 leaves 8.00 GiB .*--kv-cache-memory-gib"):
+        gpu_kv_budget(7 * gib, 80 * gib, 0.9)
+    with pytest.raises(ValueError, match="0.25 GiB to attention scratch"):
+        gpu_kv_budget(8 * gib + 2**20, 80 * gib, 0.9, XQA_SCRATCH_BYTES)
+
+
+def test_xqas_scratch_is_kept_out_of_the_cache_only_where_xqa_may_run():
+    """Regression: XQA's 256 MiB workspace was allocated after the cache had taken its share (s37 left alone)."""
+    cuda = torch.device("cuda")  # a device name: no GPU is touched
+    assert reserved_after_kv_cache(EngineConfig(), torch.float8_e4m3fn, cuda) == XQA_SCRATCH_BYTES
+    assert reserved_after_kv_cache(EngineConfig(xqa_decode=True), torch.float8_e4m3fn, cuda) == XQA_SCRATCH_BYTES
+    assert reserved_after_kv_cache(EngineConfig(xqa_decode=False), torch.float8_e4m3fn, cuda) == 0
+    assert reserved_after_kv_cache(EngineConfig(), torch.bfloat16, cuda) == 0
+    assert reserved_after_kv_cache(EngineConfig(), torch.float8_e4m3fn, CPU) == 0
+
+
+@pytest.mark.parametrize("option", [dict(gpu_memory_utilization=0.0), dict(gpu_memory_utilization=1.5),
+                                    dict(gpu_memory_utilization=float("nan")), dict(kv_cache_memory_gib=0.0),
+                                    dict(kv_cache_memory_gib=-1.0)])
+def test_memory_options_out_of_range_are_refused(option):
+    with pytest.raises(ValueError, match=next(iter(option))):
+        EngineConfig(**option)
 
 
 # -- EOS ids, KV dtype ----------------------------------------------------------------------
