@@ -35,6 +35,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import weakref
 from datetime import timedelta
 from multiprocessing import connection
@@ -56,6 +57,9 @@ logger = logging.getLogger(__name__)
 STOP = -1
 HEADER = 6  # T, B, M, N, cache blocks, block size
 TIMEOUT = timedelta(seconds=120)  # a collective waiting longer than this means a rank is gone
+# a spawned worker still building its step this long after rank 0 has built its own (or twice rank 0's build time,
+# if longer) is taken to hang, and the load fails naming it
+WORKER_BUILD_PATIENCE = 300.0
 IDLE = timedelta(days=365)  # but a worker waits this long for the next step: an idle engine has lost no rank
 
 
@@ -280,9 +284,15 @@ def spawn_workers(world_size: int, rank_step: RankStep, kv_dtype: torch.dtype) -
     return workers, pipes
 
 
-def await_workers(workers: list, pipes: list) -> None:
-    """Wait until every spawned worker has built its step; a worker's error, or its death, is raised here."""
+def await_workers(workers: list, pipes: list, patience: float = WORKER_BUILD_PATIENCE) -> None:
+    """Wait until every spawned worker has built its step; a worker's error, or its death, is raised here, and so
+    is a worker still building `patience` seconds from now (alive but hung: it was waited for without limit)."""
+    deadline = time.monotonic() + patience
     for rank, (proc, pipe) in enumerate(zip(workers, pipes), start=1):
+        if not pipe.poll(max(0.0, deadline - time.monotonic())):
+            raise RuntimeError(f"tensor-parallel worker rank {rank} (pid {proc.pid}) is still building its step "
+                               f"{patience:.0f} s after rank 0 built its own (the same work on a shard of the same "
+                               "size): taken to hang; stopping the workers")
         try:
             error = pipe.recv()
         except EOFError:  # it exited before it could say
@@ -296,21 +306,23 @@ def await_workers(workers: list, pipes: list) -> None:
 
 
 def start_tensor_parallel(world_size: int, rank_step: RankStep, kv_dtype: torch.dtype,
-                          rank0: tuple | None = None, init_method: str | None = None
-                          ) -> tuple[TensorParallelStep, ModelConfig]:
+                          rank0: tuple | None = None, init_method: str | None = None,
+                          patience: float = WORKER_BUILD_PATIENCE) -> tuple[TensorParallelStep, ModelConfig]:
     """Join ranks 1..N-1 as rank 0 and return rank 0's step with the ModelConfig of its KV cache (rank0: its
     (step, config) when the caller already built it). init_method None: start them here (spawned processes,
     meeting on a free local port once every rank has built its step); else they were started elsewhere
     (torchrun: worker_main on every other rank) and meet at init_method. A failure after the workers start
-    stops them before it propagates."""
+    stops them before it propagates, and so does a spawned worker still building its step when rank 0 has built
+    its own and waited max(patience, twice its own build time) more."""
     if dist.is_initialized():  # its STOP and destroy_process_group below would end the other engine
         raise RuntimeError("this process already holds a torch.distributed group (another tensor-parallel engine?): "
                            "one tensor-parallel engine per process; shut the other down first (engine.shutdown())")
     workers, pipes = spawn_workers(world_size, rank_step, kv_dtype) if init_method is None else ([], [])
     try:
+        start = time.monotonic()
         step, local = rank0 or rank_step.build(0, world_size, torch.device("cpu"))
         if init_method is None:
-            await_workers(workers, pipes)
+            await_workers(workers, pipes, max(patience, 2 * (time.monotonic() - start)))
             init_method = f"tcp://127.0.0.1:{_free_port()}"
             for pipe in pipes:
                 pipe.send(init_method)

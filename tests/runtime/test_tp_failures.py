@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from graphllm import Engine, SamplingParams
+from graphllm.runtime.tensor_parallel import RankStep
 
 pytestmark = pytest.mark.slow  # starts worker processes
 
@@ -116,6 +117,29 @@ def test_a_worker_that_cannot_build_its_step_fails_the_load_with_its_message(tin
                                          "damaged"):
         Engine.load(art)
     assert not dist.is_initialized()
+
+
+class _HangingRank(RankStep):
+    """Rank 1 hangs while building (a stuck filesystem, a deadlock): alive, never done."""
+
+    def build(self, rank: int, world_size: int, device: torch.device) -> tuple:
+        if rank == 1:
+            time.sleep(3600)
+        return super().build(rank, world_size, device)
+
+
+def test_a_worker_that_hangs_while_building_fails_the_load_and_is_stopped(tiny_model_dir):
+    """The bug (s37 left it alone): rank 0 waited without limit for a worker that was alive but never built its
+    step, so the load (a server's start) hung. Now it waits max(patience, 2 x rank 0's build time) after its own."""
+    from graphllm.runtime.tensor_parallel import start_tensor_parallel
+    path, _ = tiny_model_dir("llama")
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="worker rank 1 .* is still building its step \\d+ s after rank 0 built its "
+                                           "own .*taken to hang"):
+        start_tensor_parallel(2, _HangingRank(str(path), False, torch.float32), torch.float32, patience=3.0)
+    assert time.monotonic() - start < 90
+    assert not dist.is_initialized()
+    assert not [p for p in mp.active_children() if p.is_alive()]  # the hung worker was stopped
 
 
 def test_a_second_engine_in_the_process_is_refused_and_the_first_keeps_running(tiny_model_dir):
