@@ -114,6 +114,9 @@ class EngineConfig:
     # where ranks 1..N-1 started elsewhere (torchrun, on this node or others) meet rank 0, e.g.
     # tcp://host:port; None: the engine starts them itself on this node
     distributed_init_method: str | None = None
+    # a Jinja chat template used instead of the tokenizer's own (vLLM's --chat-template): its text, or a file holding
+    # it; for a model folder without one, or to change it. Checked at load by rendering a one-message conversation
+    chat_template: str | None = None
     # speculative decoding (vLLM's speculative_config): a dict of SpeculativeConfig's fields, e.g.
     # {"method": "ngram", "num_speculative_tokens": 4} or {"model": DRAFT_DIR, "num_speculative_tokens": 4};
     # kept as a SpeculativeConfig (graphllm/speculative_config.py; the decoder: graphllm/runtime/spec_decode/)

@@ -139,6 +139,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-decode-steps", type=int, default=1,
                         help="greedy decode steps run back to back per schedule, one host sync for all "
                              "(tokens then stream in bursts of this many)")
+    parser.add_argument("--chat-template", metavar="FILE_OR_TEMPLATE",
+                        help="a Jinja chat template (a file, or the template itself) instead of the tokenizer's own")
     add_runtime_flags(parser)
 
 
@@ -150,7 +152,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     config = EngineConfig(model=args.model, artifact=args.artifact, compile=not args.eager and not args.artifact,
                           dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
                           max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                          block_size=args.block_size, attention_backend=args.attention_backend, num_decode_steps=args.num_decode_steps,
+                          block_size=args.block_size, attention_backend=args.attention_backend,
+                          chat_template=args.chat_template, num_decode_steps=args.num_decode_steps,
                           async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
                           enable_prefix_caching=args.enable_prefix_caching, enable_pdl=args.enable_pdl,
                           fuse_rope_decode=args.fuse_rope_decode, xqa_decode=args.xqa_decode,

@@ -99,6 +99,32 @@ def load_tokenizer(path: Path):
         raise ValueError(f"the tokenizer files of {path} do not load: {type(e).__name__}: {e}") from e
 
 
+def use_chat_template(tokenizer, value: str, path: Path) -> None:
+    """EngineConfig.chat_template in place of the tokenizer's own: `value` is a file's path (its text is the
+    template) or the template itself, as vLLM's --chat-template reads it. It must render a one-message
+    conversation; else, as where the folder has no tokenizer, a ValueError says why at load."""
+    source = "--chat-template"
+    try:
+        named = "\n" not in value and Path(value).expanduser().is_file()
+    except OSError:  # a template too long to be a path
+        named = False
+    if named:
+        source = f"--chat-template {value}"
+        text = Path(value).expanduser().read_text(encoding="utf-8", errors="strict")
+    elif "{" not in value:
+        raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template")
+    else:
+        text = value
+    if tokenizer is None:
+        raise ValueError(f"{source}: {path} has no tokenizer files to apply a chat template with")
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], chat_template=text, tokenize=False,
+                                      add_generation_prompt=True)
+    except Exception as e:  # noqa: BLE001 - jinja2's syntax and undefined errors, a template's raise_exception
+        raise ValueError(f"{source} does not render a one-message conversation: {type(e).__name__}: {e}") from e
+    tokenizer.chat_template = text
+
+
 def eos_token_ids(path: Path, model_config: ModelConfig, tokenizer) -> frozenset[int]:
     ids = set(model_config.eos_token_ids)
     gen_file = path / "generation_config.json"
@@ -380,6 +406,8 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     """
     timer = timer or StartupTimer()
     tokenizer = load_tokenizer(path)
+    if config.chat_template is not None:
+        use_chat_template(tokenizer, config.chat_template, path)
     timer.lap("tokenizer")
     max_model_len = resolve_max_model_len(config, model_config)
     kv_dtype = resolve_kv_cache_dtype(config, dtype)

@@ -40,6 +40,8 @@ def test_flags_reach_the_configs():
     assert (engine.model, engine.max_model_len, engine.max_num_seqs, engine.dtype, engine.compile) == \
         ("/m", 64, 4, "float32", False)
     assert server_config(parse("--model", "/m")).tool_call_parser is None  # only the demo defaults to hermes
+    assert engine_config(parse("--chat-template", "t.jinja")).chat_template == "t.jinja"
+    assert engine_config(parse()).chat_template is None
 
 
 def test_memory_and_block_flags_reach_the_engine_and_the_compiler():
