@@ -6,7 +6,11 @@
 """
 
 import argparse
+import asyncio
+import json
+import os
 import sys
+import time
 
 from graphllm.cli.args import add_engine_args, engine_config
 from graphllm.cli.environment import Environment
@@ -19,6 +23,7 @@ DEMO_MODEL_NAME = "graphllm-demo"
 # idle: 7 of 300 requests failed with a 5 s server keep-alive, 0 of 300 with 30 s). Idle connections now
 # outlive the clients' own expiry.
 DEFAULT_KEEP_ALIVE = 30.0
+TRANSPORT_CLOSE_GRACE = 1.0  # s a closed connection's transport gets to finish (a TLS close_notify) at shutdown
 DEMO_TOOL_CALL_PARSER = "hermes"  # the format the demo model's chat template teaches
 
 
@@ -66,6 +71,14 @@ def add_serve_parser(subparsers, env: Environment = Environment()) -> argparse.A
     parser.add_argument("--timeout-keep-alive", type=float, default=DEFAULT_KEEP_ALIVE,
                         help="seconds an idle connection stays open; above the clients' own (httpx: 5 s), so a "
                              "client never reuses a connection the server is closing at that moment")
+    parser.add_argument("--allowed-origins", type=json_list, default=["*"],
+                        help='CORS: origins browsers may call the API from, a JSON list (default ["*"], as vLLM\'s; '
+                             "[] sends no CORS headers)")
+    parser.add_argument("--allowed-methods", type=json_list, default=["*"], help="CORS: allowed methods (JSON list)")
+    parser.add_argument("--allowed-headers", type=json_list, default=["*"], help="CORS: allowed headers (JSON list)")
+    parser.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    parser.add_argument("--ssl-keyfile", help="serve HTTPS with this private key (PEM) and --ssl-certfile")
+    parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate chain (PEM)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=cmd_serve)
     return parser
@@ -80,26 +93,55 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         max_n=args.max_n, max_queued_requests=args.max_queued_requests,
                         metrics_public=args.metrics_public,
                         trust_request_chat_template=args.trust_request_chat_template,
-                        model_root=args.model or args.artifact or (DEMO_MODEL_NAME if serves_demo else None))
+                        model_root=args.model or args.artifact or (DEMO_MODEL_NAME if serves_demo else None),
+                        allowed_origins=tuple(args.allowed_origins), allowed_methods=tuple(args.allowed_methods),
+                        allowed_headers=tuple(args.allowed_headers), allow_credentials=args.allow_credentials)
+
+
+def json_list(text: str) -> list[str]:
+    """--allowed-origins and its peers: a JSON list of strings, as vLLM takes them."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise argparse.ArgumentTypeError(f'expected a JSON list of strings, e.g. \'["https://app.example"]\', '
+                                         f"got {text!r}")
+    return value
+
+
+def ssl_files(args: argparse.Namespace) -> dict:
+    """uvicorn's TLS options: --ssl-keyfile and --ssl-certfile together, each a readable file, checked before the
+    model loads."""
+    given = {"ssl_keyfile": args.ssl_keyfile, "ssl_certfile": args.ssl_certfile}
+    if not any(given.values()):
+        return {}
+    if not all(given.values()):
+        raise ValueError("HTTPS needs both --ssl-keyfile and --ssl-certfile")
+    for name, path in given.items():
+        if not os.path.isfile(path):
+            raise ValueError(f"--{name.replace('_', '-')} {path}: no such file")
+    return given
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from graphllm.runtime.engine import Engine
     from graphllm.server.app import build_app
-    config = server_config(args)  # before loading the model: flag mistakes fail fast
+    config, tls = server_config(args), ssl_files(args)  # before loading the model: flag mistakes fail fast
     engine = Engine(engine_config(args))
     app = build_app(engine, config)
-    print(f"graphllm: serving {config.model_name} at http://{args.host}:{args.port}/v1", flush=True)
+    print(f"graphllm: serving {config.model_name} at http{'s' if tls else ''}://{args.host}:{args.port}/v1",
+          flush=True)
     return serve_app(app, engine, args.host, args.port, args.shutdown_timeout, args.log_level,
-                     args.timeout_keep_alive)
+                     args.timeout_keep_alive, tls)
 
 
 def serve_app(app, engine, host: str, port: int, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-              log_level: str = "info", timeout_keep_alive: float = DEFAULT_KEEP_ALIVE) -> int:
-    """Run uvicorn until SIGTERM / SIGINT (exit code 0) or until the engine fails (1)."""
+              log_level: str = "info", timeout_keep_alive: float = DEFAULT_KEEP_ALIVE, tls: dict | None = None) -> int:
+    """Run uvicorn until SIGTERM / SIGINT (exit code 0) or until the engine fails (1); `tls`: ssl_files'."""
     import uvicorn
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=shutdown_timeout,
-                            timeout_keep_alive=timeout_keep_alive)
+                            timeout_keep_alive=timeout_keep_alive, **(tls or {}))
     server = _server_class()(config, app.state.graphllm, engine)
     server.run()
     try:
@@ -125,6 +167,28 @@ def _server_class():
             # uvicorn re-raises the signals it caught once it has shut down (the process would die of
             # SIGTERM); a drained shutdown is a clean exit, code 0
             getattr(self, "_captured_signals", []).clear()
+
+        async def shutdown(self, sockets=None) -> None:
+            watcher = asyncio.ensure_future(self._abort_closed_transports())
+            try:
+                await super().shutdown(sockets)
+            finally:
+                watcher.cancel()
+
+        async def _abort_closed_transports(self) -> None:
+            """A connection uvicorn has closed counts until its transport is gone, and over TLS asyncio waits up to
+            30 s (its ssl_shutdown_timeout) for the client's close_notify, which an idle keep-alive client never
+            sends: SIGTERM took 31 s with one idle openai client connected. Such transports are aborted after
+            TRANSPORT_CLOSE_GRACE; connections still streaming are not closing, and keep their drain time."""
+            closing_since: dict[int, float] = {}
+            while True:
+                await asyncio.sleep(0.1)
+                now = time.monotonic()
+                for connection in list(self.server_state.connections):
+                    transport = getattr(connection, "transport", None)
+                    if transport is not None and transport.is_closing():
+                        if now - closing_since.setdefault(id(connection), now) > TRANSPORT_CLOSE_GRACE:
+                            transport.abort()
 
         async def on_tick(self, counter: int) -> bool:
             if counter % 5 == 0 and not self.should_exit:  # every 0.5 s

@@ -6,8 +6,9 @@
 Every request of every client goes through the same `engine.stream`, so concurrent requests
 share one continuous batch. The app sees the engine only through EngineClient.
 
-Its ASGI middleware, outermost first: HTTP request counts by status, draining (503 once shutdown
-began), request body size (413), API key (401: every route but /health, and /metrics when public).
+Its ASGI middleware, outermost first: HTTP request counts by status, CORS (ServerConfig.allowed_origins;
+preflights answered here), draining (503 once shutdown began), request body size (413), API key (401: every
+route but /health, and /metrics when public).
 Plain ASGI rather than Starlette's BaseHTTPMiddleware, which would hide `http.disconnect` from the
 streaming responses below it.
 """
@@ -18,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -64,6 +66,10 @@ def build_app(engine: EngineClient, config: ServerConfig) -> FastAPI:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key, open_paths=open_paths)
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(DrainMiddleware, state=app.state.graphllm)
+    if config.allowed_origins:  # outside the API key: a browser's preflight carries no Authorization header
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+                           allow_methods=list(config.allowed_methods), allow_headers=list(config.allowed_headers),
+                           allow_credentials=config.allow_credentials)
     app.add_middleware(HTTPMetricsMiddleware, metrics=metrics)  # outermost: sees 401 and 413 too
     return app
 

@@ -24,6 +24,12 @@ class ServerConfig:
     metrics_public: bool = False  # /metrics open without the API key
     trust_request_chat_template: bool = False  # a request's own chat_template is used (else: a 400)
     model_root: str | None = None  # what /v1/models shows as `root` (the --model / --artifact given)
+    # CORS (vLLM's --allowed-origins / --allowed-methods / --allowed-headers / --allow-credentials, and its
+    # defaults): browsers on these origins may call the API; preflights are answered before the API key check
+    allowed_origins: tuple[str, ...] = ("*",)
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
 
     def __post_init__(self):
         if not self.served_model_names or not all(self.served_model_names):
