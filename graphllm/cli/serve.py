@@ -12,10 +12,11 @@ import os
 import sys
 import time
 
-from graphllm.cli.args import add_engine_args, engine_config
+from graphllm.cli.args import add_engine_args, engine_config, json_object
 from graphllm.cli.environment import Environment
-from graphllm.server.config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_N, DEFAULT_MAX_QUEUED_REQUESTS,
-                                    DEFAULT_SHUTDOWN_TIMEOUT, ServerConfig)
+from graphllm.server.config import (DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_LOGPROBS, DEFAULT_MAX_N,
+                                    DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_SHUTDOWN_TIMEOUT, GENERATION_DEFAULTS,
+                                    ServerConfig)
 
 DEMO_MODEL_NAME = "graphllm-demo"
 # uvicorn closes idle connections after 5 s, exactly when httpx (the openai client) drops them: a request
@@ -79,6 +80,18 @@ def add_serve_parser(subparsers, env: Environment = Environment()) -> argparse.A
     parser.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
     parser.add_argument("--ssl-keyfile", help="serve HTTPS with this private key (PEM) and --ssl-certfile")
     parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate chain (PEM)")
+    parser.add_argument("--generation-config", default="auto", metavar="{auto,vllm,DIR}",
+                        help="sampling defaults of requests that leave them out: auto, the model's "
+                             "generation_config.json; vllm, none; or a folder holding one")
+    parser.add_argument("--override-generation-config", type=json_object, metavar="JSON",
+                        help=f"sampling defaults over --generation-config's, e.g. '{{\"temperature\": 0.5}}' "
+                             f"({', '.join(GENERATION_DEFAULTS)})")
+    parser.add_argument("--max-logprobs", type=int, default=DEFAULT_MAX_LOGPROBS,
+                        help="the largest logprobs / top_logprobs a request may ask for")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="accepted for vLLM compatibility: graphllm runs its own model code, never a checkpoint's")
+    parser.add_argument("--disable-log-requests", action="store_true",
+                        help="accepted for vLLM compatibility: requests are not logged")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.set_defaults(func=cmd_serve)
     return parser
@@ -95,7 +108,9 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                         trust_request_chat_template=args.trust_request_chat_template,
                         model_root=args.model or args.artifact or (DEMO_MODEL_NAME if serves_demo else None),
                         allowed_origins=tuple(args.allowed_origins), allowed_methods=tuple(args.allowed_methods),
-                        allowed_headers=tuple(args.allowed_headers), allow_credentials=args.allow_credentials)
+                        allowed_headers=tuple(args.allowed_headers), allow_credentials=args.allow_credentials,
+                        generation_config=args.generation_config,
+                        override_generation_config=args.override_generation_config, max_logprobs=args.max_logprobs)
 
 
 def json_list(text: str) -> list[str]:

@@ -1,10 +1,14 @@
 """ServerConfig: what `graphllm serve` adds to the EngineConfig, built once at the entry point."""
 
 from dataclasses import dataclass
+from pathlib import Path
 
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 DEFAULT_MAX_N = 128  # choices of one request (n, best_of)
 DEFAULT_MAX_QUEUED_REQUESTS = 1024  # engine requests waiting to be scheduled before new ones get a 503
+# the sampling fields a generation_config.json may default (vLLM applies the same)
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's --max-logprobs
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0  # seconds running streams get to finish after SIGTERM / SIGINT
 
 
@@ -15,7 +19,7 @@ class ServerConfig:
     tool_call_parser: str | None = None  # a TOOL_PARSERS key; None: requests with tools get a 400
     reasoning_parser: str | None = None  # a REASONING_PARSERS key; None: no reasoning_content
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger request bodies get a 413
-    max_logprobs: int = 20  # largest logprobs / top_logprobs a request may ask for
+    max_logprobs: int = DEFAULT_MAX_LOGPROBS  # largest logprobs / top_logprobs a request may ask for
     max_n: int = DEFAULT_MAX_N  # largest n (and best_of) a request may ask for
     max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS  # waiting engine requests; beyond: 503 + Retry-After
     max_prompts: int = 256  # prompts of one /v1/completions batch
@@ -30,11 +34,25 @@ class ServerConfig:
     allowed_methods: tuple[str, ...] = ("*",)
     allowed_headers: tuple[str, ...] = ("*",)
     allow_credentials: bool = False
+    # the sampling defaults of requests that leave them out (vLLM's --generation-config): "auto", the model's own
+    # generation_config.json; "vllm", none (temperature 1.0, ...); else a folder holding a generation_config.json.
+    # override_generation_config's keys (GENERATION_DEFAULTS) take precedence over either
+    generation_config: str = "auto"
+    override_generation_config: dict | None = None
 
     def __post_init__(self):
         if not self.served_model_names or not all(self.served_model_names):
             raise ValueError("served_model_names must hold at least one non-empty name")
-        for name in ("max_body_bytes", "max_n", "max_queued_requests", "max_prompts", "max_stop", "max_tools"):
+        if self.generation_config not in ("auto", "vllm") and not (Path(self.generation_config).expanduser()
+                                                                  / "generation_config.json").is_file():
+            raise ValueError(f"generation_config is 'auto', 'vllm' or a folder holding a generation_config.json: "
+                             f"{self.generation_config} holds none")
+        unknown = sorted(set(self.override_generation_config or {}) - set(GENERATION_DEFAULTS))
+        if unknown:
+            raise ValueError(f"override_generation_config sets {', '.join(GENERATION_DEFAULTS)}, not "
+                             f"{', '.join(unknown)}")
+        for name in ("max_body_bytes", "max_n", "max_queued_requests", "max_prompts", "max_stop", "max_tools",
+                     "max_logprobs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.tool_call_parser is not None:

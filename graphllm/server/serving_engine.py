@@ -20,14 +20,13 @@ from graphllm.runtime.client import EngineClient, EngineDeadError
 from graphllm.runtime.outputs import CompletionOutput, RequestOutput
 from graphllm.runtime.sampling_params import SamplingParams
 from graphllm.runtime.structured_output import StructuredOutputsParams
-from graphllm.server.config import ServerConfig
+from graphllm.server.config import GENERATION_DEFAULTS, ServerConfig
 from graphllm.server.errors import OpenAIError, bad_request
 from graphllm.server.metrics import ServerMetrics
 from graphllm.server.protocol import SamplingRequest
 from graphllm.server.streaming import merge
 
 logger = logging.getLogger("graphllm.server")
-GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 STRUCTURED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")  # vLLM's older names
 STRUCTURED_OUTPUTS_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace")
 MIN_LOGPROB = -9999.0  # JSON has no -inf
@@ -38,13 +37,15 @@ LOGGED_NAMES, LOGGED_NAME_CHARS = 8, 40  # of the unknown fields a request's war
 GRAMMAR_THREADS = 2
 
 
-def generation_defaults(model_path: Path) -> dict:
-    """The sampling defaults the model ships in generation_config.json (vLLM applies them too)."""
-    path = Path(model_path) / "generation_config.json"
-    if not path.is_file():
-        return {}
-    saved = json.loads(path.read_text())
-    return {k: saved[k] for k in GENERATION_DEFAULTS if saved.get(k) is not None}
+def generation_defaults(model_path: Path, config: ServerConfig) -> dict:
+    """The sampling defaults of requests that leave them out (vLLM's --generation-config): the model's
+    generation_config.json ("auto"), none ("vllm") or another folder's, then config.override_generation_config."""
+    folder = {"auto": Path(model_path), "vllm": None}.get(config.generation_config,
+                                                          Path(config.generation_config).expanduser())
+    path = folder / "generation_config.json" if folder is not None else None
+    saved = json.loads(path.read_text()) if path is not None and path.is_file() else {}
+    defaults = {k: saved[k] for k in GENERATION_DEFAULTS if saved.get(k) is not None}
+    return {**defaults, **(config.override_generation_config or {})}
 
 
 @functools.cache
@@ -121,7 +122,7 @@ class OpenAIServing:
         self.engine, self.config, self.metrics = engine, config, metrics
         self.admissions = admissions if admissions is not None else Admissions()  # the app shares one
         self.grammars = grammars if grammars is not None else grammar_executor()  # and one of these
-        self.defaults = generation_defaults(engine.model_path)
+        self.defaults = generation_defaults(engine.model_path, config)
 
     @property
     def max_model_len(self) -> int:

@@ -41,6 +41,11 @@ def test_flags_reach_the_configs():
         ("/m", 64, 4, "float32", False)
     assert server_config(parse("--model", "/m")).tool_call_parser is None  # only the demo defaults to hermes
     assert engine_config(parse("--chat-template", "t.jinja")).chat_template == "t.jinja"
+    config = server_config(parse("--generation-config", "vllm", "--override-generation-config", '{"top_p": 0.5}',
+                                 "--max-logprobs", "5", "--allowed-origins", '["https://a.example"]',
+                                 "--trust-remote-code", "--disable-log-requests"))
+    assert (config.generation_config, config.override_generation_config, config.max_logprobs,
+            config.allowed_origins) == ("vllm", {"top_p": 0.5}, 5, ("https://a.example",))
     assert engine_config(parse()).chat_template is None
 
 
