@@ -38,6 +38,9 @@ LOG2E = 1.4426950408889634
 # measured end to end: a throughput mixed step (255 decodes) took 24-26 ms of host time to launch
 # and about as much GPU time, so there the launch is hidden and the GPU saves ~1.8 ms a step.
 DECODE_KERNEL_MIN_SEQS = 128
+# the prefill kernel's (query rows, keys, warps) a tile for heads up to 128 wide (wider: 32 keys, 8 warps); rows are
+# at least the group's heads
+PREFILL_TILE = (64, 64, 4)
 
 
 def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
@@ -181,7 +184,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                             sliding_window: int, kv_scales: KVScales = KVScales(),
                             decode_kernel_min_seqs: int = DECODE_KERNEL_MIN_SEQS,
                             logit_softcap: float = 0.0, num_warps: int | None = None,
-                            decoded: torch.Tensor | None = None) -> torch.Tensor:
+                            decoded: torch.Tensor | None = None, block_m: int | None = None,
+                            block_n: int | None = None, num_stages: int = 3) -> torch.Tensor:
     """Causal attention of the step's new tokens over their sequences' pages; returns [T, Hq, D].
 
     q: [T, Hq, D] (last-dim stride 1), sequence b's new tokens at rows
@@ -197,7 +201,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     mask (Gemma 2). num_warps: the prefill kernel's (None: 4, 8 for heads over 128 wide; kernel_sweep's prefill
     part times both). decoded: an output of [T (or more), Hq, D] whose one-token rows the caller has already
     written (TritonBackend's XQA launch of a mixed step's decodes): the others are written into it, and it is
-    returned.
+    returned. block_m, block_n, num_stages: the prefill kernel's tile (query rows: tokens x the group's heads;
+    keys) and pipeline depth; None: PREFILL_TILE's (kernel_sweep's prefill part times the others).
     """
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
@@ -212,7 +217,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                                kv_scales=kv_scales, query_start_loc=query_start_loc, out=out,
                                logit_softcap=logit_softcap)
     group = num_heads // num_kv_heads
-    block_m = max(64, triton.next_power_of_2(group))
+    block_m = max(block_m or PREFILL_TILE[0], triton.next_power_of_2(group))
     block_q = block_m // group
     kv_fp8 = kv_fp8_mode(k_cache.dtype, q)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
@@ -224,7 +229,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         block_tables.stride(0), scale_log2, kv_scales.v, logit_softcap * LOG2E if softcap else 1.0, sliding_window,
         num_seqs, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_N=64 if head_dim <= 128 else 32, ONE_TOKEN_ROWS=not decode_launch and decoded is None,
+        BLOCK_N=block_n or (PREFILL_TILE[1] if head_dim <= 128 else 32),
+        ONE_TOKEN_ROWS=not decode_launch and decoded is None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        WINDOWED=sliding_window > 0, num_warps=num_warps or (4 if head_dim <= 128 else 8), num_stages=3)
+        WINDOWED=sliding_window > 0, num_warps=num_warps or (PREFILL_TILE[2] if head_dim <= 128 else 8),
+        num_stages=num_stages)
     return out

@@ -37,8 +37,9 @@ LARGE = [
 
 
 def run_case(case, dtype, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_scales=KVScales(),
-             decode_kernel_min_seqs=DECODE_KERNEL_MIN_SEQS, logit_softcap=0.0):
-    """cache_dtype None: q's dtype; decode_kernel_min_seqs 0: one-token rows in the decode kernel's launch."""
+             decode_kernel_min_seqs=DECODE_KERNEL_MIN_SEQS, logit_softcap=0.0, **tile):
+    """cache_dtype None: q's dtype; decode_kernel_min_seqs 0: one-token rows in the decode kernel's launch;
+    tile: the prefill kernel's block_m / block_n / num_warps / num_stages."""
     num_heads, num_kv_heads, head_dim, block_size, chunks, window = case
     seq_lens = [cached + new for cached, new in chunks]
     kv_cache, block_tables = make_paged_kv(seq_lens, block_size, num_kv_heads, head_dim,
@@ -51,7 +52,7 @@ def run_case(case, dtype, seed=0, index_dtype=torch.int64, cache_dtype=None, kv_
     args = (q, kv_cache[0], kv_cache[1], block_tables, seq_lens_t, starts,
             1 / math.sqrt(head_dim), window)
     got = paged_prefill_attention(*args, kv_scales=kv_scales, decode_kernel_min_seqs=decode_kernel_min_seqs,
-                                  logit_softcap=logit_softcap)
+                                  logit_softcap=logit_softcap, **tile)
     assert_close(got, paged_prefill_attention_reference(*args, kv_scales=kv_scales, logit_softcap=logit_softcap))
 
 
@@ -64,6 +65,15 @@ def min_seqs(decode_launch: bool) -> int:
 @pytest.mark.parametrize("case", SMALL)
 def test_prefill_matches_reference_fp32(case, decode_launch):
     run_case(case, torch.float32, decode_kernel_min_seqs=min_seqs(decode_launch))
+
+
+@pytest.mark.parametrize("tile", [dict(block_m=128, block_n=64), dict(block_m=128, block_n=128, num_warps=8),
+                                  dict(block_m=64, block_n=128, num_stages=2)], ids=["128x64", "128x128", "64x128"])
+@pytest.mark.parametrize("case", [SMALL[2], SMALL[3], SMALL[6]])  # mixed and decodes; a window; many key tiles
+def test_prefill_tiles_the_sweep_tries_match_reference(case, tile):
+    """The tiles kernel_sweep's prefill part times against PREFILL_TILE: more query rows a program (32 tokens of a
+    GQA-4 group), wider key tiles."""
+    run_case(case, torch.float32, **tile)
 
 
 @pytest.mark.parametrize("decode_launch", [False, True])
