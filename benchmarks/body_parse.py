@@ -2,7 +2,7 @@
 `graphllm serve`'s gc.freeze() of the start-up heap (cli/serve.py freeze_startup_heap), with the demo engine
 loaded in the process as the server has it.
 
-    python benchmarks/body_parse.py        # CPU is enough: the parse does not touch the model
+    PYTHONPATH=. python benchmarks/body_parse.py     # CPU is enough: the parse does not touch the model
 """
 
 import gc

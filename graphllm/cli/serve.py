@@ -156,9 +156,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def freeze_startup_heap() -> None:
     """Move every object alive after start-up (the model, the tokenizer, the compiled step, the libraries) out of
     the garbage collector's reach, as vLLM's server does: a full collection walked all of them each time, on the
-    event loop while a large body was parsed and in the step thread. On the CPU with the demo engine loaded, a
-    14 MiB chat body parsed in 0.36-0.43 s instead of 0.51-0.79 s, a 14 MiB body of one-word messages in 1.5-1.7 s
-    instead of 2.1-2.4 s (benchmarks/body_parse.py)."""
+    event loop while a large body was parsed and in the step thread. On the CPU with the demo engine loaded (370k
+    tracked objects), a 14.6 MiB body of 100k chat messages parsed in 0.38-0.40 s instead of 0.63-0.85 s, one of
+    450k one-word messages in 1.85-1.91 s instead of 2.48-2.68 s (`PYTHONPATH=. python benchmarks/body_parse.py`,
+    2026-12-07)."""
     gc.collect()
     gc.freeze()
 
