@@ -6,7 +6,9 @@ sequences are served first, oldest first; when the block pool runs dry the newes
 sequence is preempted (its blocks freed, its tokens recomputed later) and goes back to the
 front of the waiting queue. Waiting sequences are admitted only when nobody was preempted; with
 prefix caching a waiting sequence first takes the cached blocks of its longest cached prefix
-(kv_cache.BlockPool), and only the rest of its tokens count against the step's budget.
+(kv_cache.BlockPool), and only the rest of its tokens count against the step's budget. The n
+sequences of one request (n > 1) share their prompt the same way: one computes it, the others wait
+in the queue until its full blocks are cached, while the requests behind them are admitted.
 
 Speculative decoding: a running sequence may carry proposed tokens (seq.spec_token_ids) to verify
 after its last one. They are granted last, from what the step has left once running and waiting
@@ -96,21 +98,39 @@ class Scheduler:
         return scheduled, preempted
 
     def _schedule_waiting(self, budget: int) -> list[ScheduledSeq]:
-        scheduled = []
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        scheduled, prefilling, i = [], self._prompts_in_prefill(), 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[i]
+            if seq.request_id in prefilling:  # a sibling computes the prompt: its blocks are cached for this one
+                i += 1
+                continue
             hits = self.pool.cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens - len(hits) * self.pool.block_size, budget)
             if not self.pool.can_allocate(seq, num_new, hits):
                 break
-            self.waiting.popleft()
+            del self.waiting[i]
             self.pool.record_lookup(seq, hits)
             self.pool.allocate(seq, num_new, hits)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
+            if self._computes_shared_prompt(seq):
+                prefilling.add(seq.request_id)
         return scheduled
+
+    def _prompts_in_prefill(self) -> set[str]:
+        """Requests (n > 1) one of whose running sequences still computes the prompt's full blocks. With prefix
+        caching their waiting siblings wait until it has: the steps register those blocks as they are computed,
+        and the siblings then take them from the cache and compute only the prompt's last partial block, instead
+        of every sibling prefilling the whole prompt side by side (n times the prompt's compute and blocks). The
+        siblings' first tokens come a step after the first's; requests behind them are admitted meanwhile."""
+        return {seq.request_id for seq in self.running if self._computes_shared_prompt(seq)}
+
+    def _computes_shared_prompt(self, seq: Sequence) -> bool:
+        """Whether seq's request has siblings and seq has prompt blocks a sibling could take but not yet cached."""
+        return (seq.params.n > 1 and self.pool.enable_prefix_caching
+                and seq.num_registered_blocks < (seq.num_prompt_tokens - 1) // self.pool.block_size)
 
     def preempt(self, seq: Sequence) -> None:
         """Free seq's blocks and queue it first in line; its tokens will be recomputed."""

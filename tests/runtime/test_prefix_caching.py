@@ -134,6 +134,32 @@ def test_the_scheduler_admits_with_hits_and_budgets_only_the_rest():
     assert b.num_cached_tokens == 12 and b.block_table[:3] == a.block_table[:3]
 
 
+def test_siblings_of_an_n_request_wait_for_the_first_prompt_then_take_its_blocks():
+    """n > 1: every sibling prefilled the whole prompt in the same step (n times its compute and blocks). Now the
+    first computes it while the others wait, a request behind them is admitted meanwhile, and the siblings then
+    compute only the prompt's last partial block. Without caching, nothing waits."""
+    def request(seq_ids, prompt, n):
+        return [Sequence(i, f"r{seq_ids[0]}", k, list(prompt), len(prompt), Params(n=n)) for k, i in enumerate(seq_ids)]
+
+    for caching, expected in ((True, ([(0, 14), (4, 3)], [(0, 1), (4, 1), (1, 2), (2, 2), (3, 2)])),
+                              (False, ([(0, 14), (1, 14), (2, 14), (3, 14), (4, 3)], None))):
+        pool = BlockPool(64, BS, enable_prefix_caching=caching)
+        sched = Scheduler(pool, max_num_seqs=8, max_num_batched_tokens=256)
+        for seq in request([0, 1, 2, 3], range(14), n=4) + request([4], [7, 8, 9], n=1):
+            sched.add(seq)
+        first = sched.schedule()
+        assert [(s.seq.seq_id, s.num_new_tokens) for s in first] == expected[0]
+        if not caching:
+            continue
+        for s in first:
+            s.seq.num_computed_tokens += s.num_new_tokens
+            s.seq.append_token(99)
+        second = sched.schedule()  # the first sibling's 3 full blocks register; the others take them
+        assert [(s.seq.seq_id, s.num_new_tokens) for s in second] == expected[1]
+        assert all(sibling.seq.block_table[:3] == first[0].seq.block_table[:3] for sibling in second[2:])
+        assert pool.num_free_blocks == 64 - 4 - 1 - 3  # the prompt's 3 full blocks once, 4 partial ones, r4's
+
+
 # -- engines: the same tokens with and without caching ------------------------------------------------
 
 SYSTEM = [1] + list(range(30, 70))  # a 41-token shared prefix
