@@ -115,6 +115,8 @@ class Engine:
         vocab = self.state.model_config.vocab_size
         if any(t >= vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must lie in [0, {vocab}), got {params.stop_token_ids}")
+        if outside := [t for t in params.logit_bias or () if t >= vocab]:
+            raise ValueError(f"logit_bias keys must lie in [0, {vocab}), got {outside[:8]}")
         prompt_text, prompt_ids = self._prompt_ids(prompt)
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self.requests:

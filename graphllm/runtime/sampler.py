@@ -2,7 +2,7 @@
 
 Order of operations (vLLM v1 defaults):
   raw logits -> logprobs (log_softmax, before anything else)
-             -> penalties (repetition, presence, frequency)
+             -> logit_bias, penalties (repetition, presence, frequency)
              -> min_tokens (forbid stop ids)
              -> greedy rows: argmax
              -> other rows: temperature, top-k, top-p, min-p, softmax,
@@ -157,9 +157,24 @@ def gather_logprobs(
 # ---------------------------------------------------------------- penalties
 
 
+def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Each row's logit_bias added to its tokens' logits, in place (one scatter for the batch)."""
+    row_of, id_of, bias = [], [], []
+    for i, r in enumerate(rows):
+        for token, value in (r.params.logit_bias or {}).items():
+            row_of.append(i)
+            id_of.append(token)
+            bias.append(value)
+    if row_of:
+        values = torch.tensor(bias, dtype=logits.dtype, device=logits.device)
+        logits.index_put_((_index(row_of, logits.device), _index(id_of, logits.device)), values, accumulate=True)
+    return logits
+
+
 def apply_penalties(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """Repetition (prompt + output), presence and frequency (output) penalties, in place."""
-    row_idx = [i for i, r in enumerate(rows) if _has_penalty(r.params)]
+    """logit_bias, then repetition (prompt + output), presence and frequency (output) penalties, in place."""
+    logits = apply_logit_bias(logits, rows)
+    row_idx = [i for i, r in enumerate(rows) if _penalized(r.params)]
     if not row_idx:
         return logits
     device, vocab = logits.device, logits.shape[1]
@@ -304,6 +319,11 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor | None) -> torch.Tenso
 
 
 def _has_penalty(p: SamplingParams) -> bool:
+    """Whether the row's logits change before sampling beyond min_tokens: penalties or a logit_bias."""
+    return _penalized(p) or bool(p.logit_bias)
+
+
+def _penalized(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 

@@ -11,6 +11,7 @@ from graphllm.runtime.structured_output import StructuredOutputsParams
 
 # Temperatures below this are treated as 0 (greedy): dividing by them overflows.
 _GREEDY_EPS = 1e-5
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range of a logit_bias value; vLLM clamps to it
 
 FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty",
                 "frequency_penalty")
@@ -44,6 +45,9 @@ class SamplingParams:
     skip_special_tokens: bool = True
     # a grammar the output must match (runtime/structured_output.py); a dict of its fields is accepted
     structured_outputs: StructuredOutputsParams | None = None
+    # OpenAI's logit_bias: token id -> a number added to that token's logit before the penalties (as vLLM;
+    # clamped to [-100, 100] as vLLM does); logprobs stay the raw model's
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         self.stop = _normalize_stop(self.stop)
@@ -67,6 +71,19 @@ class SamplingParams:
         self._verify_sampling()
         self._verify_penalties()
         self._verify_lengths()
+        self._verify_logit_bias()
+
+    def _verify_logit_bias(self) -> None:
+        if self.logit_bias is None:
+            return
+        _check(isinstance(self.logit_bias, dict), "logit_bias", self.logit_bias,
+               "must map token ids to numbers")
+        for token, bias in self.logit_bias.items():
+            _check(_integer(token) and token >= 0, "logit_bias", token, "keys must be token ids (integers >= 0)")
+            _check(isinstance(bias, numbers.Real) and not isinstance(bias, bool) and math.isfinite(bias),
+                   "logit_bias", bias, f"values must be finite numbers (token {token})")
+        self.logit_bias = {int(t): min(max(float(b), -LOGIT_BIAS_LIMIT), LOGIT_BIAS_LIMIT)
+                           for t, b in self.logit_bias.items()} or None
 
     @property
     def greedy(self) -> bool:

@@ -2,7 +2,7 @@
 
 Unknown request fields are accepted and ignored, as vLLM and most OpenAI-compatible servers do:
 clients send fields such as `user`, `store` or `service_tier` that change nothing here. Fields we
-understand but cannot honour yet (logit_bias, ...) are refused with a 400 by the serving layer
+understand but cannot honour yet (best_of other than n, ...) are refused with a 400 by the serving layer
 instead of being silently dropped.
 """
 

@@ -173,8 +173,7 @@ class OpenAIServing:
         self.check_sizes(req)
         if req.model_extra:
             logger.warning("ignoring %d unknown request fields: %s", len(req.model_extra), field_names(req.model_extra))
-        if req.logit_bias:
-            raise bad_request("logit_bias is not supported yet", "logit_bias")
+        self.logit_bias(req)  # its keys checked before anything is tokenized
         if req.best_of is not None and req.best_of != req.n:
             raise bad_request("best_of other than n is not supported", "best_of")
         if req.stream_options is not None and not req.stream:
@@ -254,9 +253,24 @@ class OpenAIServing:
                 ignore_eos=req.ignore_eos, presence_penalty=req.presence_penalty,
                 frequency_penalty=req.frequency_penalty, logprobs=logprobs,
                 skip_special_tokens=req.skip_special_tokens,
-                include_stop_str_in_output=req.include_stop_str_in_output, structured_outputs=structured_outputs)
+                include_stop_str_in_output=req.include_stop_str_in_output, structured_outputs=structured_outputs,
+                logit_bias=self.logit_bias(req))
         except (ValueError, TypeError) as e:
             raise bad_request(str(e), str(e).split(" ", 1)[0]) from e
+
+    def logit_bias(self, req: SamplingRequest) -> dict[int, float] | None:
+        """OpenAI's logit_bias (token ids as JSON's string keys) as SamplingParams takes it; a key that is not a
+        token id of this model's vocabulary is a 400 naming it."""
+        if not req.logit_bias:
+            return None
+        vocab, bias = self.engine.limits.vocab_size, {}
+        for key, value in req.logit_bias.items():
+            token = int(key) if key.isascii() and key.isdigit() and len(key) <= 12 else None
+            if token is None or token >= vocab:
+                shown = key if len(key) <= 40 else key[:40] + "..."
+                raise bad_request(f"logit_bias keys must be token ids in [0, {vocab}), got {shown!r}", "logit_bias")
+            bias[token] = value
+        return bias
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
         vocab = self.engine.limits.vocab_size

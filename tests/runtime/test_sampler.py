@@ -362,3 +362,36 @@ def test_two_stage_argmax_is_argmax_ties_included(chunk):
     assert torch.equal(two_stage_argmax(logits, chunk), expected)
     assert expected[1] == 5 and expected[2] == chunk + 3 and expected[3] == 0
     assert torch.equal(argmax_rows(logits), expected)  # CPU: plain argmax
+
+
+# ---------------------------------------------------------------- logit_bias
+
+
+def test_logit_bias_forces_bans_and_shifts_tokens_per_row():
+    """OpenAI's logit_bias: +100 forces a token, -100 bans the argmax; a row without one is untouched; the
+    sampled distribution is softmax(logits + bias); logprobs stay the raw model's."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 50, generator=gen)
+    before = logits.clone()
+    top = logits.argmax(dim=-1).tolist()
+    rows = [make_row(SamplingParams(temperature=0.0, logit_bias={7: 100.0})),
+            make_row(SamplingParams(temperature=0.0, logit_bias={top[1]: -100.0}, logprobs=1)),
+            make_row(SamplingParams(temperature=0.0))]
+    out = Sampler()(logits, rows)
+    assert out.token_ids[0] == 7 and out.token_ids[2] == top[2]
+    assert out.token_ids[1] == logits[1].clone().index_fill_(0, torch.tensor([top[1]]), -1e9).argmax().item()
+    raw = torch.log_softmax(before[1], dim=-1)
+    assert out.logprobs[1][out.token_ids[1]].logprob == pytest.approx(raw[out.token_ids[1]].item(), abs=1e-5)
+    assert torch.equal(logits, before)  # the caller's logits are not written
+    row = torch.zeros(4)
+    tokens = draw(row, SamplingParams(temperature=1.0, logit_bias={3: math.log(3.0)}), 20000)
+    freq = histogram(tokens, 4) / 20000  # softmax([0, 0, 0, log 3]) = [1/6, 1/6, 1/6, 1/2]
+    assert freq.tolist() == pytest.approx([1 / 6, 1 / 6, 1 / 6, 1 / 2], abs=0.02)
+
+
+@pytest.mark.parametrize("bias, message", [({-1: 1.0}, "keys must be token ids"), ({"5": 1.0}, "keys must be token ids"),
+                                           ({5: float("nan")}, "finite"), ({5: "x"}, "finite"), ([5], "must map")])
+def test_logit_bias_is_checked(bias, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(logit_bias=bias)
+    assert SamplingParams(logit_bias={5: 250.0, 6: -1e9}).logit_bias == {5: 100.0, 6: -100.0}  # vLLM's clamp

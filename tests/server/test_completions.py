@@ -92,3 +92,23 @@ def test_vllm_extra_sampling_fields_are_applied(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model=MODEL, prompt=TOKEN_PROMPT, extra_body={"top_k": -5})
     assert e.value.status_code == 400 and e.value.body["param"] == "top_k"
+
+
+def test_logit_bias_forces_and_bans_tokens(server, client):
+    """OpenAI's logit_bias (token ids as string keys): +100 on a token makes greedy decoding repeat it; -100 on the
+    greedy first token moves the first token elsewhere; an engine outside the server refuses a key past the
+    vocabulary too."""
+    greedy = client.completions.create(model=MODEL, prompt="1 + 1 =", max_tokens=4, temperature=0, logprobs=0)
+    forced_id = server.engine.tokenizer.encode("7", add_special_tokens=False)[-1]
+    forced = client.completions.create(model=MODEL, prompt="1 + 1 =", max_tokens=4, temperature=0, logprobs=0,
+                                       logit_bias={str(forced_id): 100})
+    piece = forced.choices[0].logprobs.tokens[0]
+    assert forced.choices[0].logprobs.tokens == [piece] * 4 and piece != greedy.choices[0].logprobs.tokens[0]
+    from graphllm import SamplingParams
+    [out] = server.engine.generate(["1 + 1 ="], SamplingParams(temperature=0, max_tokens=1))
+    first_id = out.outputs[0].token_ids[0]
+    banned = client.completions.create(model=MODEL, prompt="1 + 1 =", max_tokens=1, temperature=0,
+                                       logprobs=0, logit_bias={str(first_id): -100})
+    assert banned.choices[0].logprobs.tokens[0] != greedy.choices[0].logprobs.tokens[0]
+    with pytest.raises(ValueError, match="logit_bias keys must lie in"):
+        server.engine.add_request([1, 2], SamplingParams(logit_bias={10**7: 1.0}))

@@ -103,7 +103,7 @@ def test_an_unknown_response_format_is_400(server, client):
 
 
 def test_unsupported_and_contradictory_fields_are_400(server, client):
-    for kwargs in ({"logit_bias": {"5": 10}}, {"stream_options": {"include_usage": True}},
+    for kwargs in ({"logit_bias": {"w5": 10}}, {"logit_bias": {"999999999": 1}}, {"stream_options": {"include_usage": True}},
                    {"logprobs": False, "top_logprobs": 2}, {"tool_choice": "required"},
                    {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
                    {"tools": [{"type": "function", "function": {"name": "f"}}],
