@@ -58,7 +58,7 @@
 #   STAGE-xqa  any bench stage with --xqa-decode (decode attention by TensorRT-LLM's XQA kernel, flashinfer.xqa; a
 #              run-time switch, so the stage's artifact is the one without it), e.g. qtput-fp8kv-big-xqa;
 #              xqa-tests  its GPU tests (XQA is on by default over float8 caches since s37: STAGE-noxqa is the A/B)
-#   STAGE-xm   any bench stage (and mixed-fp8) with TritonBackend.xqa_mixed on: a mixed step's decodes through XQA
+#   STAGE-xm   any bench stage (and mixed-fp8) with --xqa-mixed: a mixed step's decodes through XQA
 #              too (s37, off by default), e.g. qtput-fp8kv-xm, mixed-fp8-xm
 #   STAGE-epi  any bench stage with --linear-epilogue (gate_up's rows interleaved, SwiGLU in its epilogue: the A/B
 #              against the stage without it), e.g. latency1-triton-epi;  epi-tests  its kernel, op and engine tests
@@ -156,13 +156,9 @@ LIMITS="--max-num-seqs 256 --max-model-len 2064 --max-num-batched-tokens 8192"  
 PCLIMITS="--max-num-seqs 256 --max-model-len 2320 --max-num-batched-tokens 8192"  # the pc-* stages' one artifact
 BENCH_EXTRA=""  # a -nopdl stage's --no-enable-pdl
 BENCH_TIMEOUT=0  # a -sumsq stage's limit: past it SIGABRT, and faulthandler prints every thread's stack
-XM=""  # a -xm stage: TritonBackend.xqa_mixed on (a mixed step's decodes through XQA; s37, off by default)
+XM=""  # a -xm stage: --xqa-mixed (a mixed step's decodes through XQA; EngineConfig.xqa_mixed, off by default)
 bench() {
-  if [ -n "$XM" ]; then PYTHONFAULTHANDLER=1 timeout -s ABRT $BENCH_TIMEOUT python3 -c "import sys
-from graphllm.backends.triton_backend import TritonBackend
-TritonBackend.xqa_mixed = True
-from graphllm.cli.main import main; sys.exit(main(sys.argv[1:]))" bench "$@" $BENCH_EXTRA
-  else PYTHONFAULTHANDLER=1 timeout -s ABRT $BENCH_TIMEOUT python3 -m graphllm.cli bench "$@" $BENCH_EXTRA; fi
+  PYTHONFAULTHANDLER=1 timeout -s ABRT $BENCH_TIMEOUT python3 -m graphllm.cli bench "$@" $BENCH_EXTRA ${XM:+--xqa-mixed}
 }
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/r/nvidia-smi.txt"
 date -u +%FT%TZ | tee "$OUT/r/run.txt"  # the device copy's .git is not the working tree: record the commit where you launch

@@ -72,13 +72,10 @@ def main() -> None:
     p.add_argument("--max-model-len", type=int, default=LIMITS["max_model_len"])
     p.add_argument("--quantization", default=None)
     p.add_argument("--kv-cache-dtype", default="auto")
-    p.add_argument("--xqa-mixed", action="store_true", help="TritonBackend.xqa_mixed: a mixed step's decodes via XQA")
+    p.add_argument("--xqa-mixed", action="store_true", help="EngineConfig.xqa_mixed: a mixed step's decodes via XQA")
     args = p.parse_args()
-    if args.xqa_mixed:
-        from graphllm.backends.triton_backend import TritonBackend
-        TritonBackend.xqa_mixed = True
     engine = Engine.from_pretrained(args.model, compile=torch.cuda.is_available(), quantization=args.quantization,
-                                    kv_cache_dtype=args.kv_cache_dtype,
+                                    kv_cache_dtype=args.kv_cache_dtype, xqa_mixed=args.xqa_mixed,
                                     **(LIMITS | {"max_model_len": args.max_model_len}))
     vocab, rng = engine.state.model_config.vocab_size, random.Random(0)
     long = SamplingParams(max_tokens=1000, ignore_eos=True)

@@ -79,6 +79,10 @@ class EngineConfig:
     # False: never. Measured on the H100: +3.75% fp8 W8A8 + fp8 KV throughput at 256 sequences, +8.6% at 512
     # (s36-s37); it rounds P to float8 too (~2.4 points of teacher-forced agreement on the test model)
     xqa_decode: bool | None = None
+    # with XQA decode on, a mixed step's decodes go to XQA too (TritonBackend.xqa_mixed): +2.4% fp8 throughput on an
+    # H100 (1,024 requests, 256 sequences), and ~1.3 ms more for a prompt-only step (XQA over the graph's padding
+    # sequences), so off by default: for offline throughput (benchmarks/RESULTS.md, s38)
+    xqa_mixed: bool = False
     # auto: triton on CUDA (measured faster than flashinfer), else flashinfer; torch (the reference) on CPU
     attention_backend: str = "auto"
     # decode steps run back to back per schedule when every row is plain greedy, each feeding its

@@ -66,10 +66,10 @@ class TritonBackend(AttentionBackend):
     xqa_decode: bool = False
     # with xqa_decode, a mixed step's one-token rows too, where the split kernel would take them in its own launch
     # (from xqa_mixed_min_seqs sequences) with q rounded to float8: XQA over the step's sequences (one q row each;
-    # the other rows' outputs are dropped), then the prefill kernel for the rest. Off: built in s37 after an H100
-    # profile of a throughput mixed step (200 decodes + 900 prompt tokens: the split kernel's launch 5.07 ms a step
-    # where XQA takes the same decodes in 3.90 ms), not yet run on a GPU (its test: tests/kernels/test_xqa_decode.py;
-    # its A/B: gpu_run.sh mixed-fp8-xm, qtput-fp8kv-xm)
+    # the other rows' outputs are dropped), then the prefill kernel for the rest (EngineConfig.xqa_mixed). Off by
+    # default: on an H100 (s38) it made fp8 throughput 2.4% faster (a mixed step's decodes 5.24 -> 4.23 ms), but a
+    # step with a prompt and no decodes, replayed from a graph of 257 sequences, pays XQA over its padding
+    # sequences: 16.4 -> 17.7 ms for one 900-token prompt
     xqa_mixed: bool = False
     xqa_mixed_min_seqs: int = DECODE_KERNEL_MIN_SEQS
     # (block table, lengths) as XQA reads them (int32 [B, M], uint32 [B, 1]), converted by the first layer of the

@@ -131,6 +131,7 @@ def build_engine(args: argparse.Namespace, model_dir: Path, max_num_seqs: int, m
         async_scheduling=args.async_scheduling, kv_cache_dtype=args.kv_cache_dtype,
         calculate_kv_scales=args.calculate_kv_scales, enable_prefix_caching=args.enable_prefix_caching,
         enable_pdl=args.enable_pdl, fuse_rope_decode=args.fuse_rope_decode, xqa_decode=args.xqa_decode,
+        xqa_mixed=args.xqa_mixed,
         cudagraph_mode=args.cudagraph_mode,
         max_cudagraph_capture_size=args.max_cudagraph_capture_size, speculative_config=args.speculative_config,
         cache_dir=cache_dir(args, Path(args.work)), **pass_switches(args))

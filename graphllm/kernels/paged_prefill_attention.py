@@ -39,8 +39,13 @@ LOG2E = 1.4426950408889634
 # and about as much GPU time, so there the launch is hidden and the GPU saves ~1.8 ms a step.
 DECODE_KERNEL_MIN_SEQS = 128
 # the prefill kernel's (query rows, keys, warps) a tile for heads up to 128 wide (wider: 32 keys, 8 warps); rows are
-# at least the group's heads
+# at least the group's heads. Steps of long prompts (LONG_PROMPT_TOKENS a sequence or more, on average) take
+# LONG_PROMPT_TILE: kernel_sweep's prefill part on an H100 (s38), 8B heads, TFLOP/s default -> long tile: one prompt
+# of 8,192 tokens 347 -> 384, two of 2,048 274 -> 284; and the other way for short ones: 16 of 512 176 -> 161,
+# 8 of 1,024 241 -> 236, one of 900 159 -> 149
 PREFILL_TILE = (64, 64, 4)
+LONG_PROMPT_TILE = (128, 128, 8)
+LONG_PROMPT_TOKENS = 2048
 
 
 def paged_prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor,
@@ -178,6 +183,16 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
     tl.store(out_ptr + o_off, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
+def prefill_tile(num_tokens: int, num_seqs: int, head_dim: int) -> tuple[int, int, int]:
+    """(query rows, keys, warps) of a prefill launch, from shapes alone (no host sync): heads past 128 wide take
+    32-key tiles in 8 warps; steps averaging LONG_PROMPT_TOKENS new tokens a sequence or more (a mixed step's
+    one-token rows count as sequences; a mixed-step graph's padding sequences too) take LONG_PROMPT_TILE; the rest
+    PREFILL_TILE."""
+    if head_dim > 128:
+        return PREFILL_TILE[0], 32, 8
+    return LONG_PROMPT_TILE if num_tokens >= LONG_PROMPT_TOKENS * num_seqs else PREFILL_TILE
+
+
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, seq_lens: torch.Tensor,
                             query_start_loc: torch.Tensor, scale: float,
@@ -202,7 +217,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     part times both). decoded: an output of [T (or more), Hq, D] whose one-token rows the caller has already
     written (TritonBackend's XQA launch of a mixed step's decodes): the others are written into it, and it is
     returned. block_m, block_n, num_stages: the prefill kernel's tile (query rows: tokens x the group's heads;
-    keys) and pipeline depth; None: PREFILL_TILE's (kernel_sweep's prefill part times the others).
+    keys) and pipeline depth; None: prefill_tile's (kernel_sweep's prefill part times the others).
     """
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
@@ -217,7 +232,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                                kv_scales=kv_scales, query_start_loc=query_start_loc, out=out,
                                logit_softcap=logit_softcap)
     group = num_heads // num_kv_heads
-    block_m = max(block_m or PREFILL_TILE[0], triton.next_power_of_2(group))
+    tile = prefill_tile(num_tokens, num_seqs, head_dim)
+    block_m = max(block_m or tile[0], triton.next_power_of_2(group))
     block_q = block_m // group
     kv_fp8 = kv_fp8_mode(k_cache.dtype, q)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
@@ -229,9 +245,9 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         block_tables.stride(0), scale_log2, kv_scales.v, logit_softcap * LOG2E if softcap else 1.0, sliding_window,
         num_seqs, block_size, GROUP=group, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_N=block_n or (PREFILL_TILE[1] if head_dim <= 128 else 32),
+        BLOCK_N=block_n or tile[1],
         ONE_TOKEN_ROWS=not decode_launch and decoded is None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        WINDOWED=sliding_window > 0, num_warps=num_warps or (PREFILL_TILE[2] if head_dim <= 128 else 8),
+        WINDOWED=sliding_window > 0, num_warps=num_warps or tile[2],
         num_stages=num_stages)
     return out

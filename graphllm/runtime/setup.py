@@ -435,7 +435,10 @@ def assemble(config: EngineConfig, limits: Limits, path: Path, model: nn.Module 
     if backend.name == "triton":  # its decode kernel can take rope_store_kv's work (TritonBackend.fuse_rope_decode)
         backend.fuse_rope_decode = config.fuse_rope_decode
     if resolve_xqa_decode(config.xqa_decode, backend, shape, device, kv_dtype, dtype, limits.block_size):
-        backend.xqa_decode = True
+        backend.xqa_decode, backend.xqa_mixed = True, config.xqa_mixed
+    elif config.xqa_mixed:
+        raise ValueError("xqa_mixed sends a mixed step's decodes through XQA decode, which does not run here "
+                         "(--xqa-decode says why): drop --xqa-mixed")
     if layer_kv_scales is not None:
         backend.bind_layer_scales(kv_caches, layer_kv_scales)
     logger.info("attention backend: %s%s", backend.name, " (float8 decode launches where q is rounded to float8: "

@@ -99,6 +99,10 @@ def variants():
         yield prefill._prefill_kernel, pointer_types(kv_fp8), dict(
             SHAPE, BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16, ONE_TOKEN_ROWS=one_token_rows, KV_FP8=kv_fp8,
             SOFTCAP=softcap), {}
+    for kv_fp8 in KV_MODES:  # long prompts' tile (prefill_tile: LONG_PROMPT_TILE, 128 rows x 128 keys, 8 warps)
+        yield prefill._prefill_kernel, pointer_types(kv_fp8), dict(
+            SHAPE, BLOCK_M=128, BLOCK_Q=32, BLOCK_G=16, BLOCK_N=128, ONE_TOKEN_ROWS=True, KV_FP8=kv_fp8,
+            SOFTCAP=False), {"num_warps": 8}
     for windowed_kernel, extra in ((prefill._prefill_kernel, dict(BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16,
                                                                    ONE_TOKEN_ROWS=False)),
                                    (verify._verify_split_kernel, dict(BLOCK_R=32, DIRECT=False))):

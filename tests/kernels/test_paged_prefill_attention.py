@@ -9,7 +9,8 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm.kernels.paged_prefill_attention import (  # noqa: E402
-    DECODE_KERNEL_MIN_SEQS, paged_prefill_attention, paged_prefill_attention_reference)
+    DECODE_KERNEL_MIN_SEQS, LONG_PROMPT_TILE, PREFILL_TILE, paged_prefill_attention, paged_prefill_attention_reference,
+    prefill_tile)
 from graphllm.kernels.kv_quant import FP8_KV_DTYPE, KVScales  # noqa: E402
 from tests.kernels.conftest import (  # noqa: E402
     LOW_DTYPE, assert_close, gpu_only, make_paged_kv, randn)
@@ -65,6 +66,14 @@ def min_seqs(decode_launch: bool) -> int:
 @pytest.mark.parametrize("case", SMALL)
 def test_prefill_matches_reference_fp32(case, decode_launch):
     run_case(case, torch.float32, decode_kernel_min_seqs=min_seqs(decode_launch))
+
+
+def test_long_prompts_take_the_long_tile_and_mixed_steps_the_default():
+    """prefill_tile: one 8,192-token prompt and two of 2,048 take LONG_PROMPT_TILE (measured faster there on an
+    H100); 8 x 1,024, a mixed step of 200 decodes beside a 900-token prompt, and wide heads do not."""
+    assert prefill_tile(8192, 1, 128) == prefill_tile(4096, 2, 128) == LONG_PROMPT_TILE
+    assert prefill_tile(8192, 8, 128) == prefill_tile(1100, 201, 128) == prefill_tile(900, 1, 128) == PREFILL_TILE
+    assert prefill_tile(8192, 1, 256) == (PREFILL_TILE[0], 32, 8)
 
 
 @pytest.mark.parametrize("tile", [dict(block_m=128, block_n=64), dict(block_m=128, block_n=128, num_warps=8),

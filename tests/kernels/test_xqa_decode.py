@@ -38,6 +38,9 @@ def test_the_engine_refuses_xqa_decode_where_it_cannot_run(tiny_model_dir):
     path, _ = tiny_model_dir("llama")
     with pytest.raises(ValueError, match="xqa_decode is unavailable: .*attention backend is 'torch'"):
         Engine.from_pretrained(path, compile=False, device="cpu", xqa_decode=True)
+    with pytest.raises(ValueError, match="xqa_mixed sends a mixed step's decodes through XQA decode, which does not "
+                                         "run here"):  # --xqa-mixed is not silently dropped where XQA is off
+        Engine.from_pretrained(path, compile=False, device="cpu", xqa_mixed=True)
 
 
 def test_xqa_decode_is_on_by_default_only_where_it_runs_and_builds(monkeypatch, caplog):
