@@ -38,5 +38,7 @@ def test_attention_kernels_compile_for_sm90_and_rope_keeps_eager_rounding():
     # statistics (at one row and at 2-8: two storing them, one reading them), 2 with the epilogue over an
     # interleaved gate_up, one storing its norm's output (shared_norm_prologue); + FP8_QK's P.V on a float16 wgmma
     # (PV_WGMMA); + the one-token router with its expert choice (moe_router.py), plain and under PDL; + the two
-    # expert kernels with the down slabs fetched early (EARLY)
-    assert run.stdout.count("cubin") == 33 + 4 + 3 + 8 + 2 + 8 + 12 + 3 + 17 + 2 + 2 + 1 + 6 + 2 + 1 + 1 + 2 + 2, run.stdout
+    # expert kernels with the down slabs fetched early (EARLY); + the prefill kernel's long-prompt tile (128 x 128, 8
+    # warps) over bf16 and the two float8 conversions
+    assert run.stdout.count("cubin") == (33 + 4 + 3 + 8 + 2 + 8 + 12 + 3 + 17 + 2 + 2 + 1 + 6 + 2 + 1 + 1 + 2 + 2
+                                         + 3), run.stdout
