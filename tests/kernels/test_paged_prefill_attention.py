@@ -141,3 +141,14 @@ def test_prefill_soft_cap_matches_reference_large(case):
 @pytest.mark.parametrize("case", LARGE)
 def test_prefill_fp8_cache_matches_reference_large(case):
     run_case(case, torch.bfloat16, cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES)
+
+
+@gpu_only
+@pytest.mark.parametrize("cache", ["bf16", "fp8"])
+@pytest.mark.parametrize("case", [(32, 8, 128, 16, [(0, 2100)], 0), (32, 8, 128, 16, [(300, 2100), (0, 2048)], 0),
+                                  (32, 8, 128, 16, [(0, 2500)], 1024)], ids=["one", "chunk", "window"])
+def test_long_prompts_long_tile_matches_reference(case, cache):
+    """Steps of 2,048+ new tokens a sequence take LONG_PROMPT_TILE (prefill_tile): over bf16 and float8 caches, a
+    cached prefix, and a sliding window."""
+    assert prefill_tile(sum(new for _, new in case[4]), len(case[4]), case[2]) == LONG_PROMPT_TILE
+    run_case(case, torch.bfloat16, **(dict(cache_dtype=FP8_KV_DTYPE, kv_scales=FP8_SCALES) if cache == "fp8" else {}))
