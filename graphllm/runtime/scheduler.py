@@ -6,9 +6,10 @@ sequences are served first, oldest first; when the block pool runs dry the newes
 sequence is preempted (its blocks freed, its tokens recomputed later) and goes back to the
 front of the waiting queue. Waiting sequences are admitted only when nobody was preempted; with
 prefix caching a waiting sequence first takes the cached blocks of its longest cached prefix
-(kv_cache.BlockPool), and only the rest of its tokens count against the step's budget. The n
-sequences of one request (n > 1) share their prompt the same way: one computes it, the others wait
-in the queue until its full blocks are cached, while the requests behind them are admitted.
+(kv_cache.BlockPool), and only the rest of its tokens count against the step's budget. Sequences
+whose prompts are mostly being computed by another (the n sequences of one request, a prompt sent
+again, a long shared system prompt) wait in the queue until its blocks are cached, while the
+sequences behind them are admitted, and then take them.
 
 Speculative decoding: a running sequence may carry proposed tokens (seq.spec_token_ids) to verify
 after its last one. They are granted last, from what the step has left once running and waiting
@@ -98,13 +99,13 @@ class Scheduler:
         return scheduled, preempted
 
     def _schedule_waiting(self, budget: int) -> list[ScheduledSeq]:
-        scheduled, prefilling, i = [], self._prompts_in_prefill(), 0
+        scheduled, in_flight, i = [], self._blocks_in_flight(), 0
         while i < len(self.waiting) and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[i]
-            if seq.request_id in prefilling:  # a sibling computes the prompt: its blocks are cached for this one
+            hits = self.pool.cached_prefix(seq)
+            if self._waits_for_prompt(seq, hits, in_flight):  # its prompt's blocks are being computed: cached soon
                 i += 1
                 continue
-            hits = self.pool.cached_prefix(seq)
             num_new = min(seq.num_uncomputed_tokens - len(hits) * self.pool.block_size, budget)
             if not self.pool.can_allocate(seq, num_new, hits):
                 break
@@ -115,23 +116,32 @@ class Scheduler:
             self.running.append(seq)
             scheduled.append(ScheduledSeq(seq, num_new))
             budget -= num_new
-            if self._computes_shared_prompt(seq):
-                prefilling.add(seq.request_id)
+            in_flight.update(self._uncached_prompt_keys(seq))
         return scheduled
 
-    def _prompts_in_prefill(self) -> set[str]:
-        """Requests (n > 1) one of whose running sequences still computes the prompt's full blocks. With prefix
-        caching their waiting siblings wait until it has: the steps register those blocks as they are computed,
-        and the siblings then take them from the cache and compute only the prompt's last partial block, instead
-        of every sibling prefilling the whole prompt side by side (n times the prompt's compute and blocks). The
-        siblings' first tokens come a step after the first's; requests behind them are admitted meanwhile."""
-        return {seq.request_id for seq in self.running if self._computes_shared_prompt(seq)}
+    def _blocks_in_flight(self) -> set[bytes]:
+        """Prefix-cache keys of the prompt blocks that running sequences compute and have not cached yet."""
+        keys: set[bytes] = set()
+        for seq in self.running:
+            keys.update(self._uncached_prompt_keys(seq))
+        return keys
 
-    def _computes_shared_prompt(self, seq: Sequence) -> bool:
-        """Whether seq's request has siblings and seq has prompt blocks a sibling could take but not yet cached."""
-        return (seq.params.n > 1 and self.pool.enable_prefix_caching
-                and seq.num_registered_blocks < (seq.num_prompt_tokens - 1) // self.pool.block_size)
+    def _uncached_prompt_keys(self, seq: Sequence) -> list[bytes]:
+        if not self.pool.enable_prefix_caching:
+            return []
+        return seq.block_keys[seq.num_registered_blocks:(seq.num_prompt_tokens - 1) // self.pool.block_size]
 
+    def _waits_for_prompt(self, seq: Sequence, hits: list[int], in_flight: set[bytes]) -> bool:
+        """Whether a waiting sequence should let a running one finish computing the prompt they share: when at least
+        half of its prompt's blocks past its cache hits are being computed by another sequence (the n sequences of
+        one request, the same prompt sent again, a long shared system prompt). The steps register those blocks as
+        they are computed and it then takes them, instead of prefilling them side by side (twice the compute and
+        the blocks). Its first token comes a step after the other's; sequences behind it are admitted meanwhile."""
+        if not in_flight or seq.num_computed_tokens:
+            return False
+        keys = seq.block_keys[len(hits):(seq.num_prompt_tokens - 1) // self.pool.block_size]
+        shared = next((j for j, key in enumerate(keys) if key not in in_flight), len(keys))
+        return shared > 0 and 2 * shared >= len(keys)
     def preempt(self, seq: Sequence) -> None:
         """Free seq's blocks and queue it first in line; its tokens will be recomputed."""
         if self.running[-1] is seq:  # the usual victim, the newest: no scan of the running list

@@ -160,6 +160,27 @@ def test_siblings_of_an_n_request_wait_for_the_first_prompt_then_take_its_blocks
         assert pool.num_free_blocks == 64 - 4 - 1 - 3  # the prompt's 3 full blocks once, 4 partial ones, r4's
 
 
+def test_a_prompt_mostly_in_flight_waits_for_it_and_one_sharing_little_does_not():
+    """Separate requests (n = 1) with the prompt another is computing (a prompt sent again, a long shared system
+    prompt) wait for its blocks as siblings do; one sharing under half of its blocks is admitted at once."""
+    pool = BlockPool(64, BS, enable_prefix_caching=True)
+    sched = Scheduler(pool, max_num_seqs=8, max_num_batched_tokens=256)
+    system = list(range(12))  # 3 blocks
+    first, again = make_seq(0, system + [50, 51, 52]), make_seq(1, system + [50, 51, 52])
+    shared_system = make_seq(2, system + [60, 61, 62, 63, 64])  # blocks 0-2 shared of 4: waits
+    little = make_seq(3, list(range(4)) + [70 + i for i in range(12)])  # block 0 shared of 3: does not
+    for seq in (first, again, shared_system, little):
+        sched.add(seq)
+    batch = sched.schedule()
+    assert [(s.seq.seq_id, s.num_new_tokens) for s in batch] == [(0, 15), (3, 16)]
+    for s in batch:
+        s.seq.num_computed_tokens += s.num_new_tokens
+        s.seq.append_token(99)
+    batch = sched.schedule()
+    assert [(s.seq.seq_id, s.num_new_tokens) for s in batch] == [(0, 1), (3, 1), (1, 3), (2, 5)]
+    assert again.num_cached_tokens == shared_system.num_cached_tokens == 12
+
+
 # -- engines: the same tokens with and without caching ------------------------------------------------
 
 SYSTEM = [1] + list(range(30, 70))  # a 41-token shared prefix
@@ -189,7 +210,7 @@ def both(path, **options) -> tuple[Engine, Engine]:
     {},
     {"async_scheduling": False},
     {"max_num_batched_tokens": 16, "block_size": 8},  # chunked prefill over cached and uncached blocks
-    {"num_kv_blocks": 14, "block_size": 8, "max_num_seqs": 4, "max_model_len": 64},  # preemption, eviction
+    {"num_kv_blocks": 12, "block_size": 8, "max_num_seqs": 4, "max_model_len": 64},  # preemption, eviction (14 blocks preempted nobody once prompts in flight were shared)
 ])
 def test_greedy_and_seeded_outputs_do_not_change(llama, options, backend):
     on, off = both(llama, attention_backend=backend, **options)
