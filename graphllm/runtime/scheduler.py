@@ -142,6 +142,7 @@ class Scheduler:
         keys = seq.block_keys[len(hits):(seq.num_prompt_tokens - 1) // self.pool.block_size]
         shared = next((j for j, key in enumerate(keys) if key not in in_flight), len(keys))
         return shared > 0 and 2 * shared >= len(keys)
+
     def preempt(self, seq: Sequence) -> None:
         """Free seq's blocks and queue it first in line; its tokens will be recomputed."""
         if self.running[-1] is seq:  # the usual victim, the newest: no scan of the running list
