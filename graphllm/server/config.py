@@ -1,5 +1,6 @@
 """ServerConfig: what `graphllm serve` adds to the EngineConfig, built once at the entry point."""
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,10 +44,8 @@ class ServerConfig:
     def __post_init__(self):
         if not self.served_model_names or not all(self.served_model_names):
             raise ValueError("served_model_names must hold at least one non-empty name")
-        if self.generation_config not in ("auto", "vllm") and not (Path(self.generation_config).expanduser()
-                                                                  / "generation_config.json").is_file():
-            raise ValueError(f"generation_config is 'auto', 'vllm' or a folder holding a generation_config.json: "
-                             f"{self.generation_config} holds none")
+        if self.generation_config not in ("auto", "vllm"):
+            _check_generation_config(Path(self.generation_config).expanduser() / "generation_config.json")
         unknown = sorted(set(self.override_generation_config or {}) - set(GENERATION_DEFAULTS))
         if unknown:
             raise ValueError(f"override_generation_config sets {', '.join(GENERATION_DEFAULTS)}, not "
@@ -65,6 +64,20 @@ class ServerConfig:
     @property
     def model_name(self) -> str:
         return self.served_model_names[0]
+
+
+def _check_generation_config(path: Path) -> None:
+    """--generation-config DIR: its generation_config.json must be there and hold a JSON object (the server reads
+    its sampling defaults once it has started)."""
+    if not path.is_file():
+        raise ValueError(f"generation_config is 'auto', 'vllm' or a folder holding a generation_config.json: "
+                         f"{path.parent} holds none")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"generation_config: {path} is not a JSON file ({e})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"generation_config: {path} holds {type(value).__name__}, not a JSON object")
 
 
 def _check_choice(name: str, value: str, choices: dict) -> None:

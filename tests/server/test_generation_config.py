@@ -53,6 +53,12 @@ def test_another_folders_generation_config(request, top1_engine, tmp_path):
 def test_bad_generation_config_options_are_refused_at_start(tmp_path):
     with pytest.raises(ValueError, match="holds none"):
         ServerConfig(served_model_names=("m",), generation_config=str(tmp_path))
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.5')  # damaged: named before start-up
+    with pytest.raises(ValueError, match="generation_config.json is not a JSON file"):
+        ServerConfig(served_model_names=("m",), generation_config=str(tmp_path))
+    (tmp_path / "generation_config.json").write_text("[0.5]")
+    with pytest.raises(ValueError, match="holds list, not a JSON object"):
+        ServerConfig(served_model_names=("m",), generation_config=str(tmp_path))
     with pytest.raises(ValueError, match="not max_tokens"):
         ServerConfig(served_model_names=("m",), override_generation_config={"max_tokens": 5})
     with pytest.raises(ValueError, match="max_logprobs must be >= 1"):
