@@ -105,7 +105,7 @@ class EngineConfig:
     shared_norm_prologue: bool = False
     fuse_moe_router: bool = False
     fp8_linear_prologue: bool = False
-    persistent_norms: bool = False
+    persistent_norms: bool = True
     quantization: str | None = None
     quantization_group_size: int = DEFAULT_QUANTIZATION_GROUP_SIZE
     quantize_lm_head: bool = False
@@ -263,9 +263,10 @@ class CompileConfig:
     # Inductor lowering: a row reduction of up to PERSISTENT_ROW_NUMEL elements (an 8B model's 4,096-wide norms,
     # and the fp8 linears' norm + per-token quantization Inductor fuses with them) as a persistent reduction, the
     # row read once into registers, instead of Inductor's looped one past 1,024 (which reads the row once a
-    # loop: at 4,096 rows the 8B's norm + quantize kernels stream at ~40% of the H200's copy rate, s32). Off by
-    # default until a GPU A/B says it pays (graphllm/compiler/inductor_lowering.py's persistent_rows)
-    persistent_norms: bool = False
+    # loop: at 4,096 rows the 8B's norm + quantize kernels stream at ~40% of the H200's copy rate, s32). On by
+    # default since s39's H100 A/B: fp8 batch 1 +2.9-3.1% (the norm + quantize kernels read their 4,096-wide row once),
+    # int4 batch 1 +2.0%, bf16 and the throughput run level (graphllm/compiler/inductor_lowering.py's persistent_rows)
+    persistent_norms: bool = True
     # One of QUANTIZATIONS: the quantize_<scheme> pass rewrites every linear but lm_head (None: the
     # checkpoint's own quantization_config if it has one, else none). CHECKPOINT_QUANTIZATIONS names
     # are accepted when they match the checkpoint.

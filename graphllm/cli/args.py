@@ -58,10 +58,10 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fuse-moe-router", action=argparse.BooleanOptionalAction, default=False,
                         help="GPU graphs: a MoE layer's router matmul runs inside its experts' op, one launch with the "
                              "expert choice at batch 1 (off by default: not yet measured on a GPU)")
-    parser.add_argument("--persistent-norms", action=argparse.BooleanOptionalAction, default=False,
+    parser.add_argument("--persistent-norms", action=argparse.BooleanOptionalAction, default=True,
                         help="GPU graphs: Inductor's row reductions up to 8,192 wide (the norms, with an fp8 linear's "
-                             "per-token quantization) read their row once, as persistent reductions (off by default: "
-                             "not yet measured on a GPU)")
+                             "per-token quantization) read their row once, as persistent reductions (on by default: "
+                             "fp8 batch 1 +3%% on an H100)")
     parser.add_argument("--fp8-linear-prologue", action="store_true",
                         help="GPU graphs, fp8: fold norms and SwiGLU into the fp8 linears too (one launch at batch 1 "
                              "that also quantizes the activation; off by default: measured slower on an H200)")
