@@ -77,7 +77,7 @@
 #              --no-fuse-rope-attention
 #   ab-throughput-B / ab-latency1-B  throughput-B / latency1-B from the tree in .ab/ (a checkout of an earlier
 #              commit, carried beside this one: a same-run A/B; it shares the preset and the artifact cache);
-#              ab-qtput-fp8kv  qtput-fp8kv from .ab/
+#              ab-qtput-fp8kv  qtput-fp8kv from .ab/;  ab-qlat-S  qlat-S from .ab/ (S: none, fp8, int4, ...; -lmhead)
 #   soak-start soak-S soak-stop  (issue 17) `graphllm serve` of the 8B preset as a daemon (setsid: it outlives
 #              the call, so one server can take load across two calls), benchmarks/soak.py with 256 clients for
 #              S seconds against it, then SIGTERM and its exit code; the KV pool's state is read after each soak
@@ -198,7 +198,7 @@ for tag in "$@"; do
   echo " $kept " | grep -qF " ${tag%.*} " && need=0
   # the ab- stages write the same presets and artifacts (call 2 of s37: ab-moe-lat was killed at 1 GB free, after a
   # call's 8B preset and three artifacts)
-  case $stage in fam*|latency*|mixed*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*|ab-moe-*|ab-qtput-*|ab-throughput-*|ab-latency1-*)
+  case $stage in fam*|latency*|mixed*|full1-*|fulltput-*|pdl1-*|pdlfam-*|pdlq-*|qlat-*|qprof*|qtput-*|throughput*|profile*|steps8-*|tput8-*|startup*|moe-*|spec-*|ab-moe-*|ab-qtput-*|ab-qlat-*|ab-throughput-*|ab-latency1-*)
     [ "$(free_gb)" -lt $need ] && { echo "disk: $(free_gb) GB free before $stage: dropping presets and artifacts"; \
       rm -rf $WORK/models $WORK/startup "$GRAPHLLM_CACHE_DIR"; kept=""; } ;;
   esac
@@ -305,6 +305,10 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --num-requests 1024 $LIMITS --work $WORK --attention-backend "${stage#ab-throughput-}" --json "$OUT/r/$tag.json") ;;
     ab-qtput-fp8kv) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench throughput --preset llama-3-8b \
         --num-requests 1024 $LIMITS --work $WORK --quantization fp8 --kv-cache-dtype fp8 --json "$OUT/r/$tag.json") ;;
+    ab-qlat-*) S=${stage#ab-qlat-}; (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency \
+        --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK $BENCH_EXTRA \
+        $( [ "${S%-lmhead}" != none ] && echo --quantization "${S%-lmhead}" ) \
+        $( [ "${S%-lmhead}" != "$S" ] && echo --quantize-lm-head ) --json "$OUT/r/$tag.json") ;;
     ab-latency1-*) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency --preset llama-3-8b \
         --batch-sizes 1,8 --input-len 128 --output-len 256 --attention-backend "${stage#ab-latency1-}" $LIMITS \
         --work $WORK --json "$OUT/r/$tag.json") ;;

@@ -61,6 +61,13 @@ def variants():
         yield decode._decode_split_kernel, types, dict(
             SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=kv_fp8, SOFTCAP=False, ROPE=True,
             EXACT_MUL=True), {}
+        # under PDL (the engine's default on sm_90): metadata read and the first KV tile prefetched before the wait
+        yield decode._decode_split_kernel, types, dict(
+            SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=kv_fp8, SOFTCAP=False, ROPE=True,
+            EXACT_MUL=True, PDL=True), {"launch_pdl": True}
+    for mixed, kv_fp8 in itertools.product((True, False), (0, FP8_CVT.value)):  # PDL over plain and mixed launches
+        yield decode._decode_split_kernel, pointer_types(kv_fp8), dict(
+            SHAPE, BLOCK_G=16, DIRECT=False, MIXED=mixed, KV_FP8=kv_fp8, SOFTCAP=False, PDL=True), {"launch_pdl": True}
     for unit_offset in (False, True):  # and the heads' RMSNorm first (Qwen3's q/k norms; Gemma 3's 1 + weight)
         types = dict(pointer_types(0), k_new_ptr="*bf16", v_new_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
                      slot_ptr="*i64", k_store_scale="fp32", v_store_scale="fp32", q_norm_ptr="*bf16",
