@@ -4,16 +4,13 @@ A kernel launched with PDL (its PDL constexpr, from launch.pdl_launch) begins wi
 anything an earlier kernel wrote or writes anything:
 
     dependent_start()             let the next kernel launch, then wait for the kernels before (rope + KV store,
-                                  the row kernels, the MoE kernels: nothing of theirs is worth fetching before their
-                                  inputs exist; the experts' weights depend on the routing)
+                                  decode attention, the row kernels, the MoE kernels: nothing of theirs is worth
+                                  fetching before their inputs exist; the experts' weights depend on the routing)
     dependent_start(lines)        the same around an L2 prefetch of `lines`, the program's first weight step (the
                                   decode linears: the weights are the model's, no kernel writes them), e.g.
                                   weight_lines' for an [N, K] weight
     released_after_wait()         wait first, then let the next kernel launch (the MoE gate/up kernel: the down
                                   kernel after it reads the routing before its own wait)
-
-The decode attention's split kernel calls the two halves itself: between them it reads the step's metadata (copied
-from the host before the graph runs) and prefetches its first KV tile's lines (paged_decode_attention).
 """
 
 import triton

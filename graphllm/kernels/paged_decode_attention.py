@@ -32,7 +32,7 @@ import triton.language as tl
 
 from graphllm.kernels.attention_loop import FP8_MAX, one_token_attention
 from graphllm.kernels.fp8_convert import fp8_dots_on, kv_fp8_mode
-from graphllm.kernels.gdc import dependent_start, prefetch_l2
+from graphllm.kernels.gdc import dependent_start
 from graphllm.kernels.kv_quant import FP8_QK_HEAD_DIM, KVScales, dequantize_kv
 from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.quant_layout import correctly_rounded_div
@@ -208,20 +208,6 @@ def _query_row(query_start_loc_ptr, b, MIXED: tl.constexpr):
     return row
 
 
-@triton.jit
-def first_tile_lines(cache_ptr, table, kvh, lo, hi, block_size: tl.constexpr, stride_cb, stride_co, stride_ch,
-                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """One address per 128-byte line of KV head kvh's keys (or values) lo .. lo + BLOCK_N - 1 in a layer's cache,
-    [BLOCK_N, lines]: the first tile a split program reads. Keys past hi read key max(hi - 1, 0) again (an empty
-    split's hi is the sequence's length), so every address is one of the sequence's own pages."""
-    LINE: tl.constexpr = 1024 // cache_ptr.dtype.element_ty.primitive_bitwidth  # elements in 128 bytes
-    LINES: tl.constexpr = HEAD_DIM // LINE if HEAD_DIM >= LINE else 1
-    k_pos = tl.minimum(lo + tl.arange(0, BLOCK_N), tl.maximum(hi - 1, 0))
-    pages = tl.load(table + k_pos // block_size).to(tl.int64)
-    base = pages * stride_cb + (k_pos % block_size) * stride_co + kvh * stride_ch
-    return cache_ptr + base[:, None] + LINE * tl.arange(0, LINES)[None, :]
-
-
 @triton.jit(do_not_specialize=["stride_bt", "num_splits"])  # vary per step: one compile
 def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
                          query_start_loc_ptr, out_ptr, part_out_ptr, part_lse_ptr,
@@ -238,12 +224,8 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                          FP8_QK: tl.constexpr = False, NORM: tl.constexpr = False,
                          NORM_UNIT_OFFSET: tl.constexpr = False, q_norm_ptr=None, k_norm_ptr=None, norm_eps=0.0,
                          PV_WGMMA: tl.constexpr = False):
-    # Under PDL (launched as a programmatic dependent, launch.py) the step's metadata (query_start_loc, seq_lens,
-    # block tables: copied from the host before the graph runs, never written by a kernel) is read before the wait,
-    # and the first KV tile's lines are prefetched into L2 while the kernels before finish (the q projection);
-    # q, the new token's K/V and the rotary tables are read only after it (first_tile_lines)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
+    if PDL:  # launched as a programmatic dependent (launch.py): nothing is read before the kernels before are done
+        dependent_start()
     if HEADS_FIRST:  # grid (kv heads, sequences, splits): a sequence's heads run side by side
         kvh, b, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     else:
@@ -259,13 +241,6 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
     chunk = tl.cdiv(tl.cdiv(seq_len - start, num_splits), BLOCK_N) * BLOCK_N
     lo = start + split * chunk
     hi = tl.minimum(lo + chunk, seq_len)
-    table = block_tables_ptr + b.to(tl.int64) * stride_bt
-    if PDL:
-        prefetch_l2(first_tile_lines(k_cache_ptr, table, kvh, lo, hi, block_size, stride_cb, stride_co, stride_ch,
-                                     BLOCK_N, HEAD_DIM))
-        prefetch_l2(first_tile_lines(v_cache_ptr, table, kvh, lo, hi, block_size, stride_cb, stride_co, stride_ch,
-                                     BLOCK_N, HEAD_DIM))
-        tl.extra.cuda.gdc_wait()
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
@@ -289,6 +264,7 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_
                             k_store_scale, v_store_scale, offs_d, d_mask, HEAD_DIM // 2, KV_FP8, EXACT_MUL,
                             k_norm_ptr, norm_eps, NORM, NORM_UNIT_OFFSET)
         tl.debug_barrier()  # the stores are visible to this program's threads before its key loop reads them
+    table = block_tables_ptr + b.to(tl.int64) * stride_bt
     acc, l_i, m_i = one_token_attention(q, k_cache_ptr, v_cache_ptr, table, kvh, lo, hi, block_size,
                                          stride_cb, stride_co, stride_ch, scale_log2, v_scale, softcap_log2,
                                          BLOCK_G, BLOCK_D, HEAD_DIM, BLOCK_N, PRECISION, KV_FP8, SOFTCAP, HALVES,

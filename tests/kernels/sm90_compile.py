@@ -61,7 +61,7 @@ def variants():
         yield decode._decode_split_kernel, types, dict(
             SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=kv_fp8, SOFTCAP=False, ROPE=True,
             EXACT_MUL=True), {}
-        # under PDL (the engine's default on sm_90): metadata read and the first KV tile prefetched before the wait
+        # under PDL (the engine's default on sm_90)
         yield decode._decode_split_kernel, types, dict(
             SHAPE, BLOCK_G=16, DIRECT=direct, MIXED=False, KV_FP8=kv_fp8, SOFTCAP=False, ROPE=True,
             EXACT_MUL=True, PDL=True), {"launch_pdl": True}
