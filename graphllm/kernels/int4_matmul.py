@@ -28,6 +28,14 @@ The K loop names its num_stages (tl.range): Triton software-pipelines a loop who
 when told, and the one-row path streamed at ~1 TB/s without it (run 12 against the sweep before: 1.1-1.6x
 faster per shape with it and ROW_SUM).
 
+One row in packed float16 (_int4_gemv_kernel with config F16, opt-in until a GPU sweep measures it): word rows
+in pairs, each pair's 16 x values scaled by one power of two into [-2, 2) and packed as float16 pairs; per word one
+shift and four LOP3 with 0x6400 make four float16 pairs 1024 + q (or 1024 + 16 q), two subtractions and two
+multiply-adds make q - 8 exactly, and four packed multiply-adds sum x' (q - 8) (_word_pair_dot16); the zero point
+enters as (8 - z) sum(x) in float32. Offline sm_90 SASS: 3.0 instructions a weight in 4 column parts (F16 4,
+256 x 128 tiles) against the float32 GEMV's 4.3. Its float16 roundings (x' once, each product and lane sum once)
+are within 2^-7 of sum |x| |q - 8| s. Triton's interpreter runs the same operations on float16 tensors.
+
 Rows past 16 (prefill) take GEMM tiles of the same kernel (BLOCK_M 32..128, GROUP_M row tiles grouped,
 no K split): the weight is dequantized per tile in registers. SPLIT_K > 1 reduces as skinny_matmul does
 (finish_tile), deterministically. benchmarks/quant_kernel_sweep.py times the configs beside bf16 cuBLAS
@@ -332,10 +340,149 @@ def _gemv_step(step, acc_a, acc_b, one):
 
 
 @triton.jit
+def _pack_f16x2(lo, hi):
+    """Two float32 tiles rounded to float16 (to nearest) and packed, lo in the low half: one cvt a pair."""
+    return tl.inline_asm_elementwise("cvt.rn.f16x2.f32 $0, $2, $1;", "=r,r,r", [lo, hi], dtype=tl.int32,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _word_pair_dot16(w0, w1, p0, p1, p2, p3, r0, r1, r2, r3):
+    """sum_j x'_j (q_j - 8) over two words of one column (8 nibbles each), x' packed float16 pairs (p: w0's row,
+    r: w1's): per word one shift and four LOP3 make four float16 pairs 1024 + q (nibbles j, j + 4 at bits 0..3)
+    or 1024 + 16 q (at bits 4..7), two subtractions of 1032 and two multiply-adds (x 1/16, - 72) make q - 8 exactly,
+    four packed multiply-adds sum the products; one float32 sum of the two lanes at the end."""
+    return tl.inline_asm_elementwise("""{
+    .reg .b32 w8, t0, t1, t2, t3, a, c1032, c16th, cm72;
+    .reg .b16 lo, hi;
+    .reg .f32 flo, fhi;
+    mov.b32 c1032, 0x64086408;
+    mov.b32 c16th, 0x2C002C00;
+    mov.b32 cm72, 0xD480D480;
+    lop3.b32 t0, $1, 0x000F000F, 0x64006400, 0xEA;
+    lop3.b32 t1, $1, 0x00F000F0, 0x64006400, 0xEA;
+    shr.u32 w8, $1, 8;
+    lop3.b32 t2, w8, 0x000F000F, 0x64006400, 0xEA;
+    lop3.b32 t3, w8, 0x00F000F0, 0x64006400, 0xEA;
+    sub.f16x2 t0, t0, c1032;
+    fma.rn.f16x2 t1, t1, c16th, cm72;
+    sub.f16x2 t2, t2, c1032;
+    fma.rn.f16x2 t3, t3, c16th, cm72;
+    mul.rn.f16x2 a, t0, $3;
+    fma.rn.f16x2 a, t1, $4, a;
+    fma.rn.f16x2 a, t2, $5, a;
+    fma.rn.f16x2 a, t3, $6, a;
+    lop3.b32 t0, $2, 0x000F000F, 0x64006400, 0xEA;
+    lop3.b32 t1, $2, 0x00F000F0, 0x64006400, 0xEA;
+    shr.u32 w8, $2, 8;
+    lop3.b32 t2, w8, 0x000F000F, 0x64006400, 0xEA;
+    lop3.b32 t3, w8, 0x00F000F0, 0x64006400, 0xEA;
+    sub.f16x2 t0, t0, c1032;
+    fma.rn.f16x2 t1, t1, c16th, cm72;
+    sub.f16x2 t2, t2, c1032;
+    fma.rn.f16x2 t3, t3, c16th, cm72;
+    fma.rn.f16x2 a, t0, $7, a;
+    fma.rn.f16x2 a, t1, $8, a;
+    fma.rn.f16x2 a, t2, $9, a;
+    fma.rn.f16x2 a, t3, $10, a;
+    mov.b32 {lo, hi}, a;
+    cvt.f32.f16 flo, lo;
+    cvt.f32.f16 fhi, hi;
+    add.f32 $0, flo, fhi;
+    }""", "=r,r,r,r,r,r,r,r,r,r,r", [w0, w1, p0, p1, p2, p3, r0, r1, r2, r3], dtype=tl.float32, is_pure=True,
+        pack=1)
+
+
+@triton.jit
+def _fma16(a, b, c):
+    """fma.rn.f16's value for float16 a, b, c: the float32 product of two float16 values is exact, so one
+    rounding of product + c to float16 (up to a double rounding where the float32 sum itself rounds)."""
+    return (a.to(tl.float32) * b.to(tl.float32) + c.to(tl.float32)).to(tl.float16)
+
+
+@triton.jit
+def _word_pair_dot16_emulated(w0, w1, xe, xo):
+    """_word_pair_dot16 in float16 tensor arithmetic, the same operations in the same order (Triton's
+    interpreter runs no PTX): xe, xo the two rows' x' as 8 float16 [R/2, 1] tiles each."""
+    lo = tl.zeros(w0.shape, tl.float16)
+    hi = tl.zeros(w0.shape, tl.float16)
+    for j in tl.static_range(4):
+        lo = _fma16((((w0 >> (4 * j)) & 0xF) - 8).to(tl.float16), xe[j], lo)
+        hi = _fma16((((w0 >> (4 * j + 16)) & 0xF) - 8).to(tl.float16), xe[j + 4], hi)
+    for j in tl.static_range(4):
+        lo = _fma16((((w1 >> (4 * j)) & 0xF) - 8).to(tl.float16), xo[j], lo)
+        hi = _fma16((((w1 >> (4 * j + 16)) & 0xF) - 8).to(tl.float16), xo[j + 4], hi)
+    return lo.to(tl.float32) + hi.to(tl.float32)
+
+
+@triton.jit
+def _row_x(x_ptr, rows):
+    """The 8 x values of each word row in rows, float32."""
+    return (tl.load(x_ptr + rows).to(tl.float32), tl.load(x_ptr + rows + 1).to(tl.float32),
+            tl.load(x_ptr + rows + 2).to(tl.float32), tl.load(x_ptr + rows + 3).to(tl.float32),
+            tl.load(x_ptr + rows + 4).to(tl.float32), tl.load(x_ptr + rows + 5).to(tl.float32),
+            tl.load(x_ptr + rows + 6).to(tl.float32), tl.load(x_ptr + rows + 7).to(tl.float32))
+
+
+@triton.jit
+def _gemv16_x(x_ptr, even, F16: tl.constexpr):
+    """The x side of a K step of word-row pairs (rows even and even + 1, [BLOCK_K/16]) for _gemv16_part: each pair's
+    16 x values scaled by one power of two 2^-E into [-2, 2) (E: the exponent of their max |x|), so that float16
+    holds them and their products with q - 8 in [-8, 7] (a pair's lane sums 8 of them: at most 128 in size).
+    Returns (x', 2^E, sum_j x_j): x' as 8 packed float16 pairs (F16 1: _word_pair_dot16's operands) or 16 float16
+    tiles (2: its emulation), each [BLOCK_K/16, 1]."""
+    xe = _row_x(x_ptr, 8 * even)
+    xo = _row_x(x_ptr, 8 * even + 8)
+    m = tl.abs(xe[0])
+    for j in tl.static_range(1, 8):
+        m = tl.maximum(m, tl.abs(xe[j]))
+    for j in tl.static_range(8):
+        m = tl.maximum(m, tl.abs(xo[j]))
+    bits = m.to(tl.int32, bitcast=True) & 0x7F800000
+    up = bits.to(tl.float32, bitcast=True)  # 2^E (0 for a pair of zeros, whose x' are then 0)
+    inv = (0x7F000000 - bits).to(tl.float32, bitcast=True)  # 2^-E
+    x_sum = ((xe[0] + xe[1]) + (xe[2] + xe[3])) + ((xe[4] + xe[5]) + (xe[6] + xe[7])) \
+        + (((xo[0] + xo[1]) + (xo[2] + xo[3])) + ((xo[4] + xo[5]) + (xo[6] + xo[7])))
+    if F16 == 1:
+        xq = (_pack_f16x2(xe[0] * inv, xe[4] * inv)[:, None], _pack_f16x2(xe[1] * inv, xe[5] * inv)[:, None],
+              _pack_f16x2(xe[2] * inv, xe[6] * inv)[:, None], _pack_f16x2(xe[3] * inv, xe[7] * inv)[:, None],
+              _pack_f16x2(xo[0] * inv, xo[4] * inv)[:, None], _pack_f16x2(xo[1] * inv, xo[5] * inv)[:, None],
+              _pack_f16x2(xo[2] * inv, xo[6] * inv)[:, None], _pack_f16x2(xo[3] * inv, xo[7] * inv)[:, None])
+    else:
+        xq = ((xe[0] * inv).to(tl.float16)[:, None], (xe[1] * inv).to(tl.float16)[:, None],
+              (xe[2] * inv).to(tl.float16)[:, None], (xe[3] * inv).to(tl.float16)[:, None],
+              (xe[4] * inv).to(tl.float16)[:, None], (xe[5] * inv).to(tl.float16)[:, None],
+              (xe[6] * inv).to(tl.float16)[:, None], (xe[7] * inv).to(tl.float16)[:, None],
+              (xo[0] * inv).to(tl.float16)[:, None], (xo[1] * inv).to(tl.float16)[:, None],
+              (xo[2] * inv).to(tl.float16)[:, None], (xo[3] * inv).to(tl.float16)[:, None],
+              (xo[4] * inv).to(tl.float16)[:, None], (xo[5] * inv).to(tl.float16)[:, None],
+              (xo[6] * inv).to(tl.float16)[:, None], (xo[7] * inv).to(tl.float16)[:, None])
+    return xq, up[:, None], x_sum[:, None]
+
+
+@triton.jit
+def _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs, mask, x, acc, F16: tl.constexpr):
+    """acc += sum_j x_j (q_j - z) s over one K step (inside one group) for the columns offs, x from _gemv16_x:
+    sum_j x_j (q_j - z) = 2^E sum_j x'_j (q_j - 8) + (8 - z) sum_j x_j, the first in packed float16 a word pair at
+    a time (F16 1: _word_pair_dot16; 2: its emulation), the second in float32."""
+    xq, up, x_sum = x
+    w0 = tl.load(qw_ptr + even[:, None] * N + offs[None, :], mask=mask[None, :], other=0)
+    w1 = tl.load(qw_ptr + (even + 1)[:, None] * N + offs[None, :], mask=mask[None, :], other=0)
+    z = tl.load(zeros_ptr + g + offs, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(scales_ptr + g + offs, mask=mask, other=0.0).to(tl.float32)
+    if F16 == 1:
+        t = _word_pair_dot16(w0, w1, xq[0], xq[1], xq[2], xq[3], xq[4], xq[5], xq[6], xq[7])
+    else:
+        t = _word_pair_dot16_emulated(w0, w1, (xq[0], xq[1], xq[2], xq[3], xq[4], xq[5], xq[6], xq[7]),
+                                      (xq[8], xq[9], xq[10], xq[11], xq[12], xq[13], xq[14], xq[15]))
+    return acc + (t * up + (8.0 - z)[None, :] * x_sum) * s[None, :]
+
+
+@triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr, N, K, K_SPLIT, G, one,
                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                       EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
-                      PDL: tl.constexpr = False):
+                      PDL: tl.constexpr = False, F16: tl.constexpr = 0, PARTS: tl.constexpr = 2):
     """One row (GEMV), K steps inside one group (G % BLOCK_K == 0): y = x @ W^T at about four instructions per
     weight in the sm_90 SASS (the multiply-add tile above: about ten), so that it can stream the weight rather
     than wait on the issue slots. Per word, _gemv_word_terms: five shifts put each of its 8 nibbles at bits
@@ -360,9 +507,34 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         # 128-byte line is 32 columns of a word row; rows past N read column N - 1 again)
         columns = tl.minimum(pid_n * BLOCK_N + 32 * tl.arange(0, BLOCK_N // 32 if BLOCK_N >= 32 else 1), N - 1)
         dependent_start(qw_ptr + (k_lo // 8 + offs_r).to(tl.int64)[:, None] * N + columns[None, :])
-    acc_a = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
-    acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
-    if PREFETCH:  # the next step's words, scales, zeros and x are loaded before this step's arithmetic
+    if F16:  # word rows in pairs, the columns in PARTS parts that share every x value a thread converts
+        PART: tl.constexpr = BLOCK_N // PARTS
+        offs_0 = pid_n * BLOCK_N + tl.arange(0, PART)
+        offs_p = tl.arange(0, BLOCK_K // 16)
+        acc_0 = tl.zeros([BLOCK_K // 16, PART], dtype=tl.float32)
+        acc_1 = tl.zeros([BLOCK_K // 16, PART], dtype=tl.float32)
+        acc_2 = tl.zeros([BLOCK_K // 16, PART], dtype=tl.float32)
+        acc_3 = tl.zeros([BLOCK_K // 16, PART], dtype=tl.float32)
+        for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
+            even = k0 // 8 + 2 * offs_p
+            g = (k0 // G) * N
+            x = _gemv16_x(x_ptr, even, F16)
+            acc_0 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0, offs_0 < N, x, acc_0, F16)
+            acc_1 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0 + PART, offs_0 + PART < N, x,
+                                 acc_1, F16)
+            if PARTS == 4:
+                acc_2 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0 + 2 * PART,
+                                     offs_0 + 2 * PART < N, x, acc_2, F16)
+                acc_3 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0 + 3 * PART,
+                                     offs_0 + 3 * PART < N, x, acc_3, F16)
+        if PARTS == 4:  # [PART, 2, 2] (part 2c + h at [:, h, c]) -> [4, PART] in column order
+            out = tl.join(tl.join(tl.sum(acc_0, 0), tl.sum(acc_1, 0)), tl.join(tl.sum(acc_2, 0), tl.sum(acc_3, 0)))
+            out = tl.reshape(tl.permute(out, (2, 1, 0)), (1, BLOCK_N))
+        else:
+            out = tl.reshape(tl.permute(tl.join(tl.sum(acc_0, 0), tl.sum(acc_1, 0)), (1, 0)), (1, BLOCK_N))
+    elif PREFETCH:  # the next step's words, scales, zeros and x are loaded before this step's arithmetic
+        acc_a = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
         step = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k_lo, G, N, offs_a, offs_r, a_mask, b_mask,
                                 HALF)
         for k0 in range(k_lo, k_hi, BLOCK_K):
@@ -373,11 +545,14 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
             acc_a, acc_b = _gemv_step(step, acc_a, acc_b, one)
             step = following
     else:
+        acc_a = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
+        acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             step = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k0, G, N, offs_a, offs_r, a_mask,
                                     b_mask, HALF)
             acc_a, acc_b = _gemv_step(step, acc_a, acc_b, one)
-    out = tl.reshape(tl.permute(tl.join(tl.sum(acc_a, 0), tl.sum(acc_b, 0)), (1, 0)), (1, BLOCK_N))
+    if not F16:
+        out = tl.reshape(tl.permute(tl.join(tl.sum(acc_a, 0), tl.sum(acc_b, 0)), (1, 0)), (1, BLOCK_N))
     offs_m = tl.arange(0, 1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, offs_m < 1, offs_n < N,
@@ -414,7 +589,23 @@ def pairs(m: int, k: int, group_size: int, dtype: torch.dtype, config: dict) -> 
 def gemv(m: int, k: int, group_size: int, config: dict) -> bool:
     """Whether a launch takes _int4_gemv_kernel (config GEMV): one row, K steps that lie in one group."""
     block_m, block_k = tile_shape(m, k, config, DOT_MIN_BLOCK_K)
-    return bool(config.get("GEMV")) and block_m == 1 and group_size % block_k == 0 and block_k % 8 == 0
+    pairs_ok = not config.get("F16") or (block_k % 16 == 0 and config["BLOCK_N"] >= 4 * gemv_parts(config))
+    return bool(config.get("GEMV")) and block_m == 1 and group_size % block_k == 0 and block_k % 8 == 0 and pairs_ok
+
+
+def gemv_f16(x: torch.Tensor, config: dict) -> int:
+    """_int4_gemv_kernel's F16 for a launch over x: 0 unless the config asks for packed float16 arithmetic (F16)
+    and x is 16-bit; then 1 on a GPU (its PTX), 2 elsewhere (Triton's interpreter: the same operations in float16
+    tensors)."""
+    if not config.get("F16") or x.dtype not in (torch.bfloat16, torch.float16):
+        return 0
+    return 1 if x.is_cuda else 2
+
+
+def gemv_parts(config: dict) -> int:
+    """Column parts of an F16 GEMV program (config F16: True or 2 for two, 4 for four): the parts share each x
+    value a thread loads and converts, so more of them spread the x side's work over more words."""
+    return 4 if config.get("F16") == 4 else 2
 
 
 def weight_rounds(m: int, k: int, group_size: int, config: dict) -> bool:
@@ -449,7 +640,8 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
             n, k, plan.k_split, group_size, ONE_BITS, HAS_BIAS=bias is not None, BLOCK_N=config["BLOCK_N"],
             BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, EVEN_N=n % config["BLOCK_N"] == 0,
             NUM_STAGES=config["num_stages"], PREFETCH=config.get("PREFETCH", False), num_warps=config["num_warps"],
-            num_stages=config["num_stages"], **pdl_launch(x.device))
+            num_stages=config["num_stages"], F16=gemv_f16(x, config), PARTS=gemv_parts(config),
+            **pdl_launch(x.device))
         return out
     _int4_matmul_kernel[plan.grid](
         x, qweight, scales, zeros, scales if bias is None else bias, out,

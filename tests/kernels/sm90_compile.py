@@ -246,6 +246,11 @@ def pdl_variants():
     yield int4_matmul._int4_gemv_kernel, int4_types, dict(
         HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, EVEN_N=True, NUM_STAGES=1, PREFETCH=True, PDL=True), \
         {"num_stages": 1, **pdl}
+    # ... and with packed float16 arithmetic (F16: word rows in pairs, its PTX), in 2 and 4 column parts
+    for block_n, parts in ((128, 2), (256, 4)):
+        yield int4_matmul._int4_gemv_kernel, int4_types, dict(
+            HAS_BIAS=False, BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=16, EVEN_N=True, NUM_STAGES=1, PREFETCH=False,
+            PDL=True, F16=1, PARTS=parts), {"num_stages": 1, **pdl}
     types = {"x_ptr": "*bf16", "res_ptr": "*bf16", "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "w_ptr": "*bf16",
              "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     tile = dict(UNIT_OFFSET=False, HAS_BIAS=False, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, EVEN_N=True, EVEN_K=True,

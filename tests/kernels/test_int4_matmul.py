@@ -112,6 +112,62 @@ def test_gemv_every_nibble_value_and_extreme_scales():
         check_with(randn((1, k), dtype, seed=9), packed, None, tiles(BLOCK_M=1, BLOCK_N=32, BLOCK_K=64, GEMV=True))
 
 
+def check_f16(x, packed, b, config):
+    """int4_matmul with the GEMV's packed float16 arithmetic (config F16) against the float32 reference: beyond
+    the float32 bound, float16's roundings of x' and of the products and sums of x' (q - 8), relative 2^-7 of
+    |x| @ |(q - 8) s|^T (a lane sums 8 products of a word pair, each rounded once, and x' is rounded once)."""
+    qweight, scales, zeros = packed
+    got = int4_matmul(x, *packed, b, config)
+    w = dequantize_int4(*packed)
+    w8 = dequantize_int4(qweight, scales, torch.full_like(zeros, 8.0))  # (q - 8) s: what float16 multiplies
+    mag = x.float().abs() @ (w.abs() + w8.abs()).t()
+    want = int4_linear_reference(x, *packed, b)
+    bound = 2 * UNIT[x.dtype] * want.float().abs() + (2.0 ** -7) * mag + 1e-30
+    excess = ((got.float() - want.float()).abs() - bound).max().item()
+    assert excess <= 0, f"error beyond the float16 bound by {excess}"
+
+
+@pytest.mark.parametrize("group_size, config", [
+    (64, tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, F16=True, SPLIT_K=2)),  # word rows in pairs, two splits
+    (128, tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=128, GEMV=True, F16=True, SPLIT_K=3)),  # a step per group
+    (64, tiles(BLOCK_M=1, BLOCK_K=64, GEMV=True, F16=True, PREFETCH=True)),  # PREFETCH has no F16 loop: ignored
+    (64, tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=32, GEMV=True, F16=4, SPLIT_K=2)),  # four column parts
+    (128, tiles(BLOCK_M=1, BLOCK_N=32, BLOCK_K=128, GEMV=True, F16=4)),  # ... of 8 columns, N ragged
+])
+def test_gemv_f16_matches_reference(group_size, config):
+    """The GEMV's packed float16 path (F16: x scaled per word-row pair by a power of two, q - 8 in float16, the
+    zero point's (8 - z) sum(x) in float32), ragged N, with bias: on CPU its emulation under the interpreter,
+    on a GPU its PTX. float32 x keeps the float32 path (F16 needs 16-bit x)."""
+    assert gemv(1, 384, group_size, config)
+    x, packed, b = int4_case(1, 80, 384, group_size, LOW_DTYPE, True, seed=4)
+    check_f16(x, packed, b, config)
+    x32, packed32, _ = int4_case(1, 48, 128, group_size, torch.float32, False, seed=3)
+    check_with(x32, packed32, None, config)
+    assert split_k_counters(DEVICE).count_nonzero() == 0
+
+
+def test_gemv_f16_every_nibble_magnitudes_and_zero_pairs():
+    """Every nibble value at every position, zeros 0 and 15, and x whose word-row pairs span magnitudes 2^-10 ..
+    2^6 (each pair scaled by its own power of two; float16 outputs stay finite), one pair all zeros, one holding a
+    single nonzero value."""
+    n, k, group_size = 64, 256, 64
+    q = (torch.arange(n * k).reshape(n, k) % 16 + torch.arange(n)[:, None]) % 16
+    qweight = torch.zeros((k // 8, n), dtype=torch.int32)
+    for j in range(8):
+        qweight |= (q[:, j::8].t().to(torch.int32) & 0xF) << (4 * j)
+    zeros = torch.tensor([0.0, 15.0, 8.0, 3.0]).repeat(n, 1).t().contiguous()
+    scales = (2.0 ** torch.linspace(-8, -2, n * k // group_size)).reshape(k // group_size, n)
+    x = randn((1, k), torch.float32, seed=11) * (2.0 ** torch.linspace(-10, 6, k // 16)).repeat_interleave(16)
+    x[0, 32:48] = 0.0  # a pair of word rows of zeros
+    x[0, 64:80] = 0.0
+    x[0, 70] = 3.0  # a pair with one nonzero value
+    for dtype in (LOW_DTYPE,):
+        packed = (qweight.to(DEVICE), scales.to(dtype).to(DEVICE), zeros.to(dtype).to(DEVICE))
+        for parts in (2, 4):
+            check_f16(x.to(dtype).to(DEVICE), packed, None, tiles(BLOCK_M=1, BLOCK_N=32, BLOCK_K=64, GEMV=True,
+                                                                  F16=parts))
+
+
 def test_strided_rows_and_zero_rows():
     x_wide = randn((3, 200), LOW_DTYPE, seed=5)
     x = x_wide[:, 8:136]  # [3, 128], row stride 200
@@ -140,4 +196,6 @@ def test_llama_8b_shapes(n, k):
         gemv_config = {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "num_stages": stages,
                        "SPLIT_K": split, "GEMV": True, "PREFETCH": prefetch}
         check_with(randn((1, k), torch.bfloat16, 7), packed, None, gemv_config, w=w)
+        check_f16(randn((1, k), torch.bfloat16, 8), packed, None, dict(gemv_config, F16=True))  # its PTX
+        check_f16(randn((1, k), torch.bfloat16, 9), packed, None, dict(gemv_config, F16=4))
     assert split_k_counters(DEVICE).count_nonzero() == 0
