@@ -346,41 +346,29 @@ def _pack_f16x2(lo, hi):
                                      is_pure=True, pack=1)
 
 
-@triton.jit
-def _word_pair_dot16(w0, w1, p0, p1, p2, p3, r0, r1, r2, r3):
-    """sum_j x'_j (q_j - 8) over two words of one column (8 nibbles each), x' packed float16 pairs (p: w0's row,
-    r: w1's): per word one shift and four LOP3 make four float16 pairs 1024 + q (nibbles j, j + 4 at bits 0..3)
-    or 1024 + 16 q (at bits 4..7), two subtractions of 1032 and two multiply-adds (x 1/16, - 72) make q - 8 exactly,
-    four packed multiply-adds sum the products; one float32 sum of the two lanes at the end."""
-    return tl.inline_asm_elementwise("""{
+# one word's nibbles as four float16 pairs q - 8 in t0..t3 (word {w}): t0 holds nibbles 0 and 4, t1 1 and 5 (as
+# 1024 + 16 q before the multiply-add by 1/16), t2 2 and 6, t3 3 and 7
+_WORD_PAIRS_PTX = """
+    lop3.b32 t0, {w}, 0x000F000F, 0x64006400, 0xEA;
+    lop3.b32 t1, {w}, 0x00F000F0, 0x64006400, 0xEA;
+    shr.u32 w8, {w}, 8;
+    lop3.b32 t2, w8, 0x000F000F, 0x64006400, 0xEA;
+    lop3.b32 t3, w8, 0x00F000F0, 0x64006400, 0xEA;
+    sub.f16x2 t0, t0, c1032;
+    fma.rn.f16x2 t1, t1, c16th, cm72;
+    sub.f16x2 t2, t2, c1032;
+    fma.rn.f16x2 t3, t3, c16th, cm72;"""
+_PAIR_DOT_PTX = tl.constexpr("""{
     .reg .b32 w8, t0, t1, t2, t3, a, c1032, c16th, cm72;
     .reg .b16 lo, hi;
     .reg .f32 flo, fhi;
     mov.b32 c1032, 0x64086408;
     mov.b32 c16th, 0x2C002C00;
-    mov.b32 cm72, 0xD480D480;
-    lop3.b32 t0, $1, 0x000F000F, 0x64006400, 0xEA;
-    lop3.b32 t1, $1, 0x00F000F0, 0x64006400, 0xEA;
-    shr.u32 w8, $1, 8;
-    lop3.b32 t2, w8, 0x000F000F, 0x64006400, 0xEA;
-    lop3.b32 t3, w8, 0x00F000F0, 0x64006400, 0xEA;
-    sub.f16x2 t0, t0, c1032;
-    fma.rn.f16x2 t1, t1, c16th, cm72;
-    sub.f16x2 t2, t2, c1032;
-    fma.rn.f16x2 t3, t3, c16th, cm72;
+    mov.b32 cm72, 0xD480D480;""" + _WORD_PAIRS_PTX.format(w="$1") + """
     mul.rn.f16x2 a, t0, $3;
     fma.rn.f16x2 a, t1, $4, a;
     fma.rn.f16x2 a, t2, $5, a;
-    fma.rn.f16x2 a, t3, $6, a;
-    lop3.b32 t0, $2, 0x000F000F, 0x64006400, 0xEA;
-    lop3.b32 t1, $2, 0x00F000F0, 0x64006400, 0xEA;
-    shr.u32 w8, $2, 8;
-    lop3.b32 t2, w8, 0x000F000F, 0x64006400, 0xEA;
-    lop3.b32 t3, w8, 0x00F000F0, 0x64006400, 0xEA;
-    sub.f16x2 t0, t0, c1032;
-    fma.rn.f16x2 t1, t1, c16th, cm72;
-    sub.f16x2 t2, t2, c1032;
-    fma.rn.f16x2 t3, t3, c16th, cm72;
+    fma.rn.f16x2 a, t3, $6, a;""" + _WORD_PAIRS_PTX.format(w="$2") + """
     fma.rn.f16x2 a, t0, $7, a;
     fma.rn.f16x2 a, t1, $8, a;
     fma.rn.f16x2 a, t2, $9, a;
@@ -389,8 +377,17 @@ def _word_pair_dot16(w0, w1, p0, p1, p2, p3, r0, r1, r2, r3):
     cvt.f32.f16 flo, lo;
     cvt.f32.f16 fhi, hi;
     add.f32 $0, flo, fhi;
-    }""", "=r,r,r,r,r,r,r,r,r,r,r", [w0, w1, p0, p1, p2, p3, r0, r1, r2, r3], dtype=tl.float32, is_pure=True,
-        pack=1)
+    }""")
+
+
+@triton.jit
+def _word_pair_dot16(w0, w1, p0, p1, p2, p3, r0, r1, r2, r3):
+    """sum_j x'_j (q_j - 8) over two words of one column (8 nibbles each), x' packed float16 pairs (p: w0's row,
+    r: w1's): per word one shift and four LOP3 make four float16 pairs 1024 + q (nibbles j, j + 4 at bits 0..3)
+    or 1024 + 16 q (at bits 4..7), two subtractions of 1032 and two multiply-adds (x 1/16, - 72) make q - 8 exactly,
+    four packed multiply-adds sum the products; one float32 sum of the two lanes at the end."""
+    return tl.inline_asm_elementwise(_PAIR_DOT_PTX, "=r,r,r,r,r,r,r,r,r,r,r", [w0, w1, p0, p1, p2, p3, r0, r1, r2, r3],
+                                     dtype=tl.float32, is_pure=True, pack=1)
 
 
 @triton.jit
