@@ -150,9 +150,10 @@ def int4_candidates(m: int) -> list[dict]:
         # packed float16 arithmetic (F16: word rows in pairs, 2 or 4 column parts; s39, unmeasured): offline sm_90
         # SASS 3.0 instructions a weight at 256 x 128 in 4 parts (72 registers), 3.6 at 128 x 128 in 2 (48),
         # against the GEMV's 4.3 (80)
-        for bn, bk, w, parts in [(256, 128, 4, 4), (128, 128, 4, 2), (512, 128, 8, 4), (256, 128, 4, 2)]:
-            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "GEMV": True, "num_stages": 1,
-                            "F16": parts}, SPLIT_K=(4, 8, 16))
+        for bn, bk, w, parts, stages in [(256, 128, 4, 4, (1, 2)), (128, 128, 4, 2, (1,)), (512, 128, 8, 4, (1,)),
+                                         (256, 128, 4, 2, (1,))]:  # 2 stages: the loads as cp.async (offline build)
+            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "GEMV": True, "F16": parts},
+                           num_stages=stages, SPLIT_K=(4, 8, 16))
         # the second sweep's winners (2026-11-28): 128 x 128 tiles of 4 warps, unpipelined, 4..16 splits, and
         # lm_head's 512 x 64 with 3 stages (kept in CONFIGS: the default always runs); PREFETCH loads the next step
         # into registers before this step's arithmetic
