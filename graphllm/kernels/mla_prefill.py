@@ -22,7 +22,7 @@ import triton.language as tl
 
 from graphllm.kernels.mla_decode import BLOCK_H as DECODE_BLOCK_H
 from graphllm.kernels.mla_decode import load_mla_q, mla_decode_attention, one_token_mla
-from graphllm.kernels.paged_prefill_attention import DECODE_KERNEL_MIN_SEQS, _query_tile
+from graphllm.kernels.paged_prefill_attention import DECODE_KERNEL_MIN_SEQS, _query_tile, heaviest_first
 
 LOG2E = 1.4426950408889634
 
@@ -55,8 +55,8 @@ def _mla_prefill_kernel(q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, query_
                         KV_LORA_RANK: tl.constexpr, ROPE_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_Q: tl.constexpr, BLOCK_H: tl.constexpr, ONE_H: tl.constexpr, BLOCK_L: tl.constexpr,
                         BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, ONE_TOKEN_ROWS: tl.constexpr,
-                        PRECISION: tl.constexpr):
-    tile, head_block = tl.program_id(0), tl.program_id(1)
+                        PRECISION: tl.constexpr, HEAD_BLOCKS: tl.constexpr):
+    tile, head_block = heaviest_first(HEAD_BLOCKS)
     b, q_first, q_len, q_tile_start = _query_tile(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
     if q_tile_start >= q_len:
         return
@@ -144,12 +144,13 @@ def mla_prefill_attention(q: torch.Tensor, cache: torch.Tensor, block_tables: to
         mla_decode_attention(q, cache, block_tables, seq_lens, scale, kv_lora_rank, query_start_loc=query_start_loc,
                              out=out)
     tiles = mla_prefill_tiles(num_heads, entry_dim)
-    grid = (triton.cdiv(num_tokens, tiles["BLOCK_Q"]) + num_seqs, triton.cdiv(num_heads, tiles["BLOCK_H"]))
+    head_blocks = triton.cdiv(num_heads, tiles["BLOCK_H"])
+    grid = ((triton.cdiv(num_tokens, tiles["BLOCK_Q"]) + num_seqs) * head_blocks,)
     _mla_prefill_kernel[grid](
         q, cache, block_tables, seq_lens, query_start_loc, out,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), cache.stride(0), cache.stride(1),
         block_tables.stride(0), scale * LOG2E, num_seqs, cache.shape[1], num_heads,
         KV_LORA_RANK=kv_lora_rank, ROPE_DIM=rope_dim, BLOCK_L=max(16, triton.next_power_of_2(kv_lora_rank)),
         BLOCK_R=max(16, triton.next_power_of_2(rope_dim)), ONE_TOKEN_ROWS=not decode_launch,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **tiles)
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", HEAD_BLOCKS=head_blocks, **tiles)
     return out

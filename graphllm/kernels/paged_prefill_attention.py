@@ -11,7 +11,7 @@ its sequence has exactly one new token), and this kernel's programs of them exit
 against 224 us in the decode kernel; 64 rows 73 against 60 us. A second launch costs host time
 in a step that is not graphed, which pays only where the GPU, not the host, sets the pace of a
 mixed step: with many sequences decoding. Program
-(tile, kv_head) takes BLOCK_Q = BLOCK_M // G consecutive new tokens of one sequence times the G
+(tile, kv_head) (a 1-D grid in heaviest_first's order: the last tiles, which see the most keys, first) takes BLOCK_Q = BLOCK_M // G consecutive new tokens of one sequence times the G
 query heads of its KV head, flattened into BLOCK_M rows (row r: token r // G, head r % G), so
 each K/V tile serves the whole group. Each sequence's tokens are tiled on their own; tile i of
 the grid belongs to the last sequence b with query_start_loc[b] // BLOCK_Q + b <= i (found by
@@ -106,6 +106,16 @@ def _query_tile(query_start_loc_ptr, tile, num_seqs, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
+def heaviest_first(GROUPS: tl.constexpr):
+    """(query tile, head group) of this program in a 1-D grid of tiles x GROUPS programs: heads fastest and the
+    tiles from the last one down. A causal prompt's later tiles see more keys, and the GPU starts programs in
+    grid order, so the longest ones start first and the short ones fill the tail (FlashAttention's reverse
+    causal order)."""
+    pid = tl.program_id(0)
+    return tl.num_programs(0) // GROUPS - 1 - pid // GROUPS, pid % GROUPS
+
+
+@triton.jit
 def _one_token(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, out_ptr, b, kvh, token, seq_len,
                stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt,
                scale_log2, v_scale, softcap_log2, sliding_window, block_size, GROUP: tl.constexpr,
@@ -140,8 +150,9 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_N: tl.constexpr, ONE_TOKEN_ROWS: tl.constexpr, PRECISION: tl.constexpr,
-                    KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr, WINDOWED: tl.constexpr = False):
-    tile, kvh = tl.program_id(0), tl.program_id(1)
+                    KV_FP8: tl.constexpr, SOFTCAP: tl.constexpr, NUM_KV_HEADS: tl.constexpr,
+                    WINDOWED: tl.constexpr = False):
+    tile, kvh = heaviest_first(NUM_KV_HEADS)
     b, q_first, q_len, q_tile_start = _query_tile(query_start_loc_ptr, tile, num_seqs, BLOCK_Q)
     if q_tile_start >= q_len:
         return
@@ -238,7 +249,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     kv_fp8 = kv_fp8_mode(k_cache.dtype, q)
     scale_log2 = scale * LOG2E * kv_scales.k if kv_fp8 else scale * LOG2E
     softcap = logit_softcap > 0
-    _prefill_kernel[(triton.cdiv(num_tokens, block_q) + num_seqs, num_kv_heads)](
+    _prefill_kernel[((triton.cdiv(num_tokens, block_q) + num_seqs) * num_kv_heads,)](
         q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, out,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -248,6 +259,6 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         BLOCK_N=block_n or tile[1],
         ONE_TOKEN_ROWS=not decode_launch and decoded is None,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", KV_FP8=kv_fp8, SOFTCAP=softcap,
-        WINDOWED=sliding_window > 0, num_warps=num_warps or tile[2],
+        NUM_KV_HEADS=num_kv_heads, WINDOWED=sliding_window > 0, num_warps=num_warps or tile[2],
         num_stages=num_stages)
     return out

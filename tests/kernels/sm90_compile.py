@@ -105,13 +105,13 @@ def variants():
             continue
         yield prefill._prefill_kernel, pointer_types(kv_fp8), dict(
             SHAPE, BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16, ONE_TOKEN_ROWS=one_token_rows, KV_FP8=kv_fp8,
-            SOFTCAP=softcap), {}
+            SOFTCAP=softcap, NUM_KV_HEADS=8), {}
     for kv_fp8 in KV_MODES:  # long prompts' tile (prefill_tile: LONG_PROMPT_TILE, 128 rows x 128 keys, 8 warps)
         yield prefill._prefill_kernel, pointer_types(kv_fp8), dict(
             SHAPE, BLOCK_M=128, BLOCK_Q=32, BLOCK_G=16, BLOCK_N=128, ONE_TOKEN_ROWS=True, KV_FP8=kv_fp8,
-            SOFTCAP=False), {"num_warps": 8}
+            SOFTCAP=False, NUM_KV_HEADS=8), {"num_warps": 8}
     for windowed_kernel, extra in ((prefill._prefill_kernel, dict(BLOCK_M=64, BLOCK_Q=16, BLOCK_G=16,
-                                                                   ONE_TOKEN_ROWS=False)),
+                                                                   ONE_TOKEN_ROWS=False, NUM_KV_HEADS=8)),
                                    (verify._verify_split_kernel, dict(BLOCK_R=32, DIRECT=False))):
         yield windowed_kernel, pointer_types(0), dict(SHAPE, KV_FP8=0, SOFTCAP=False, WINDOWED=True, **extra), {}
     for direct, kv_fp8, softcap in itertools.product((True, False), KV_MODES, (False, True)):
@@ -144,7 +144,8 @@ def mla_variants():
     tiles = mla_prefill.mla_prefill_tiles(16, 576)
     options = {"num_warps": tiles.pop("num_warps"), "num_stages": tiles.pop("num_stages")}
     for one_token_rows in (True, False):
-        yield mla_prefill._mla_prefill_kernel, types, dict(MLA_SHAPE, ONE_TOKEN_ROWS=one_token_rows, **tiles), options
+        yield mla_prefill._mla_prefill_kernel, types, dict(MLA_SHAPE, ONE_TOKEN_ROWS=one_token_rows, HEAD_BLOCKS=1,
+                                                           **tiles), options
 
 
 MOE_POINTERS = {"x_ptr": "*bf16", "w_ptr": "*bf16", "act_ptr": "*bf16", "ids_ptr": "*i32", "sorted_ids_ptr": "*i32",
