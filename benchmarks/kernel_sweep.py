@@ -670,9 +670,11 @@ PREFILL_TILES = {"default": {}, "w8": dict(num_warps=8), "m128": dict(block_m=12
                  "s2": dict(num_stages=2)}
 
 
-def sweep_prefill() -> list[dict]:
+def sweep_prefill(tiles: dict = PREFILL_TILES, projections: bool = True) -> list[dict]:
     """A large prefill step's parts (this module's docstring, prefill): attention over fresh prompts, the
-    projections at 8,192 rows, the SwiGLU between them. Outputs are checked against the reference first."""
+    projections at 8,192 rows, the SwiGLU between them. Outputs are checked against the reference first.
+    tiles: the attention tiles timed; projections False: the attention alone (part prefill-default: the
+    tiles prefill_tile picks, for a quick A/B of the kernel against .ab/'s)."""
     from graphllm.kernels.paged_prefill_attention import paged_prefill_attention_reference
     rows, scale = [], HEAD_DIM ** -0.5
     # a throughput run's mixed step holds one ~900-token prompt; 8,192 tokens: a long prompt's time to first token
@@ -685,7 +687,7 @@ def sweep_prefill() -> list[dict]:
         row = {"prompts": prompts, "length": length, "gflop": flop / 1e9}
         ref = paged_prefill_attention_reference(q, caches[0][0], caches[0][1], tables, lens, starts, scale, 0) \
             if prompts * length <= 8192 else None  # the reference's [H, t, L] scores of 8,192 tokens: 8 GiB
-        for name, tile in PREFILL_TILES.items():
+        for name, tile in tiles.items():
             try:
                 got = paged_prefill_attention(q, caches[0][0], caches[0][1], tables, lens, starts, scale, 0, **tile)
                 if ref is not None:
@@ -700,6 +702,8 @@ def sweep_prefill() -> list[dict]:
         print(json.dumps(row), flush=True)
         del caches
         torch.cuda.empty_cache()
+    if not projections:
+        return rows
     x = torch.randn(8192, SHAPES["qkv"][1], device="cuda", dtype=DTYPE)
     for name, (n, k) in SHAPES.items():
         if name == "lm_head":
@@ -756,6 +760,8 @@ def main() -> None:
         report["mixed"] = sweep_mixed()
     if "prefill" in parts:
         report["prefill"] = sweep_prefill()
+    if "prefill-default" in parts:
+        report["prefill_default"] = sweep_prefill({"default": {}}, projections=False)
     if "prologue" in parts:
         report["prologue"] = sweep_prologue()
     for family, (shapes, prologue_of) in FAMILY_SHAPES.items():
