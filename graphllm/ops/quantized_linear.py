@@ -10,7 +10,9 @@
 
 and fp8_linear of a norm's or activation's output, one launch at one row (the linear_prologue pass with
 CompileConfig.fp8_linear_prologue; other rows run the two ops): graphllm.fp8_rms_norm_linear,
-fp8_add_rms_norm_linear (also returns h = x + residual), fp8_silu_and_mul_linear, fp8_gelu_tanh_and_mul_linear.
+fp8_add_rms_norm_linear (also returns h = x + residual), fp8_silu_and_mul_linear, fp8_gelu_tanh_and_mul_linear;
+int4_linear's the same (CompileConfig.int4_linear_prologue; the GEMV's prologue, int4_matmul.int4_prologue_matmul):
+graphllm.int4_rms_norm_linear, int4_add_rms_norm_linear, int4_silu_and_mul_linear, int4_gelu_tanh_and_mul_linear.
 
 On CUDA in float16/bfloat16, by row count M (measured: benchmarks/quant_kernel_sweep.py, H200):
 - fp8: graphllm/kernels/fp8_matmul.py at every M (its own small-M tiles, or row-wise torch._scaled_mm);
@@ -123,15 +125,15 @@ def _fp8_prologue_kernel(x: torch.Tensor, weight: torch.Tensor, *others: torch.T
     return _on_kernel(x) and same and weight.is_contiguous() and rows == 1 and x.shape[-1] % 8 == 0
 
 
-def _fp8_prologue_parts(prologue: str, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                        input_scale: torch.Tensor | None, bias: torch.Tensor | None, residual: torch.Tensor | None,
-                        norm_weight: torch.Tensor | None, eps: float, unit_offset: bool):
-    """(fp8_linear(prologue(x)), h or None) in two steps: what the fused ops compute off the one-row kernel path."""
+def _prologue_parts(linear, prologue: str, x: torch.Tensor, params: tuple, residual: torch.Tensor | None,
+                    norm_weight: torch.Tensor | None, eps: float, unit_offset: bool):
+    """(linear(prologue(x), *params), h or None) in two steps: what the fused ops compute off the one-row kernel
+    path (the prologue's own kernel on CUDA, its reference elsewhere)."""
     from graphllm.ops.linear import _act_and_mul, _rms_norm
     if prologue in ("silu_mul", "gelu_mul"):
-        return fp8_linear(_act_and_mul(x, prologue == "gelu_mul"), weight, weight_scale, input_scale, bias), None
+        return linear(_act_and_mul(x, prologue == "gelu_mul"), *params), None
     normed, h = _rms_norm(x, norm_weight, eps, residual, unit_offset)
-    return fp8_linear(normed, weight, weight_scale, input_scale, bias), None if h is None else h.contiguous()
+    return linear(normed, *params), None if h is None else h.contiguous()
 
 
 def _fp8_prologue_linear(prologue: str, x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -143,8 +145,8 @@ def _fp8_prologue_linear(prologue: str, x: torch.Tensor, weight: torch.Tensor, w
         out, h = fp8_prologue_matmul(prologue, _rows(x), weight, weight_scale, input_scale, bias,
                                      None if residual is None else _rows(residual), norm_weight, eps, unit_offset)
         return out.view(*x.shape[:-1], weight.shape[0]), None if h is None else h.view(x.shape)
-    return _fp8_prologue_parts(prologue, x, weight, weight_scale, input_scale, bias, residual, norm_weight, eps,
-                               unit_offset)
+    return _prologue_parts(fp8_linear, prologue, x, (weight, weight_scale, input_scale, bias), residual, norm_weight,
+                           eps, unit_offset)
 
 
 @torch.library.custom_op("graphllm::fp8_rms_norm_linear", mutates_args=())
@@ -267,3 +269,72 @@ def _tiles(config: dict) -> str:
     """A config as BLOCK_MxBLOCK_NxBLOCK_K/SPLIT_K (+ swap)."""
     text = f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}/{config.get('SPLIT_K', 1)}"
     return text + (" swap" if config.get("SWAP_AB") else "")
+
+
+def _int4_prologue_linear(prologue: str, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+                          zeros: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None = None,
+                          norm_weight: torch.Tensor | None = None, eps: float = 0.0, unit_offset: bool = False):
+    """One launch (int4_matmul.int4_prologue_matmul) where one half-precision row on CUDA runs the GEMV
+    (prologue_fits); otherwise the prologue's own kernel, then int4_linear."""
+    rows = x.numel() // x.shape[-1]
+    same = all(t is None or t.device == x.device for t in (residual, norm_weight, bias))
+    if _on_kernel(x) and same and rows == 1 and (residual is None or residual.shape == x.shape):
+        from graphllm.kernels.int4_matmul import int4_prologue_matmul, prologue_fits
+        if prologue_fits(_rows(x), qweight, scales):
+            out, h = int4_prologue_matmul(prologue, _rows(x), qweight, scales, zeros, bias,
+                                          None if residual is None else _rows(residual), norm_weight, eps, unit_offset)
+            return out.view(*x.shape[:-1], qweight.shape[1]), None if h is None else h.view(x.shape)
+    return _prologue_parts(int4_linear, prologue, x, (qweight, scales, zeros, bias), residual, norm_weight, eps,
+                           unit_offset)
+
+
+@torch.library.custom_op("graphllm::int4_rms_norm_linear", mutates_args=())
+def int4_rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, qweight: torch.Tensor,
+                         scales: torch.Tensor, zeros: torch.Tensor, bias: torch.Tensor | None = None,
+                         unit_offset: bool = False) -> torch.Tensor:
+    """int4_linear(rms_norm(x, norm_weight, eps, unit_offset), qweight, scales, zeros, bias)."""
+    return _int4_prologue_linear("rms_norm", x, qweight, scales, zeros, bias, None, norm_weight, eps, unit_offset)[0]
+
+
+@int4_rms_norm_linear.register_fake
+def _(x, norm_weight, eps, qweight, scales, zeros, bias=None, unit_offset=False):
+    return x.new_empty((*x.shape[:-1], qweight.shape[1]))
+
+
+@torch.library.custom_op("graphllm::int4_add_rms_norm_linear", mutates_args=())
+def int4_add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                             qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                             bias: torch.Tensor | None = None,
+                             unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """h = x + residual; (int4_linear(rms_norm(h, norm_weight, eps, unit_offset), qweight, ...), h) as new tensors."""
+    return _int4_prologue_linear("add_rms_norm", x, qweight, scales, zeros, bias, residual, norm_weight, eps,
+                                 unit_offset)
+
+
+@int4_add_rms_norm_linear.register_fake
+def _(x, residual, norm_weight, eps, qweight, scales, zeros, bias=None, unit_offset=False):
+    return x.new_empty((*x.shape[:-1], qweight.shape[1])), x.new_empty(x.shape)
+
+
+@torch.library.custom_op("graphllm::int4_silu_and_mul_linear", mutates_args=())
+def int4_silu_and_mul_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """int4_linear(silu_and_mul(x), qweight, scales, zeros, bias) for x: [..., 2K]."""
+    return _int4_prologue_linear("silu_mul", x, qweight, scales, zeros, bias)[0]
+
+
+@int4_silu_and_mul_linear.register_fake
+def _(x, qweight, scales, zeros, bias=None):
+    return x.new_empty((*x.shape[:-1], qweight.shape[1]))
+
+
+@torch.library.custom_op("graphllm::int4_gelu_tanh_and_mul_linear", mutates_args=())
+def int4_gelu_tanh_and_mul_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """int4_linear(gelu_tanh_and_mul(x), qweight, scales, zeros, bias) for x: [..., 2K] (Gemma)."""
+    return _int4_prologue_linear("gelu_mul", x, qweight, scales, zeros, bias)[0]
+
+
+@int4_gelu_tanh_and_mul_linear.register_fake
+def _(x, qweight, scales, zeros, bias=None):
+    return x.new_empty((*x.shape[:-1], qweight.shape[1]))

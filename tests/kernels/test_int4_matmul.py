@@ -199,3 +199,50 @@ def test_llama_8b_shapes(n, k):
         check_f16(randn((1, k), torch.bfloat16, 8), packed, None, dict(gemv_config, F16=True))  # its PTX
         check_f16(randn((1, k), torch.bfloat16, 9), packed, None, dict(gemv_config, F16=4))
     assert split_k_counters(DEVICE).count_nonzero() == 0
+
+
+@pytest.mark.parametrize("prologue", ("rms_norm", "add_rms_norm", "silu_mul", "gelu_mul"))
+@pytest.mark.parametrize("config", [
+    tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=3),  # the float32 GEMV, three K splits (each stores its h)
+    tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=64, GEMV=True, PREFETCH=True, SPLIT_K=2),  # next step's operand first
+    tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=32, GEMV=True, F16=4, SPLIT_K=2),  # packed float16, four parts
+])
+def test_gemv_prologue_equals_the_ops_then_the_gemv(prologue, config):
+    """int4_prologue_matmul (the op before the linear inside the GEMV): its output equals the eager op's output
+    (the reference's roundings: skinny_matmul._operand) through the same GEMV, within the float32 sums' order,
+    and h = x + residual exactly; over more column tiles than one, so only tile 0's programs store h."""
+    from graphllm.kernels.int4_matmul import int4_prologue_matmul, prologue_fits
+    from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_rms_norm, reference_silu_and_mul
+    k, n, dtype = 256, 160, LOW_DTYPE
+    x, packed, b = int4_case(1, n, k, 64, dtype, True, seed=11)
+    act = prologue in ("silu_mul", "gelu_mul")
+    x = randn((1, 2 * k), dtype, seed=12) if act else x
+    residual, norm_w = randn((1, k), dtype, seed=13), (1.0 + 0.5 * randn((k,), dtype, seed=14)).to(dtype)
+    assert prologue_fits(x, packed[0], packed[1], config)
+    got, h = int4_prologue_matmul(prologue, x, *packed, b, residual if prologue == "add_rms_norm" else None,
+                                  None if act else norm_w, 1e-5, config=config)
+    if act:
+        a = (reference_gelu_tanh_and_mul if prologue == "gelu_mul" else reference_silu_and_mul)(x)
+    else:
+        h_want = x + residual if prologue == "add_rms_norm" else x
+        a = reference_rms_norm(h_want, norm_w, 1e-5)
+    if prologue == "add_rms_norm":
+        assert torch.equal(h, h_want)
+    else:
+        assert h is None
+    want = int4_matmul(a, *packed, b, config)
+    # a's values may differ by one rounding where the row's mean square sums in another order
+    w = dequantize_int4(*packed)
+    bound = 4 * UNIT[dtype] * (a.float().abs() @ w.abs().t() + want.float().abs()) + 1e-6
+    assert ((got.float() - want.float()).abs() <= bound).all()
+    assert split_k_counters(DEVICE).count_nonzero() == 0
+
+
+def test_prologue_fits_one_half_precision_row_on_the_gemv():
+    from graphllm.kernels.int4_matmul import prologue_fits
+    _, packed, _ = int4_case(1, 64, 128, 64, LOW_DTYPE, False)
+    gemv_config = tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True)
+    assert prologue_fits(randn((1, 128), LOW_DTYPE, 0), packed[0], packed[1], gemv_config)
+    assert not prologue_fits(randn((2, 128), LOW_DTYPE, 0), packed[0], packed[1], gemv_config)  # two rows
+    assert not prologue_fits(randn((1, 128), torch.float32, 0), packed[0], packed[1], gemv_config)
+    assert not prologue_fits(randn((1, 128), LOW_DTYPE, 0), packed[0], packed[1], tiles(BLOCK_M=16))  # dot tile

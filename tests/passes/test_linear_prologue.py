@@ -159,3 +159,57 @@ def test_the_fp8_switch_is_in_the_pass_list_uuid():
     plain, fp8 = (PassManager(CompileConfig(quantization="fp8", fp8_linear_prologue=on)) for on in (False, True))
     assert plain.uuid() != fp8.uuid()
     assert next(p for p in fp8.passes if p.name == "linear_prologue").fp8
+
+
+@pytest.mark.parametrize("arch", ("llama", "qwen2", "gemma2"))  # qwen2: qkv bias (int4 keeps it); gemma2: GeGLU
+def test_int4_linears_take_the_prologues_when_asked(arch):
+    """int4=True: norms and activations fold into the int4 linears (every linear is int4 here), and the step
+    computes what the split graph computes (CPU: every fused op runs its parts, the same ops in the same order)."""
+    from graphllm.passes.quantization.quantize_int4 import QuantizeInt4
+    graph, config = tiny_step_graph(arch)
+    QuantizeInt4(group_size=32)(graph)
+    for p in (EliminateNoops(), FuseQKV(), FuseGateUp(), FuseSiluMul(), FuseAddRMSNorm(), SkinnyLinear()):
+        p(graph)
+    before, after = copy_graph(graph), copy_graph(graph)
+    assert LinearPrologue()(before)["add_rms_norm"] == 0  # int4 linears are left alone unless asked
+    counts = LinearPrologue(int4=True)(after)
+    for g in (before, after):
+        DeadCodeElimination()(g)
+    layers = config.num_hidden_layers
+    act = "gelu_tanh_and_mul" if arch == "gemma2" else "silu_and_mul"
+    assert counts["add_rms_norm"] == 2 * layers - 1 and counts["rms_norm"] == 1 and counts[act] == layers
+    found = targets(after)
+    assert found.count(ops.int4_add_rms_norm_linear.default) == 2 * layers - 1
+    assert found.count(ops.int4_rms_norm_linear.default) == 1
+    assert found.count(getattr(ops, f"int4_{act}_linear").default) == layers
+    assert found.count(ops.int4_linear.default) == layers  # o_proj: attention's output, no prologue
+    assert found.count(ops.add_rms_norm.default) == 1  # the final norm: lm_head reads it through a row gather
+    assert getattr(ops, act).default not in found
+    assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
+    from graphllm.compiler.pipeline import kernel_plan  # the manifest's plan names the fused linears' shapes
+    assert kernel_plan(after, (1,)).keys() == kernel_plan(before, (1,)).keys() and len(kernel_plan(after, (1,))) == 4
+
+
+def test_int4_ops_equal_their_parts_off_the_kernel_path():
+    from graphllm.kernels.quant_layout import int4_linear_reference, quantize_int4_weight
+    gen = torch.Generator().manual_seed(2)
+    x, r = torch.randn(3, 64, generator=gen), torch.randn(3, 64, generator=gen)
+    nw, b = torch.randn(64, generator=gen), torch.randn(48, generator=gen)
+    packed = quantize_int4_weight(torch.randn(48, 64, generator=gen) / 8, 32)
+    assert torch.equal(ops.int4_rms_norm_linear(x, nw, 1e-5, *packed, b),
+                       int4_linear_reference(reference_rms_norm(x, nw, 1e-5), *packed, b))
+    out, h = ops.int4_add_rms_norm_linear(x, r, nw, 1e-5, *packed, None, True)
+    assert torch.equal(h, x + r)
+    assert torch.equal(out, int4_linear_reference(reference_rms_norm(x + r, nw, 1e-5, True), *packed))
+    gate_up = torch.randn(3, 128, generator=gen)
+    assert torch.equal(ops.int4_silu_and_mul_linear(gate_up, *packed),
+                       int4_linear_reference(reference_silu_and_mul(gate_up), *packed))
+    assert torch.equal(ops.int4_gelu_tanh_and_mul_linear(gate_up, *packed, b),
+                       int4_linear_reference(reference_gelu_tanh_and_mul(gate_up), *packed, b))
+
+
+def test_the_int4_switch_is_in_the_pass_list_uuid():
+    from graphllm.config import CompileConfig
+    plain, int4 = (PassManager(CompileConfig(quantization="int4", int4_linear_prologue=on)) for on in (False, True))
+    assert plain.uuid() != int4.uuid()
+    assert next(p for p in int4.passes if p.name == "linear_prologue").int4
