@@ -299,11 +299,9 @@ def _gemv_word_terms(w, xs, t0, one):
 
 @triton.jit
 def _x_at(x_ptr, cols, pro_ptrs, rstd, K, residual_rows, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
-    """The GEMV's operand at columns cols (1-D) of its row: x, or with a prologue (skinny_matmul.PROLOGUES) its
-    output, rounded where the eager ops round (skinny_matmul._operand), in float32; pro_ptrs: (residual, norm
-    weight, new residual). residual_rows 1: this program stores h = x + residual at cols too (add_rms_norm)."""
-    if PROLOGUE == 0:
-        return tl.load(x_ptr + cols).to(tl.float32)
+    """The GEMV's operand at columns cols (1-D) of its row with a prologue (skinny_matmul.PROLOGUES): its output,
+    rounded where the eager ops round (skinny_matmul._operand), in float32; pro_ptrs: (residual, norm weight, new
+    residual). residual_rows 1: this program stores h = x + residual at cols too (add_rms_norm)."""
     res_ptr, norm_w_ptr, new_res_ptr = pro_ptrs
     a = _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, tl.arange(0, 1), cols, (cols < K)[None, :], K, 0, 0,
                  residual_rows, PROLOGUE, UNIT_OFFSET)
@@ -324,8 +322,13 @@ def _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k0, G, N, offs_a, off
     sa = tl.load(scales_ptr + ga, mask=a_mask, other=0.0)
     zb = tl.load(zeros_ptr + ga + HALF, mask=b_mask, other=0.0)
     sb = tl.load(scales_ptr + ga + HALF, mask=b_mask, other=0.0)
-    cols = k0 + 8 * offs_r  # x[8r + k0], the first K of each word row
-    return wa, wb, za, sa, zb, sb, _row_x(x_ptr, cols, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET)
+    if PROLOGUE == 0:  # x as stored (offsets from one pointer: the loads' immediates)
+        x_ptrs = x_ptr + k0 + 8 * offs_r  # x[8r + k0], the first K of each word row
+        xs = (tl.load(x_ptrs), tl.load(x_ptrs + 1), tl.load(x_ptrs + 2), tl.load(x_ptrs + 3), tl.load(x_ptrs + 4),
+              tl.load(x_ptrs + 5), tl.load(x_ptrs + 6), tl.load(x_ptrs + 7))
+    else:
+        xs = _row_x(x_ptr, k0 + 8 * offs_r, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET)
+    return wa, wb, za, sa, zb, sb, xs
 
 
 @triton.jit
@@ -433,6 +436,11 @@ def _word_pair_dot16_emulated(w0, w1, xe, xo):
 @triton.jit
 def _row_x(x_ptr, cols, pro_ptrs, rstd, K, residual_rows, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
     """The 8 operand values of the word rows whose first columns are cols (x or the prologue's, _x_at), float32."""
+    if PROLOGUE == 0:
+        rows = x_ptr + cols
+        return (tl.load(rows).to(tl.float32), tl.load(rows + 1).to(tl.float32), tl.load(rows + 2).to(tl.float32),
+                tl.load(rows + 3).to(tl.float32), tl.load(rows + 4).to(tl.float32), tl.load(rows + 5).to(tl.float32),
+                tl.load(rows + 6).to(tl.float32), tl.load(rows + 7).to(tl.float32))
     return (_x_at(x_ptr, cols, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET),
             _x_at(x_ptr, cols + 1, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET),
             _x_at(x_ptr, cols + 2, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET),
