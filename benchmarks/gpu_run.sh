@@ -451,7 +451,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     qtests-int4) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py \
         "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" \
-        tests/gpu/test_quantized.py::test_int4_linear_prologue_agrees_like_int4 2>&1 \
+        "tests/gpu/test_quantized.py::test_linear_prologue_agrees_like_its_scheme[int4]" 2>&1 \
         | grep -E "FAILED|ERROR|Error|agreement|passed|failed|^E " | tail -40 ;;
     qsweep-fp8q1) timeout 240 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$tag.json" 150 fp8q 1 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/$tag.json" fp8q \

@@ -44,34 +44,20 @@ def test_quantized_teacher_forced_agreement(scheme, bf16_model, histories_and_re
     assert value >= MIN_AGREEMENT[scheme]
 
 
-def test_fp8_linear_prologue_agrees_like_fp8(bf16_model, histories_and_reference):  # noqa: F811
-    """--fp8-linear-prologue (norms and SwiGLU inside the fp8 kernel at one row, the same W8A8 rounding): the
-    fp8 engine's agreement bound holds, and the graph holds the fused fp8 ops."""
+@pytest.mark.parametrize("scheme", ("fp8", "int4"))
+def test_linear_prologue_agrees_like_its_scheme(scheme, bf16_model, histories_and_reference):  # noqa: F811
+    """--fp8-linear-prologue / --int4-linear-prologue (norms and SwiGLU inside the quantized kernel at one row, the
+    same roundings): the scheme's agreement bound holds, and the graph holds the fused ops."""
     histories, reference = histories_and_reference
-    config = EngineConfig(model=str(bf16_model), dtype="bfloat16", quantization="fp8", fp8_linear_prologue=True,
-                          **LIMITS)
+    config = EngineConfig(model=str(bf16_model), dtype="bfloat16", quantization=scheme,
+                          **{f"{scheme}_linear_prologue": True}, **LIMITS)
     art = compile_cached(config, bf16_model)
     passes = {p["name"]: p for p in json.loads((art / "manifest.json").read_text())["passes"]}
     assert passes["linear_prologue"]["counts"]["add_rms_norm"] > 0 and passes["linear_prologue"]["skipped"] is None
     engine = Engine.load(art, async_scheduling=False)
     value = agreement(reference, teacher_forced_top1(engine, histories))
-    print(f"fp8 with the linear prologue: teacher-forced top-1 agreement with the eager bf16 engine {value:.4f}")
-    assert engine.runner.graphs.replays > 0 and value >= MIN_AGREEMENT["fp8"]
-
-
-def test_int4_linear_prologue_agrees_like_int4(bf16_model, histories_and_reference):  # noqa: F811
-    """--int4-linear-prologue (norms and SwiGLU inside the int4 GEMV at one row, the eager ops' roundings): the
-    int4 engine's agreement bound holds, and the graph holds the fused int4 ops."""
-    histories, reference = histories_and_reference
-    config = EngineConfig(model=str(bf16_model), dtype="bfloat16", quantization="int4", int4_linear_prologue=True,
-                          **LIMITS)
-    art = compile_cached(config, bf16_model)
-    passes = {p["name"]: p for p in json.loads((art / "manifest.json").read_text())["passes"]}
-    assert passes["linear_prologue"]["counts"]["add_rms_norm"] > 0 and passes["linear_prologue"]["skipped"] is None
-    engine = Engine.load(art, async_scheduling=False)
-    value = agreement(reference, teacher_forced_top1(engine, histories))
-    print(f"int4 with the linear prologue: teacher-forced top-1 agreement with the eager bf16 engine {value:.4f}")
-    assert engine.runner.graphs.replays > 0 and value >= MIN_AGREEMENT["int4"]
+    print(f"{scheme} with the linear prologue: teacher-forced top-1 agreement with the eager bf16 engine {value:.4f}")
+    assert engine.runner.graphs.replays > 0 and value >= MIN_AGREEMENT[scheme]
 
 
 @pytest.mark.parametrize("rows", [1, 16, 300])

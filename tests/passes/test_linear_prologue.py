@@ -103,36 +103,51 @@ def test_ops_equal_their_parts_off_the_kernel_path():
     assert torch.equal(gelu_tanh_and_mul_linear(gate_up, w), linear(reference_gelu_tanh_and_mul(gate_up), w))
 
 
+def quantized_pair(arch: str, quantize, late=(), **switch):
+    """(before, after, config, act): the tiny graph quantized by `quantize`, fused and on graphllm.linear, with
+    LinearPrologue() on before (which leaves the quantized linears alone) and LinearPrologue(**switch) on after
+    (which folds every norm and activation but the final norm), then `late` and DCE on both."""
+    graph, config = tiny_step_graph(arch)
+    quantize(graph)
+    for p in (EliminateNoops(), FuseQKV(), FuseGateUp(), FuseSiluMul(), FuseAddRMSNorm(), SkinnyLinear()):
+        p(graph)
+    before, after = copy_graph(graph), copy_graph(graph)
+    assert LinearPrologue()(before)["add_rms_norm"] == 0  # quantized linears are left alone unless asked
+    counts = LinearPrologue(**switch)(after)
+    for g in (before, after):
+        for p in late:
+            p(g)
+        DeadCodeElimination()(g)
+    layers = config.num_hidden_layers
+    act = "gelu_tanh_and_mul" if arch == "gemma2" else "silu_and_mul"
+    assert counts["add_rms_norm"] == 2 * layers - 1 and counts["rms_norm"] == 1 and counts[act] == layers
+    return before, after, config, act
+
+
+def assert_fused(before, after, config, act: str, scheme: str) -> None:
+    """after holds the scheme's fused ops where the prologues were, computes what before does (CPU: every fused op
+    runs its parts), and the manifest's kernel plan names its shapes as before's."""
+    layers, found = config.num_hidden_layers, targets(after)
+    assert found.count(getattr(ops, f"{scheme}_add_rms_norm_linear").default) == 2 * layers - 1
+    assert found.count(getattr(ops, f"{scheme}_rms_norm_linear").default) == 1
+    assert found.count(getattr(ops, f"{scheme}_{act}_linear").default) == layers
+    assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
+    from graphllm.compiler.pipeline import kernel_plan
+    assert kernel_plan(after, (1,)).keys() == kernel_plan(before, (1,)).keys() and len(kernel_plan(after, (1,))) == 4
+
+
 @pytest.mark.parametrize("arch", ("llama", "gemma2"))  # gemma2: unit_offset norms and GeGLU
 def test_fp8_linears_take_the_prologues_when_asked(arch):
     """fp8=True: norms and activations fold into the fp8 linears too, before quantize_fp8_activations splits the
     rest (o_proj); the step computes exactly what the split graph does (CPU: every op runs its parts)."""
     from graphllm.passes.quantization.quantize_fp8 import QuantizeFP8
     from graphllm.passes.quantization.quantize_fp8_activations import QuantizeFP8Activations
-    graph, config = tiny_step_graph(arch)
-    QuantizeFP8()(graph)
-    for p in (EliminateNoops(), FuseQKV(), FuseGateUp(), FuseSiluMul(), FuseAddRMSNorm(), SkinnyLinear()):
-        p(graph)
-    before, after = copy_graph(graph), copy_graph(graph)
-    assert LinearPrologue()(before)["add_rms_norm"] == 0  # fp8 linears are left alone unless asked
-    counts = LinearPrologue(fp8=True)(after)
-    for g in (before, after):
-        QuantizeFP8Activations()(g)
-        DeadCodeElimination()(g)
-    layers = config.num_hidden_layers
-    act = "gelu_tanh_and_mul" if arch == "gemma2" else "silu_and_mul"
-    assert counts["add_rms_norm"] == 2 * layers - 1 and counts["rms_norm"] == 1 and counts[act] == layers
+    before, after, config, act = quantized_pair(arch, QuantizeFP8(), (QuantizeFP8Activations(),), fp8=True)
     found = targets(after)
-    assert found.count(ops.fp8_add_rms_norm_linear.default) == 2 * layers - 1
-    assert found.count(ops.fp8_rms_norm_linear.default) == 1
-    assert found.count(getattr(ops, f"fp8_{act}_linear").default) == layers
-    assert found.count(ops.fp8_linear_quantized.default) == layers  # o_proj, its input quantized on its own
+    assert found.count(ops.fp8_linear_quantized.default) == config.num_hidden_layers  # o_proj, quantized on its own
     assert ops.silu_and_mul_fp8.default not in found  # llama's SwiGLU: the split graph's silu_and_mul_fp8
     assert (ops.silu_and_mul_fp8.default in targets(before)) == (arch == "llama")
-    assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
-    # the manifest's kernel plan names the fused linears' shapes as it does the split ones'
-    from graphllm.compiler.pipeline import kernel_plan
-    assert kernel_plan(after, (1,)).keys() == kernel_plan(before, (1,)).keys() and len(kernel_plan(after, (1,))) == 4
+    assert_fused(before, after, config, act, "fp8")
 
 
 def test_fp8_ops_equal_their_parts_off_the_kernel_path():
@@ -166,28 +181,12 @@ def test_int4_linears_take_the_prologues_when_asked(arch):
     """int4=True: norms and activations fold into the int4 linears (every linear is int4 here), and the step
     computes what the split graph computes (CPU: every fused op runs its parts, the same ops in the same order)."""
     from graphllm.passes.quantization.quantize_int4 import QuantizeInt4
-    graph, config = tiny_step_graph(arch)
-    QuantizeInt4(group_size=32)(graph)
-    for p in (EliminateNoops(), FuseQKV(), FuseGateUp(), FuseSiluMul(), FuseAddRMSNorm(), SkinnyLinear()):
-        p(graph)
-    before, after = copy_graph(graph), copy_graph(graph)
-    assert LinearPrologue()(before)["add_rms_norm"] == 0  # int4 linears are left alone unless asked
-    counts = LinearPrologue(int4=True)(after)
-    for g in (before, after):
-        DeadCodeElimination()(g)
-    layers = config.num_hidden_layers
-    act = "gelu_tanh_and_mul" if arch == "gemma2" else "silu_and_mul"
-    assert counts["add_rms_norm"] == 2 * layers - 1 and counts["rms_norm"] == 1 and counts[act] == layers
+    before, after, config, act = quantized_pair(arch, QuantizeInt4(group_size=32), int4=True)
     found = targets(after)
-    assert found.count(ops.int4_add_rms_norm_linear.default) == 2 * layers - 1
-    assert found.count(ops.int4_rms_norm_linear.default) == 1
-    assert found.count(getattr(ops, f"int4_{act}_linear").default) == layers
-    assert found.count(ops.int4_linear.default) == layers  # o_proj: attention's output, no prologue
+    assert found.count(ops.int4_linear.default) == config.num_hidden_layers  # o_proj: attention's output
     assert found.count(ops.add_rms_norm.default) == 1  # the final norm: lm_head reads it through a row gather
     assert getattr(ops, act).default not in found
-    assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
-    from graphllm.compiler.pipeline import kernel_plan  # the manifest's plan names the fused linears' shapes
-    assert kernel_plan(after, (1,)).keys() == kernel_plan(before, (1,)).keys() and len(kernel_plan(after, (1,))) == 4
+    assert_fused(before, after, config, act, "int4")
 
 
 def test_int4_ops_equal_their_parts_off_the_kernel_path():
