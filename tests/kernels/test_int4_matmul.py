@@ -201,12 +201,14 @@ def test_llama_8b_shapes(n, k):
     assert split_k_counters(DEVICE).count_nonzero() == 0
 
 
-@pytest.mark.parametrize("prologue", ("rms_norm", "add_rms_norm", "silu_mul", "gelu_mul"))
-@pytest.mark.parametrize("config", [
-    tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=3),  # the float32 GEMV, three K splits (each stores its h)
-    tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=64, GEMV=True, PREFETCH=True, SPLIT_K=2),  # next step's operand first
-    tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=32, GEMV=True, F16=4, SPLIT_K=2),  # packed float16, four parts
-])
+F32_SPLITS = tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=3)  # the float32 GEMV, three K splits (each stores h)
+PREFETCHING = tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=64, GEMV=True, PREFETCH=True, SPLIT_K=2)  # next step's first
+F16_PARTS = tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=32, GEMV=True, F16=4, SPLIT_K=2)  # packed float16, four parts
+
+
+@pytest.mark.parametrize("prologue, config", [
+    ("add_rms_norm", F32_SPLITS), ("add_rms_norm", PREFETCHING), ("add_rms_norm", F16_PARTS),
+    ("rms_norm", PREFETCHING), ("silu_mul", F32_SPLITS), ("silu_mul", F16_PARTS), ("gelu_mul", PREFETCHING)])
 def test_gemv_prologue_equals_the_ops_then_the_gemv(prologue, config):
     """int4_prologue_matmul (the op before the linear inside the GEMV): its output equals the eager op's output
     (the reference's roundings: skinny_matmul._operand) through the same GEMV, within the float32 sums' order,
