@@ -11,7 +11,8 @@ its sequence has exactly one new token), and this kernel's programs of them exit
 against 224 us in the decode kernel; 64 rows 73 against 60 us. A second launch costs host time
 in a step that is not graphed, which pays only where the GPU, not the host, sets the pace of a
 mixed step: with many sequences decoding. Program
-(tile, kv_head) (a 1-D grid in heaviest_first's order: the last tiles, which see the most keys, first) takes BLOCK_Q = BLOCK_M // G consecutive new tokens of one sequence times the G
+(tile, kv_head) (a 1-D grid in heaviest_first's order: the last tiles, which see the most keys,
+first) takes BLOCK_Q = BLOCK_M // G consecutive new tokens of one sequence times the G
 query heads of its KV head, flattened into BLOCK_M rows (row r: token r // G, head r % G), so
 each K/V tile serves the whole group. Each sequence's tokens are tiled on their own; tile i of
 the grid belongs to the last sequence b with query_start_loc[b] // BLOCK_Q + b <= i (found by
