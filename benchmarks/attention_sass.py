@@ -23,7 +23,6 @@ import sys
 import tempfile
 
 import triton
-from triton.compiler import ASTSource
 
 sys.path.insert(0, os.getcwd())
 from tests.kernels import sm90_compile  # noqa: E402
@@ -65,22 +64,8 @@ def loops(lines: list[str], at_least: int = 50) -> list[int]:
     return [n for n in spans if n >= at_least]
 
 
-def runtime_hints(kernel, types: dict[str, str], constexprs: dict) -> dict:
-    """ASTSource attrs: tt.divisibility 16 on every pointer and on every integer argument the kernel specializes
-    (at the 8B shapes every stride, block_size, the window 0 and the head count are multiples of 16)."""
-    skip = set(kernel.do_not_specialize) | set(constexprs)
-    return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
-            if name not in skip and (types.get(name, "i32").startswith("*") or types.get(name, "i32") == "i32")}
-
-
 def build(kernel, types: dict[str, str], constexprs: dict, options: dict, hints: bool) -> bytes:
-    if not hints:
-        return sm90_compile.compile_sm90(kernel, types, constexprs, options)["cubin"]
-    constexprs = sm90_compile.with_defaults(kernel, constexprs)
-    signature = {n: "constexpr" if n in constexprs else types.get(n, "i32") for n in kernel.arg_names}
-    source = ASTSource(kernel, signature, constexprs, attrs=runtime_hints(kernel, types, constexprs))
-    return triton.compile(source, target=sm90_compile.SM90, options={"num_warps": 4, "num_stages": 3, **options}).asm[
-        "cubin"]
+    return sm90_compile.compile_sm90(kernel, types, constexprs, options, hints)["cubin"]
 
 
 def main() -> int:

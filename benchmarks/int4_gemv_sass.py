@@ -1,60 +1,69 @@
-"""Offline sm_90 SASS of the int4 GEMV's K loop, with and without a prologue (no GPU needed): instructions and
-global loads between the loop's label and its backward branch, per variant. Needs Triton 3.6 (the GPU image's) and
-its nvdisasm, e.g.
+"""Offline sm_90 SASS of the int4 GEMV's K loop, with and without a prologue (no GPU needed): instructions in the
+loop's body (from its backward branch's target to the branch), its global loads, and the most frequent opcodes, per
+variant. Built with the divisibility hints Triton's launcher gives at the 8B shapes (sm90_compile.runtime_hints:
+pointers 16-byte aligned, N, K, K_SPLIT and G multiples of 16), so that the loads vectorize and the layouts are the
+GPU's; --no-hints builds what any shape could run (s40's counts were taken so: every load scalar, the x side of
+the F16 path repeated for 4 word-row pairs a thread instead of 1). Needs Triton 3.6 (the GPU image's), e.g.
 
     pip install --no-deps --target /tmp/t36 triton==3.6.0
-    PYTHONPATH=/tmp/t36:. python benchmarks/int4_gemv_sass.py
+    PYTHONPATH=/tmp/t36:. python benchmarks/int4_gemv_sass.py [--no-hints] [--opcodes]
 """
 
-import os
+import collections
 import re
-import subprocess
-import tempfile
+import sys
 
-import triton
-
+from benchmarks.attention_sass import ADDRESS, sass
 from graphllm.kernels import int4_matmul, skinny_matmul
 from tests.kernels.sm90_compile import compile_sm90
 
-NVDISASM = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
 TYPES = dict(x_ptr="*bf16", qw_ptr="*i32", scales_ptr="*bf16", zeros_ptr="*bf16", bias_ptr="*bf16", out_ptr="*bf16",
              partial_ptr="*fp32", count_ptr="*i32", res_ptr="*bf16", norm_w_ptr="*bf16", new_res_ptr="*bf16",
              eps="fp32")
+# (F16, PARTS, BLOCK_N, PREFETCH): the float32 GEMV with and without its register prefetch, and the F16 one in 4 parts
+PATHS = ((0, 2, 128, True), (0, 2, 128, False), (1, 4, 256, False))
+OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9]+)?)")
 
 
-def loops(cubin: bytes) -> list[tuple[int, int]]:
-    """(instructions, LDG) of each backward-branch loop body in the cubin's SASS."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(cubin)
-    try:
-        sass = subprocess.run([NVDISASM, "-c", f.name], capture_output=True, text=True, check=True).stdout
-    finally:
-        os.unlink(f.name)
-    labels, instructions, found = {}, [], []
-    for line in sass.splitlines():
-        label = re.match(r"^\.(L_x_\d+):", line.strip())
-        if label:
-            labels[label.group(1)] = len(instructions)
-        elif re.search(r"/\*[0-9a-f]{4,}\*/", line):
-            instructions.append(line)
-    for i, line in enumerate(instructions):
-        target = re.search(r"BRA\s+(?:`\()?\.?(L_x_\d+)", line)
-        if target and labels.get(target.group(1), i + 1) <= i:
-            body = instructions[labels[target.group(1)]:i + 1]
-            found.append((len(body), sum("LDG" in b for b in body)))
-    return found
+def loop_bodies(lines: list[str], at_least: int = 50) -> list[list[str]]:
+    """The instruction lines from each backward branch's target to the branch (a loop of at_least or more)."""
+    addresses = [int(ADDRESS.match(line).group(1), 16) for line in lines]
+    bodies = []
+    for line, at in zip(lines, addresses):
+        branch = re.search(r"BRA\s+(?:`\S+\s+)?0x([0-9a-f]+)\s*;", line)
+        if branch and int(branch.group(1), 16) < at:
+            body = [ln for ln, a in zip(lines, addresses) if int(branch.group(1), 16) <= a <= at]
+            if len(body) >= at_least:
+                bodies.append(body)
+    return bodies
+
+
+def opcodes(body: list[str]) -> collections.Counter:
+    return collections.Counter(m.group(1) for m in map(OPCODE.search, body) if m)
+
+
+def weights_per_thread(block_n: int, block_k: int = 128, warps: int = 4) -> int:
+    return block_n * block_k // (32 * warps)
 
 
 def main() -> None:
+    hints, show = "--no-hints" not in sys.argv, "--opcodes" in sys.argv
     for prologue in ("none", "add_rms_norm", "silu_mul"):
-        for f16, parts, block_n, prefetch in ((0, 2, 128, True), (0, 2, 128, False), (1, 4, 256, False)):
+        for f16, parts, block_n, prefetch in PATHS:
             constexprs = dict(HAS_BIAS=False, BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=8, EVEN_N=True, NUM_STAGES=1,
                               PREFETCH=prefetch, PDL=True, F16=f16, PARTS=parts,
-                              PROLOGUE=skinny_matmul.PROLOGUES[prologue], NORM_BLOCK=1024)
+                              PROLOGUE=skinny_matmul.PROLOGUES[prologue], NORM_BLOCK=1024, GROUP_SHIFT=7)
             asm = compile_sm90(int4_matmul._int4_gemv_kernel, TYPES, constexprs,
-                               {"num_stages": 1, "num_warps": 4, "launch_pdl": True})
+                               {"num_stages": 1, "num_warps": 4, "launch_pdl": True}, hints)
             path = ("F16 x4" if f16 else "float32") + (" PREFETCH" if prefetch else "")
-            print(f"{prologue:<13} {path:<17} loops (instructions, LDG): {loops(asm['cubin'])}")
+            per = weights_per_thread(block_n)
+            for body in loop_bodies(sass(asm["cubin"])):
+                count = opcodes(body)
+                loads = sum(n for op, n in count.items() if op.startswith("LDG"))
+                print(f"{prologue:<13} {path:<17} {len(body)} instructions ({len(body) / per:.2f} a weight), "
+                      f"{loads} LDG", flush=True)
+                if show:
+                    print("    " + ", ".join(f"{op} {n}" for op, n in count.most_common(16)))
 
 
 if __name__ == "__main__":

@@ -245,13 +245,13 @@ def pdl_variants():
     int4_types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "scales_ptr": "*bf16", "zeros_ptr": "*bf16", "bias_ptr": "*bf16",
                   "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32"}
     yield int4_matmul._int4_gemv_kernel, int4_types, dict(
-        HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, EVEN_N=True, NUM_STAGES=1, PREFETCH=True, PDL=True), \
-        {"num_stages": 1, **pdl}
+        HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, EVEN_N=True, NUM_STAGES=1, PREFETCH=True, PDL=True,
+        GROUP_SHIFT=7), {"num_stages": 1, **pdl}  # g128: the group by a shift (the prologue builds below divide)
     # ... and with packed float16 arithmetic (F16: word rows in pairs, its PTX), in 2 and 4 column parts
     for block_n, parts in ((128, 2), (256, 4)):
         yield int4_matmul._int4_gemv_kernel, int4_types, dict(
             HAS_BIAS=False, BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=16, EVEN_N=True, NUM_STAGES=1, PREFETCH=False,
-            PDL=True, F16=1, PARTS=parts), {"num_stages": 1, **pdl}
+            PDL=True, F16=1, PARTS=parts, GROUP_SHIFT=7), {"num_stages": 1, **pdl}
     # ... with a prologue (int4_prologue_matmul: --int4-linear-prologue): add + RMSNorm on both paths, SwiGLU on F16's
     pro_types = dict(int4_types, res_ptr="*bf16", norm_w_ptr="*bf16", new_res_ptr="*bf16", eps="fp32")
     for prologue, f16, parts, prefetch in (("add_rms_norm", 0, 2, True), ("add_rms_norm", 1, 4, False),
@@ -308,11 +308,23 @@ def with_defaults(kernel: triton.JITFunction, constexprs: dict) -> dict:
     return {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constexprs}
 
 
-def compile_sm90(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, options: dict) -> dict:
-    """The compiled kernel's assembly (cubin, ptx, ...); arguments not typed are int32 scalars."""
+def runtime_hints(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict) -> dict:
+    """ASTSource attrs: tt.divisibility 16 on every pointer and on every integer argument the kernel specializes, as
+    Triton's launcher gives them at the 8B shapes (torch's allocations are 16-byte aligned; every stride, size and
+    group there is a multiple of 16). Without them no load vectorizes and the layouts differ from the GPU's."""
+    skip = set(kernel.do_not_specialize) | set(constexprs)
+    return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+            if name not in skip and (types.get(name, "i32").startswith("*") or types.get(name, "i32") == "i32")}
+
+
+def compile_sm90(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, options: dict,
+                 hints: bool = False) -> dict:
+    """The compiled kernel's assembly (cubin, ptx, ...); arguments not typed are int32 scalars. hints: with
+    runtime_hints (the build the GPU runs at the 8B shapes; without, a build that every shape can run)."""
     constexprs = with_defaults(kernel, constexprs)
     signature = {name: "constexpr" if name in constexprs else types.get(name, "i32") for name in kernel.arg_names}
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=SM90,
+    attrs = runtime_hints(kernel, types, constexprs) if hints else None
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=SM90,
                               options={"num_warps": 4, "num_stages": 3, **options})
     return compiled.asm
 
