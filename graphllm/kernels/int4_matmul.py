@@ -32,12 +32,16 @@ One row in packed float16 (_int4_gemv_kernel with config F16, opt-in until a GPU
 in pairs, each pair's 16 x values scaled by one power of two into [-2, 2) and packed as float16 pairs; per word one
 shift and four LOP3 with 0x6400 make four float16 pairs 1024 + q (or 1024 + 16 q), two subtractions and two
 multiply-adds make q - 8 exactly, and four packed multiply-adds sum x' (q - 8) (_word_pair_dot16); the zero point
-enters as (8 - z) sum(x) in float32. Offline sm_90 SASS: 3.0 instructions a weight in 4 column parts (F16 4,
-256 x 128 tiles) against the float32 GEMV's 4.3. Its float16 roundings (x' once, each product and lane sum once)
+enters as (8 - z) sum(x) in float32. Offline sm_90 SASS (benchmarks/int4_gemv_sass.py, the launcher's divisibility
+hints): 2.83 instructions a weight in 4 column parts (F16 4, 256 x 128 tiles) against the float32 GEMV's 3.99, since
+both find a step's group by a shift (GROUP_SHIFT, G a power of two; a division cost 2.99 and 4.30) and load whole
+column tiles without masks (EVEN_N). Its float16 roundings (x' once, each product and lane sum once)
 are within 2^-7 of sum |x| |q - 8| s. Triton's interpreter runs the same operations on float16 tensors.
 
 One row with a prologue (int4_prologue_matmul; the linear_prologue pass with CompileConfig.int4_linear_prologue,
-opt-in until measured): the GEMV computes its operand from the op before it as skinny_matmul's prologues do
+opt-in: its sm_90 K loop, built with the launcher's divisibility hints, is 1.4-1.5x the plain loop's instructions
+with SwiGLU and 3.8-5.5x with add + RMSNorm, spilling; benchmarks/int4_gemv_sass.py): the GEMV computes its
+operand from the op before it as skinny_matmul's prologues do
 (rms_norm, add_rms_norm, silu_mul, gelu_mul; the same roundings, skinny_matmul._operand): every program first reads
 the whole row for the norm's mean square (NORM_BLOCK columns a step, from L2), then each x value it loads is the
 prologue's output, and the programs of column tile 0 store h = x + residual for the K range they walk.
@@ -309,19 +313,39 @@ def _x_at(x_ptr, cols, pro_ptrs, rstd, K, residual_rows, PROLOGUE: tl.constexpr,
 
 
 @triton.jit
+def _gemv_group(k0, G, GROUP_SHIFT: tl.constexpr):
+    """k0 // G, the group of the K step at k0 >= 0: one shift where G is a power of two (GROUP_SHIFT = log2 G, from
+    the launcher; -1: a division by the runtime G, some twenty instructions a step in the sm_90 SASS)."""
+    if GROUP_SHIFT >= 0:
+        return k0 >> GROUP_SHIFT
+    else:
+        return k0 // G
+
+
+@triton.jit
+def _columns(ptrs, mask, EVEN_N: tl.constexpr):
+    """The values at ptrs, 0 where mask is off; EVEN_N (every column exists): an unpredicated load, with no
+    registers zeroed before it."""
+    if EVEN_N:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=mask, other=0)
+
+
+@triton.jit
 def _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k0, G, N, offs_a, offs_r, a_mask, b_mask,
                      HALF: tl.constexpr, pro_ptrs, rstd, K, residual_rows, PROLOGUE: tl.constexpr,
-                     UNIT_OFFSET: tl.constexpr):
+                     UNIT_OFFSET: tl.constexpr, EVEN_N: tl.constexpr, GROUP_SHIFT: tl.constexpr):
     """The operands of the K step at k0: both halves' words, their group's scales and zeros (G % BLOCK_K == 0),
     the 8 x columns of its word rows (_x_at: with the prologue's arguments, its output)."""
-    a_ptrs = qw_ptr + (k0 // 8 + offs_r)[:, None] * N + offs_a[None, :]  # [BLOCK_K/8, HALF]
-    wa = tl.load(a_ptrs, mask=a_mask[None, :], other=0)
-    wb = tl.load(a_ptrs + HALF, mask=b_mask[None, :], other=0)
-    ga = (k0 // G) * N + offs_a
-    za = tl.load(zeros_ptr + ga, mask=a_mask, other=0.0)
-    sa = tl.load(scales_ptr + ga, mask=a_mask, other=0.0)
-    zb = tl.load(zeros_ptr + ga + HALF, mask=b_mask, other=0.0)
-    sb = tl.load(scales_ptr + ga + HALF, mask=b_mask, other=0.0)
+    a_ptrs = qw_ptr + ((k0 >> 3) + offs_r)[:, None] * N + offs_a[None, :]  # [BLOCK_K/8, HALF]
+    wa = _columns(a_ptrs, a_mask[None, :], EVEN_N)
+    wb = _columns(a_ptrs + HALF, b_mask[None, :], EVEN_N)
+    ga = _gemv_group(k0, G, GROUP_SHIFT) * N + offs_a
+    za = _columns(zeros_ptr + ga, a_mask, EVEN_N)
+    sa = _columns(scales_ptr + ga, a_mask, EVEN_N)
+    zb = _columns(zeros_ptr + ga + HALF, b_mask, EVEN_N)
+    sb = _columns(scales_ptr + ga + HALF, b_mask, EVEN_N)
     if PROLOGUE == 0:  # x as stored (offsets from one pointer: the loads' immediates)
         x_ptrs = x_ptr + k0 + 8 * offs_r  # x[8r + k0], the first K of each word row
         xs = (tl.load(x_ptrs), tl.load(x_ptrs + 1), tl.load(x_ptrs + 2), tl.load(x_ptrs + 3), tl.load(x_ptrs + 4),
@@ -489,15 +513,16 @@ def _gemv16_x(x_ptr, even, F16: tl.constexpr, pro_ptrs, rstd, K, residual_rows, 
 
 
 @triton.jit
-def _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs, mask, x, acc, F16: tl.constexpr):
+def _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs, mask, x, acc, F16: tl.constexpr,
+                 EVEN_N: tl.constexpr):
     """acc += sum_j x_j (q_j - z) s over one K step (inside one group) for the columns offs, x from _gemv16_x:
     sum_j x_j (q_j - z) = 2^E sum_j x'_j (q_j - 8) + (8 - z) sum_j x_j, the first in packed float16 a word pair at
     a time (F16 1: _word_pair_dot16; 2: its emulation), the second in float32."""
     xq, up, x_sum = x
-    w0 = tl.load(qw_ptr + even[:, None] * N + offs[None, :], mask=mask[None, :], other=0)
-    w1 = tl.load(qw_ptr + (even + 1)[:, None] * N + offs[None, :], mask=mask[None, :], other=0)
-    z = tl.load(zeros_ptr + g + offs, mask=mask, other=0.0).to(tl.float32)
-    s = tl.load(scales_ptr + g + offs, mask=mask, other=0.0).to(tl.float32)
+    w0 = _columns(qw_ptr + even[:, None] * N + offs[None, :], mask[None, :], EVEN_N)
+    w1 = _columns(qw_ptr + (even + 1)[:, None] * N + offs[None, :], mask[None, :], EVEN_N)
+    z = _columns(zeros_ptr + g + offs, mask, EVEN_N).to(tl.float32)
+    s = _columns(scales_ptr + g + offs, mask, EVEN_N).to(tl.float32)
     if F16 == 1:
         t = _word_pair_dot16(w0, w1, xq[0], xq[1], xq[2], xq[3], xq[4], xq[5], xq[6], xq[7])
     else:
@@ -512,7 +537,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
                       EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
                       PDL: tl.constexpr = False, F16: tl.constexpr = 0, PARTS: tl.constexpr = 2,
                       res_ptr=None, norm_w_ptr=None, new_res_ptr=None, eps=0.0, PROLOGUE: tl.constexpr = 0,
-                      UNIT_OFFSET: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1024):
+                      UNIT_OFFSET: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1024,
+                      GROUP_SHIFT: tl.constexpr = -1):
     """One row (GEMV), K steps inside one group (G % BLOCK_K == 0): y = x @ W^T at about four instructions per
     weight in the sm_90 SASS (the multiply-add tile above: about ten), so that it can stream the weight rather
     than wait on the issue slots. Per word, _gemv_word_terms: five shifts put each of its 8 nibbles at bits
@@ -551,17 +577,17 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         acc_2 = tl.zeros([BLOCK_K // 16, PART], dtype=tl.float32)
         acc_3 = tl.zeros([BLOCK_K // 16, PART], dtype=tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-            even = k0 // 8 + 2 * offs_p
-            g = (k0 // G) * N
+            even = (k0 >> 3) + 2 * offs_p
+            g = _gemv_group(k0, G, GROUP_SHIFT) * N
             x = _gemv16_x(x_ptr, even, F16, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET)
-            acc_0 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0, offs_0 < N, x, acc_0, F16)
+            acc_0 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0, offs_0 < N, x, acc_0, F16, EVEN_N)
             acc_1 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0 + PART, offs_0 + PART < N, x,
-                                 acc_1, F16)
+                                 acc_1, F16, EVEN_N)
             if PARTS == 4:
                 acc_2 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0 + 2 * PART,
-                                     offs_0 + 2 * PART < N, x, acc_2, F16)
+                                     offs_0 + 2 * PART < N, x, acc_2, F16, EVEN_N)
                 acc_3 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0 + 3 * PART,
-                                     offs_0 + 3 * PART < N, x, acc_3, F16)
+                                     offs_0 + 3 * PART < N, x, acc_3, F16, EVEN_N)
         if PARTS == 4:  # [PART, 2, 2] (part 2c + h at [:, h, c]) -> [4, PART] in column order
             out = tl.join(tl.join(tl.sum(acc_0, 0), tl.sum(acc_1, 0)), tl.join(tl.sum(acc_2, 0), tl.sum(acc_3, 0)))
             out = tl.reshape(tl.permute(out, (2, 1, 0)), (1, BLOCK_N))
@@ -571,13 +597,13 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         acc_a = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
         step = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k_lo, G, N, offs_a, offs_r, a_mask, b_mask,
-                                HALF, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET)
+                                HALF, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET, EVEN_N, GROUP_SHIFT)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             # after a split's last step: a step that exists (K's last), loaded and not used, instead of masks
             k_next = tl.minimum(k0 + BLOCK_K, K - BLOCK_K)
             following = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k_next, G, N, offs_a, offs_r,
                                          a_mask, b_mask, HALF, pro_ptrs, rstd, K, residual_rows, PROLOGUE,
-                                         UNIT_OFFSET)
+                                         UNIT_OFFSET, EVEN_N, GROUP_SHIFT)
             acc_a, acc_b = _gemv_step(step, acc_a, acc_b, one)
             step = following
     else:
@@ -585,7 +611,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             step = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k0, G, N, offs_a, offs_r, a_mask,
-                                    b_mask, HALF, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET)
+                                    b_mask, HALF, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET, EVEN_N,
+                                    GROUP_SHIFT)
             acc_a, acc_b = _gemv_step(step, acc_a, acc_b, one)
     if not F16:
         out = tl.reshape(tl.permute(tl.join(tl.sum(acc_a, 0), tl.sum(acc_b, 0)), (1, 0)), (1, BLOCK_N))
@@ -695,6 +722,7 @@ def _launch_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
         n, k, plan.k_split, group_size, ONE_BITS, HAS_BIAS=bias is not None, BLOCK_N=config["BLOCK_N"],
         BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, EVEN_N=n % config["BLOCK_N"] == 0,
+        GROUP_SHIFT=group_size.bit_length() - 1 if group_size & (group_size - 1) == 0 else -1,
         NUM_STAGES=config["num_stages"], PREFETCH=config.get("PREFETCH", False), num_warps=config["num_warps"],
         num_stages=config["num_stages"], F16=gemv_f16(x, config), PARTS=gemv_parts(config), **prologue,
         **pdl_launch(x.device))

@@ -146,6 +146,22 @@ def test_gemv_f16_matches_reference(group_size, config):
     assert split_k_counters(DEVICE).count_nonzero() == 0
 
 
+@pytest.mark.parametrize("n", (64, 80))  # whole column tiles (EVEN_N: loads without masks) and a ragged last one
+@pytest.mark.parametrize("config", [tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=2),
+                                    tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, PREFETCH=True),
+                                    tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, F16=4, SPLIT_K=2)])
+def test_gemv_groups_of_any_size_and_whole_column_tiles(n, config):
+    """The GEMV finds a step's group by a shift where G is a power of two (32) and by a division where it is not
+    (96); with N a multiple of BLOCK_N it loads words, scales and zeros without masks."""
+    for group_size in (96, 32):
+        assert gemv(1, 384, group_size, config)
+        x, packed, b = int4_case(1, n, 384, group_size, LOW_DTYPE, True, seed=6)
+        if config.get("F16"):
+            check_f16(x, packed, b, config)
+        else:
+            check_with(x, packed, b, config)
+
+
 def test_gemv_f16_every_nibble_magnitudes_and_zero_pairs():
     """Every nibble value at every position, zeros 0 and 15, and x whose word-row pairs span magnitudes 2^-10 ..
     2^6 (each pair scaled by its own power of two; float16 outputs stay finite), one pair all zeros, one holding a
