@@ -34,8 +34,8 @@ shift and four LOP3 with 0x6400 make four float16 pairs 1024 + q (or 1024 + 16 q
 multiply-adds make q - 8 exactly, and four packed multiply-adds sum x' (q - 8) (_word_pair_dot16); the zero point
 enters as (8 - z) sum(x) in float32. Offline sm_90 SASS (benchmarks/int4_gemv_sass.py, the launcher's divisibility
 hints): 2.83 instructions a weight in 4 column parts (F16 4, 256 x 128 tiles) against the float32 GEMV's 3.99, since
-both find a step's group by a shift (GROUP_SHIFT, G a power of two; a division cost 2.99 and 4.30) and load whole
-column tiles without masks (EVEN_N). Its float16 roundings (x' once, each product and lane sum once)
+both find a step's group by a shift (GROUP_SHIFT, G a power of two) and load whole column tiles without masks
+(EVEN_N); with a division and masks they took 2.99 and 4.30. Its float16 roundings (x' once, each product and lane sum once)
 are within 2^-7 of sum |x| |q - 8| s. Triton's interpreter runs the same operations on float16 tensors.
 
 One row with a prologue (int4_prologue_matmul; the linear_prologue pass with CompileConfig.int4_linear_prologue,
