@@ -6,7 +6,9 @@ GPU's; --no-hints builds what any shape could run (s40's counts were taken so: e
 the F16 path repeated for 4 word-row pairs a thread instead of 1). Needs Triton 3.6 (the GPU image's), e.g.
 
     pip install --no-deps --target /tmp/t36 triton==3.6.0
-    PYTHONPATH=/tmp/t36:. python benchmarks/int4_gemv_sass.py [--no-hints] [--opcodes]
+    PYTHONPATH=/tmp/t36:. python benchmarks/int4_gemv_sass.py [--no-hints] [--opcodes] [--dot]
+
+--dot: the K loops of the 16-row dot-tile kernel (_int4_matmul_kernel) at CONFIGS' 2-16-row tiles instead.
 """
 
 import collections
@@ -46,8 +48,39 @@ def weights_per_thread(block_n: int, block_k: int = 128, warps: int = 4) -> int:
     return block_n * block_k // (32 * warps)
 
 
+# CONFIGS' 2-16-row tiles: (BLOCK_N, BLOCK_K, PAIRS, SWAP_AB, SPLIT_K, num_stages): o_proj's and qkv's at 16 rows,
+# down's at 2-16 rows, gate_up's at 2, 8 and 16 rows
+DOT_TILES = ((64, 128, 1, True, 4, 4), (128, 128, 0, False, 8, 4), (128, 64, 0, False, 4, 5))
+
+
+def print_loops(asm: dict, label: str, per: int | None, show: bool) -> None:
+    for body in loop_bodies(sass(asm["cubin"]), 30 if per is None else 50):
+        count = opcodes(body)
+        loads = sum(n for op, n in count.items() if op.startswith("LDG"))
+        rate = "" if per is None else f" ({len(body) / per:.2f} a weight)"
+        print(f"{label} {len(body)} instructions{rate}, {loads} LDG", flush=True)
+        if show:
+            print("    " + ", ".join(f"{op} {n}" for op, n in count.most_common(16)))
+
+
+def dot_tiles(hints: bool, show: bool) -> None:
+    """The K loop of _int4_matmul_kernel's 16-row dot tiles at CONFIGS' tiles (G = 128: GROUP_SHIFT 7)."""
+    types = {name: TYPES[name] for name in ("x_ptr", "qw_ptr", "scales_ptr", "zeros_ptr", "bias_ptr", "out_ptr",
+                                            "partial_ptr", "count_ptr")}
+    for block_n, block_k, pairs, swap_ab, split_k, stages in DOT_TILES:
+        constexprs = dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, GROUP_M=8,
+                          SWAP_AB=swap_ab, EVEN_N=True, EVEN_K=True, ONE_GROUP=True, PRECISION="tf32", ROW_SUM=False,
+                          PAIRS=pairs, NUM_STAGES=stages, GROUP_SHIFT=7)
+        asm = compile_sm90(int4_matmul._int4_matmul_kernel, types, constexprs,
+                           {"num_stages": stages, "num_warps": 4}, hints)
+        print_loops(asm, f"16 rows {block_n} x {block_k} PAIRS {pairs} SWAP_AB {swap_ab}:", None, show)
+
+
 def main() -> None:
     hints, show = "--no-hints" not in sys.argv, "--opcodes" in sys.argv
+    if "--dot" in sys.argv:
+        dot_tiles(hints, show)
+        return
     for prologue in ("none", "add_rms_norm", "silu_mul"):
         for f16, parts, block_n, prefetch in PATHS:
             constexprs = dict(HAS_BIAS=False, BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=8, EVEN_N=True, NUM_STAGES=1,
@@ -56,14 +89,7 @@ def main() -> None:
             asm = compile_sm90(int4_matmul._int4_gemv_kernel, TYPES, constexprs,
                                {"num_stages": 1, "num_warps": 4, "launch_pdl": True}, hints)
             path = ("F16 x4" if f16 else "float32") + (" PREFETCH" if prefetch else "")
-            per = weights_per_thread(block_n)
-            for body in loop_bodies(sass(asm["cubin"])):
-                count = opcodes(body)
-                loads = sum(n for op, n in count.items() if op.startswith("LDG"))
-                print(f"{prologue:<13} {path:<17} {len(body)} instructions ({len(body) / per:.2f} a weight), "
-                      f"{loads} LDG", flush=True)
-                if show:
-                    print("    " + ", ".join(f"{op} {n}" for op, n in count.most_common(16)))
+            print_loops(asm, f"{prologue:<13} {path:<17}", weights_per_thread(block_n), show)
 
 
 if __name__ == "__main__":

@@ -105,14 +105,25 @@ DOT_MIN_BLOCK_K = 32  # one dot per K step; 32 keeps the [BLOCK_K/8, 8, BLOCK_N]
 
 
 @triton.jit
-def _group_params(scales_ptr, zeros_ptr, k0, offs_r, r_mask, offs_n, n_mask, N, G, ONE_GROUP: tl.constexpr):
+def _group_of(k, G, GROUP_SHIFT: tl.constexpr):
+    """k // G, the group of column k >= 0 (a K step's first): one shift where G is a power of two (GROUP_SHIFT =
+    log2 G, group_shift; -1: a division by the runtime G, some twenty instructions a step in the sm_90 SASS)."""
+    if GROUP_SHIFT >= 0:
+        return k >> GROUP_SHIFT
+    else:
+        return k // G
+
+
+@triton.jit
+def _group_params(scales_ptr, zeros_ptr, k0, offs_r, r_mask, offs_n, n_mask, N, G, ONE_GROUP: tl.constexpr,
+                  GROUP_SHIFT: tl.constexpr):
     """(z, s) of a K step in their stored dtype, shaped [1, 1, BLOCK_N] when the step lies in one group, else
     [BLOCK_K/8, 1, BLOCK_N] (the 8 rows of a word share a group: G is a multiple of 8)."""
     if ONE_GROUP:
-        offs = (k0 // G) * N + offs_n[None, :]
+        offs = _group_of(k0, G, GROUP_SHIFT) * N + offs_n[None, :]
         mask = n_mask[None, :]
     else:
-        offs = ((k0 + 8 * offs_r) // G)[:, None] * N + offs_n[None, :]
+        offs = _group_of(k0 + 8 * offs_r, G, GROUP_SHIFT)[:, None] * N + offs_n[None, :]
         mask = r_mask[:, None] & n_mask[None, :]
     z = tl.load(zeros_ptr + offs, mask=mask, other=0.0)
     s = tl.load(scales_ptr + offs, mask=mask, other=0.0)
@@ -182,7 +193,8 @@ def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_N: tl.constexpr,
                         EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, PRECISION: tl.constexpr,
-                        ROW_SUM: tl.constexpr, PAIRS: tl.constexpr, NUM_STAGES: tl.constexpr):
+                        ROW_SUM: tl.constexpr, PAIRS: tl.constexpr, NUM_STAGES: tl.constexpr,
+                        GROUP_SHIFT: tl.constexpr = -1):
     pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -218,7 +230,7 @@ def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
             x = tl.load(x_ptrs, mask=k0 + offs_k < k_hi, other=0.0)  # [BLOCK_K/8, 8, 1]
         else:
             x = tl.load(x_ptrs, mask=m_mask[:, None] & (k0 + offs_k < k_hi), other=0.0)  # [BLOCK_M, BLOCK_K]
-        z, s = _group_params(scales_ptr, zeros_ptr, k0, offs_r, r_mask, offs_n, n_mask, N, G, ONE_GROUP)
+        z, s = _group_params(scales_ptr, zeros_ptr, k0, offs_r, r_mask, offs_n, n_mask, N, G, ONE_GROUP, GROUP_SHIFT)
         if PAIRS:  # dot tiles, ONE_GROUP, 16-bit x: dot x with MAGIC + q, then take (MAGIC + z) * sum(x) away
             if PAIRS == 2:  # a dot per nibble plane with x's matching K rows (strided): no join
                 d = tl.zeros([BLOCK_N, BLOCK_M] if SWAP_AB else [BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -313,16 +325,6 @@ def _x_at(x_ptr, cols, pro_ptrs, rstd, K, residual_rows, PROLOGUE: tl.constexpr,
 
 
 @triton.jit
-def _gemv_group(k0, G, GROUP_SHIFT: tl.constexpr):
-    """k0 // G, the group of the K step at k0 >= 0: one shift where G is a power of two (GROUP_SHIFT = log2 G, from
-    the launcher; -1: a division by the runtime G, some twenty instructions a step in the sm_90 SASS)."""
-    if GROUP_SHIFT >= 0:
-        return k0 >> GROUP_SHIFT
-    else:
-        return k0 // G
-
-
-@triton.jit
 def _columns(ptrs, mask, EVEN_N: tl.constexpr):
     """The values at ptrs, 0 where mask is off; EVEN_N (every column exists): an unpredicated load, with no
     registers zeroed before it."""
@@ -341,7 +343,7 @@ def _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k0, G, N, offs_a, off
     a_ptrs = qw_ptr + ((k0 >> 3) + offs_r)[:, None] * N + offs_a[None, :]  # [BLOCK_K/8, HALF]
     wa = _columns(a_ptrs, a_mask[None, :], EVEN_N)
     wb = _columns(a_ptrs + HALF, b_mask[None, :], EVEN_N)
-    ga = _gemv_group(k0, G, GROUP_SHIFT) * N + offs_a
+    ga = _group_of(k0, G, GROUP_SHIFT) * N + offs_a
     za = _columns(zeros_ptr + ga, a_mask, EVEN_N)
     sa = _columns(scales_ptr + ga, a_mask, EVEN_N)
     zb = _columns(zeros_ptr + ga + HALF, b_mask, EVEN_N)
@@ -578,7 +580,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         acc_3 = tl.zeros([BLOCK_K // 16, PART], dtype=tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             even = (k0 >> 3) + 2 * offs_p
-            g = _gemv_group(k0, G, GROUP_SHIFT) * N
+            g = _group_of(k0, G, GROUP_SHIFT) * N
             x = _gemv16_x(x_ptr, even, F16, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET)
             acc_0 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0, offs_0 < N, x, acc_0, F16, EVEN_N)
             acc_1 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0 + PART, offs_0 + PART < N, x,
@@ -620,6 +622,11 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, offs_m < 1, offs_n < N,
                 N, 0, HAS_BIAS, 1, BLOCK_N, SPLIT_K)
+
+
+def group_shift(group_size: int) -> int:
+    """The kernels' GROUP_SHIFT: log2 of a power-of-two group size, else -1 (they divide by it)."""
+    return group_size.bit_length() - 1 if group_size & (group_size - 1) == 0 else -1
 
 
 def decode_split(n: int, k: int, block_n: int, block_k: int, device: torch.device) -> int:
@@ -709,6 +716,7 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         ONE_GROUP=group_size % plan.block_k == 0,
         PRECISION=dot_precision(x.dtype), ROW_SUM=config.get("ROW_SUM", False),
         PAIRS=pairs(m, k, group_size, x.dtype, config), NUM_STAGES=config["num_stages"],
+        GROUP_SHIFT=group_shift(group_size),
         num_warps=config["num_warps"], num_stages=config["num_stages"])
     return out
 
@@ -722,7 +730,7 @@ def _launch_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
         n, k, plan.k_split, group_size, ONE_BITS, HAS_BIAS=bias is not None, BLOCK_N=config["BLOCK_N"],
         BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, EVEN_N=n % config["BLOCK_N"] == 0,
-        GROUP_SHIFT=group_size.bit_length() - 1 if group_size & (group_size - 1) == 0 else -1,
+        GROUP_SHIFT=group_shift(group_size),
         NUM_STAGES=config["num_stages"], PREFETCH=config.get("PREFETCH", False), num_warps=config["num_warps"],
         num_stages=config["num_stages"], F16=gemv_f16(x, config), PARTS=gemv_parts(config), **prologue,
         **pdl_launch(x.device))

@@ -147,15 +147,17 @@ def test_gemv_f16_matches_reference(group_size, config):
 
 
 @pytest.mark.parametrize("n", (64, 80))  # whole column tiles (EVEN_N: loads without masks) and a ragged last one
-@pytest.mark.parametrize("config", [tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=2),
-                                    tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, PREFETCH=True),
-                                    tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, F16=4, SPLIT_K=2)])
-def test_gemv_groups_of_any_size_and_whole_column_tiles(n, config):
-    """The GEMV finds a step's group by a shift where G is a power of two (32) and by a division where it is not
-    (96); with N a multiple of BLOCK_N it loads words, scales and zeros without masks."""
+@pytest.mark.parametrize("m, config", [(1, tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=2)),
+                                       (1, tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, PREFETCH=True)),
+                                       (1, tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, F16=4, SPLIT_K=2)),
+                                       (4, tiles(BLOCK_M=16, BLOCK_K=32, SPLIT_K=2)),  # a dot tile's step in a group
+                                       (4, tiles(BLOCK_M=16, BLOCK_K=64))])  # ... across groups (96: not for 32)
+def test_groups_of_any_size_and_whole_column_tiles(n, m, config):
+    """The kernels find a step's group by a shift where G is a power of two (32) and by a division where it is not
+    (96); the GEMV loads whole column tiles (N a multiple of BLOCK_N) without masks."""
     for group_size in (96, 32):
-        assert gemv(1, 384, group_size, config)
-        x, packed, b = int4_case(1, n, 384, group_size, LOW_DTYPE, True, seed=6)
+        assert gemv(m, 384, group_size, config) == (m == 1)
+        x, packed, b = int4_case(m, n, 384, group_size, LOW_DTYPE, True, seed=6)
         if config.get("F16"):
             check_f16(x, packed, b, config)
         else:
