@@ -17,6 +17,7 @@ import sys
 
 from benchmarks.attention_sass import ADDRESS, sass
 from graphllm.kernels import int4_matmul, skinny_matmul
+from tests.kernels import sm90_compile
 from tests.kernels.sm90_compile import compile_sm90
 
 TYPES = dict(x_ptr="*bf16", qw_ptr="*i32", scales_ptr="*bf16", zeros_ptr="*bf16", bias_ptr="*bf16", out_ptr="*bf16",
@@ -48,11 +49,6 @@ def weights_per_thread(block_n: int, block_k: int = 128, warps: int = 4) -> int:
     return block_n * block_k // (32 * warps)
 
 
-# CONFIGS' 2-16-row tiles: (BLOCK_N, BLOCK_K, PAIRS, SWAP_AB, SPLIT_K, num_stages): o_proj's and qkv's at 16 rows,
-# down's at 2-16 rows, gate_up's at 2, 8 and 16 rows
-DOT_TILES = ((64, 128, 1, True, 4, 4), (128, 128, 0, False, 8, 4), (128, 64, 0, False, 4, 5))
-
-
 def print_loops(asm: dict, label: str, per: int | None, show: bool) -> None:
     for body in loop_bodies(sass(asm["cubin"]), 30 if per is None else 50):
         count = opcodes(body)
@@ -64,16 +60,11 @@ def print_loops(asm: dict, label: str, per: int | None, show: bool) -> None:
 
 
 def dot_tiles(hints: bool, show: bool) -> None:
-    """The K loop of _int4_matmul_kernel's 16-row dot tiles at CONFIGS' tiles (G = 128: GROUP_SHIFT 7)."""
-    types = {name: TYPES[name] for name in ("x_ptr", "qw_ptr", "scales_ptr", "zeros_ptr", "bias_ptr", "out_ptr",
-                                            "partial_ptr", "count_ptr")}
-    for block_n, block_k, pairs, swap_ab, split_k, stages in DOT_TILES:
-        constexprs = dict(HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, GROUP_M=8,
-                          SWAP_AB=swap_ab, EVEN_N=True, EVEN_K=True, ONE_GROUP=True, PRECISION="tf32", ROW_SUM=False,
-                          PAIRS=pairs, NUM_STAGES=stages, GROUP_SHIFT=7)
-        asm = compile_sm90(int4_matmul._int4_matmul_kernel, types, constexprs,
-                           {"num_stages": stages, "num_warps": 4}, hints)
-        print_loops(asm, f"16 rows {block_n} x {block_k} PAIRS {pairs} SWAP_AB {swap_ab}:", None, show)
+    """The K loop of _int4_matmul_kernel's 16-row dot tiles at CONFIGS' tiles (sm90_compile.int4_variants)."""
+    for kernel, types, constexprs, options in sm90_compile.int4_variants():
+        asm = compile_sm90(kernel, types, constexprs, {"num_warps": 4, **options}, hints)
+        print_loops(asm, "16 rows {BLOCK_N} x {BLOCK_K} PAIRS {PAIRS} SWAP_AB {SWAP_AB}:".format(**constexprs), None,
+                    show)
 
 
 def main() -> None:

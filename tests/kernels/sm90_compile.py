@@ -193,6 +193,20 @@ def fp8_variants():
         {"num_stages": 4}
 
 
+def int4_variants():
+    """The int4 dot-tile kernel (2-16 rows) at CONFIGS' tiles, G = 128 (the step's group by a shift): o_proj's and
+    qkv's at 16 rows (64 x 128, nibble pairs, the weight on the MMA's M side), down's at 2-16 rows (128 x 128),
+    gate_up's at 2, 8 and 16 rows (128 x 64)."""
+    types = {"x_ptr": "*bf16", "qw_ptr": "*i32", "scales_ptr": "*bf16", "zeros_ptr": "*bf16", "bias_ptr": "*bf16",
+             "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32"}
+    for block_n, block_k, pairs, swap_ab, split_k, stages in ((64, 128, 1, True, 4, 4), (128, 128, 0, False, 8, 4),
+                                                              (128, 64, 0, False, 4, 5)):
+        yield int4_matmul._int4_matmul_kernel, types, dict(
+            HAS_BIAS=False, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, GROUP_M=8, SWAP_AB=swap_ab,
+            EVEN_N=True, EVEN_K=True, ONE_GROUP=True, PRECISION="tf32", ROW_SUM=False, PAIRS=pairs,
+            NUM_STAGES=stages, GROUP_SHIFT=7), {"num_stages": stages}
+
+
 def pdl_variants():
     """The decode step's kernels as they launch under programmatic dependent launch (EngineConfig.enable_pdl: PDL
     and Triton's launch_pdl): the decode linear at one row with and without a norm prologue and the 16-row tile,
@@ -367,7 +381,7 @@ def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run outside Triton's interpreter"
     failed = 0
     for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants(), *fp8_variants(),
-                                               *pdl_variants()):
+                                               *int4_variants(), *pdl_variants()):
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
                                                                "WINDOWED", "ROPE", "HALVES",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",

@@ -52,7 +52,8 @@ def moe_inputs(num_tokens: int, num_experts: int, top_k: int, renormalize: bool,
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("num_tokens, num_experts, top_k, renormalize",
-                         [(n, *QWEN) for n in QWEN_TOKENS] + [(n, *r) for r in (MIXTRAL, (6, 3, False)) for n in TOKENS])
+                         [(n, *QWEN) for n in QWEN_TOKENS]
+                         + [(n, *r) for r in (MIXTRAL, (6, 3, False)) for n in TOKENS])
 def test_matches_reference(num_tokens, num_experts, top_k, renormalize, path):
     x, weights, ids, w13, w2 = moe_inputs(num_tokens, num_experts, top_k, renormalize, torch.float32)
     got = fused_experts(x, weights, ids, w13, w2, PATHS[path])
