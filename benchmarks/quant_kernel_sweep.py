@@ -160,6 +160,10 @@ def int4_candidates(m: int) -> list[dict]:
         for bn, bk, w in [(128, 128, 4), (128, 128, 2), (256, 64, 4), (256, 128, 4), (512, 64, 4), (128, 64, 2)]:
             out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "GEMV": True, "num_stages": 1},
                            PREFETCH=(True, False), SPLIT_K=(4, 8, 16))
+        # the words as cp.async into shared memory, 2-3 steps ahead (num_stages > 1: LDGSTS in the offline sm_90 build,
+        # 4.2-4.3 instructions a weight against 4.0; last swept before GROUP_SHIFT and EVEN_N, s17, and lost then)
+        out += configs({"BLOCK_M": 1, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "GEMV": True},
+                       num_stages=(2, 3), SPLIT_K=(4, 8, 16))
         for bn, bk, w, s, splits in [(256, 64, 4, 6, (4, 8)), (128, 64, 4, 6, (4, 8)), (128, 128, 4, 4, (4, 8))]:
             out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s,
                             "ROW_SUM": True}, SPLIT_K=splits)
