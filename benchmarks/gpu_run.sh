@@ -64,7 +64,6 @@
 #              against the stage without it), e.g. latency1-triton-epi;  epi-tests  its kernel, op and engine tests
 #   qtput-S-big  qtput-S with 512 sequences and 16,384 tokens a step (its own artifact; vLLM's offline defaults
 #              on 70+ GiB GPUs are 1,024 and 16,384)
-#   STAGE-i4p   any bench stage with --int4-linear-prologue (e.g. qlat-int4-i4p)
 #   STAGE-nopdl  any bench stage with --no-enable-pdl (PDL is on by default since s25): e.g. qlat-int4-nopdl,
 #              qtput-none-nopdl, moe-lat-nopdl; the pdl* stages name --enable-pdl, which is now the default
 #   pdl1-B     latency1-B with --enable-pdl (the decode linears as programmatic dependents: the A/B against
@@ -87,7 +86,7 @@
 #              best configs written into int4_matmul.CONFIGS on the device's copy (apply_sweep_configs.py), so
 #              that later stages of the same call (qlat-int4) run them; qsweep-pairs  the same at 1, 4 and 16 rows
 #              with the nibble-pair dot tiles first; qsweep-int4-16  the same at 16 rows (batch 16's bucket);
-#              qtests-int4  the int4 kernel tests (and the engine's int4 agreement, with --int4-linear-prologue too); ncu-quant  hardware
+#              qtests-int4  the int4 kernel tests (and the engine's int4 agreement); ncu-quant  hardware
 #              counters (stall reasons, DRAM and issue use) of the int4 and fp8 kernels at the 8B shapes
 #   ncu-attention  hardware counters of the decode attention kernel, bf16 and fp8 caches (ncu_attention.py)
 #   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests;
@@ -175,7 +174,6 @@ for tag in "$@"; do
   case $stage in *-snp) stage=${stage%-snp} BENCH_EXTRA="$BENCH_EXTRA --shared-norm-prologue" ;; esac
   case $stage in *-route) stage=${stage%-route} BENCH_EXTRA="$BENCH_EXTRA --fuse-moe-router" ;; esac
   case $stage in *-pn) stage=${stage%-pn} BENCH_EXTRA="$BENCH_EXTRA --persistent-norms" ;; esac
-  case $stage in *-i4p) stage=${stage%-i4p} BENCH_EXTRA="$BENCH_EXTRA --int4-linear-prologue" ;; esac
   case $stage in *-xqa) stage=${stage%-xqa} BENCH_EXTRA="$BENCH_EXTRA --xqa-decode" ;; esac
   case $stage in *-noxqa) stage=${stage%-noxqa} BENCH_EXTRA="$BENCH_EXTRA --no-xqa-decode" ;; esac
   # qtput-S-big: vLLM's offline batch on a large GPU (its LLM class takes 1,024 sequences and 16,384 tokens a step
@@ -450,8 +448,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         python3 benchmarks/ncu_attention.py table "$OUT/r/ncu-attention.csv" | tee "$OUT/r/ncu-attention.txt" ;;
     qtests-int4) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py \
-        "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" \
-        "tests/gpu/test_quantized.py::test_linear_prologue_agrees_like_its_scheme[int4]" 2>&1 \
+        "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" 2>&1 \
         | grep -E "FAILED|ERROR|Error|agreement|passed|failed|^E " | tail -40 ;;
     qsweep-fp8q1) timeout 240 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$tag.json" 150 fp8q 1 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/$tag.json" fp8q \

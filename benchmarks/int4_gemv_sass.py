@@ -1,4 +1,4 @@
-"""Offline sm_90 SASS of the int4 GEMV's K loop, with and without a prologue (no GPU needed): instructions in the
+"""Offline sm_90 SASS of the int4 GEMV's K loop on each of its paths (no GPU needed): instructions in the
 loop's body (from its backward branch's target to the branch), its global loads, and the most frequent opcodes, per
 variant. Built with the divisibility hints Triton's launcher gives at the 8B shapes (sm90_compile.runtime_hints:
 pointers 16-byte aligned, N, K, K_SPLIT and G multiples of 16), so that the loads vectorize and the layouts are the
@@ -16,15 +16,16 @@ import re
 import sys
 
 from benchmarks.attention_sass import ADDRESS, sass
-from graphllm.kernels import int4_matmul, skinny_matmul
+from graphllm.kernels import int4_matmul
 from tests.kernels import sm90_compile
 from tests.kernels.sm90_compile import compile_sm90
 
 TYPES = dict(x_ptr="*bf16", qw_ptr="*i32", scales_ptr="*bf16", zeros_ptr="*bf16", bias_ptr="*bf16", out_ptr="*bf16",
-             partial_ptr="*fp32", count_ptr="*i32", res_ptr="*bf16", norm_w_ptr="*bf16", new_res_ptr="*bf16",
-             eps="fp32")
-# (F16, PARTS, BLOCK_N, PREFETCH): the float32 GEMV with and without its register prefetch, and the F16 one in 4 parts
-PATHS = ((0, 2, 128, True), (0, 2, 128, False), (1, 4, 256, False))
+             partial_ptr="*fp32", count_ptr="*i32")
+# (F16, PARTS, BLOCK_N, PREFETCH, num_stages): the float32 GEMV with and without its register prefetch, with its
+# words as cp.async 2 steps ahead, and the F16 one in 4 parts, plain and with cp.async
+PATHS = ((0, 2, 128, True, 1), (0, 2, 128, False, 1), (0, 2, 128, False, 2), (1, 4, 256, False, 1),
+         (1, 4, 256, False, 2))
 OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_]+(?:\.[A-Z0-9]+)?)")
 
 
@@ -72,15 +73,14 @@ def main() -> None:
     if "--dot" in sys.argv:
         dot_tiles(hints, show)
         return
-    for prologue in ("none", "add_rms_norm", "silu_mul"):
-        for f16, parts, block_n, prefetch in PATHS:
-            constexprs = dict(HAS_BIAS=False, BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=8, EVEN_N=True, NUM_STAGES=1,
-                              PREFETCH=prefetch, PDL=True, F16=f16, PARTS=parts,
-                              PROLOGUE=skinny_matmul.PROLOGUES[prologue], NORM_BLOCK=1024, GROUP_SHIFT=7)
-            asm = compile_sm90(int4_matmul._int4_gemv_kernel, TYPES, constexprs,
-                               {"num_stages": 1, "num_warps": 4, "launch_pdl": True}, hints)
-            path = ("F16 x4" if f16 else "float32") + (" PREFETCH" if prefetch else "")
-            print_loops(asm, f"{prologue:<13} {path:<17}", weights_per_thread(block_n), show)
+    for f16, parts, block_n, prefetch, stages in PATHS:
+        constexprs = dict(HAS_BIAS=False, BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=8, EVEN_N=True, NUM_STAGES=stages,
+                          PREFETCH=prefetch, PDL=True, F16=f16, PARTS=parts, GROUP_SHIFT=7)
+        asm = compile_sm90(int4_matmul._int4_gemv_kernel, TYPES, constexprs,
+                           {"num_stages": stages, "num_warps": 4, "launch_pdl": True}, hints)
+        path = ("F16 x4" if f16 else "float32") + (" PREFETCH" if prefetch else "") + (
+            f" {stages} stages" if stages > 1 else "")
+        print_loops(asm, f"{path:<19}", weights_per_thread(block_n), show)
 
 
 if __name__ == "__main__":

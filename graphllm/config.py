@@ -105,7 +105,6 @@ class EngineConfig:
     shared_norm_prologue: bool = False
     fuse_moe_router: bool = False
     fp8_linear_prologue: bool = False
-    int4_linear_prologue: bool = False
     persistent_norms: bool = True
     quantization: str | None = None
     quantization_group_size: int = DEFAULT_QUANTIZATION_GROUP_SIZE
@@ -168,7 +167,6 @@ class EngineConfig:
                              linear_prologue=self.linear_prologue, linear_epilogue=self.linear_epilogue,
                              row_sumsq=self.row_sumsq, shared_norm_prologue=self.shared_norm_prologue,
                              fuse_moe_router=self.fuse_moe_router, fp8_linear_prologue=self.fp8_linear_prologue,
-                             int4_linear_prologue=self.int4_linear_prologue,
                              inductor_pdl=self.enable_pdl, persistent_norms=self.persistent_norms,
                              quantization=self.quantization,
                              quantization_group_size=self.quantization_group_size,
@@ -252,10 +250,6 @@ class CompileConfig:
     # norm + quantize. Off by default: measured slower at batch 1 on the H200 (282.2 tok/s against 309.5, 2026-11-29,
     # benchmarks/RESULTS.md; needs linear_prologue)
     fp8_linear_prologue: bool = False
-    # GPU graphs, int4 weight-only: the norms and SwiGLU fold into the int4 linears they feed too, so that at one row
-    # the int4 GEMV computes its operand itself (int4_matmul.int4_prologue_matmul; other rows run the norm's or
-    # SwiGLU's own kernel, then int4_linear). Off by default until a GPU measures it (needs linear_prologue)
-    int4_linear_prologue: bool = False
     # GPU graphs: q/k rotary inside the attention op's KV write, one Triton launch instead of two
     # rotary kernels and store_kv (was GRAPHLLM_FUSED_ROPE=1). On by default since the fifteenth
     # session: on the H200 its launch without fp contraction gives the unfused path's bf16

@@ -149,8 +149,6 @@ def quantization_record(config: CompileConfig, loaded, reports, kernels: dict) -
 QUANTIZED_OPS = {"fp8_linear": ("fp8", 1), "fp8_linear_quantized": ("fp8", 2), "int8_linear": ("int8", 1),
                  "int4_linear": ("int4", 1), "fp8_rms_norm_linear": ("fp8", 3), "fp8_add_rms_norm_linear": ("fp8", 4),
                  "fp8_silu_and_mul_linear": ("fp8", 1), "fp8_gelu_tanh_and_mul_linear": ("fp8", 1),
-                 "int4_rms_norm_linear": ("int4", 3), "int4_add_rms_norm_linear": ("int4", 4),
-                 "int4_silu_and_mul_linear": ("int4", 1), "int4_gelu_tanh_and_mul_linear": ("int4", 1),
                  }  # op -> (scheme, index of its weight argument)
 
 

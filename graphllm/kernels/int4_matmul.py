@@ -38,13 +38,10 @@ both find a step's group by a shift (GROUP_SHIFT, G a power of two) and load who
 (EVEN_N); with a division and masks they took 2.99 and 4.30. Its float16 roundings (x' once, each product and lane sum once)
 are within 2^-7 of sum |x| |q - 8| s. Triton's interpreter runs the same operations on float16 tensors.
 
-One row with a prologue (int4_prologue_matmul; the linear_prologue pass with CompileConfig.int4_linear_prologue,
-opt-in: its sm_90 K loop, built with the launcher's divisibility hints, is 1.4-1.5x the plain loop's instructions
-with SwiGLU and 3.8-5.5x with add + RMSNorm, spilling; benchmarks/int4_gemv_sass.py): the GEMV computes its
-operand from the op before it as skinny_matmul's prologues do
-(rms_norm, add_rms_norm, silu_mul, gelu_mul; the same roundings, skinny_matmul._operand): every program first reads
-the whole row for the norm's mean square (NORM_BLOCK columns a step, from L2), then each x value it loads is the
-prologue's output, and the programs of column tile 0 store h = x + residual for the K range they walk.
+No prologue: s40 built the norms and SwiGLU into the one-row GEMV (every program reading the row's mean square,
+each x value the prologue's output) and removed it in s42 unmeasured: its sm_90 K loop, built with the launcher's
+divisibility hints, was 1.4-1.5x the plain loop's instructions with SwiGLU and 3.8-5.5x with add + RMSNorm
+(spilling), against the ~2-3 us each of the kernels it would have saved (benchmarks/RESULTS.md, s41).
 
 Rows past 16 (prefill) take GEMM tiles of the same kernel (BLOCK_M 32..128, GROUP_M row tiles grouped,
 no K split): the weight is dequantized per tile in registers. SPLIT_K > 1 reduces as skinny_matmul does
@@ -70,7 +67,7 @@ from graphllm.kernels.int8_matmul import (MAX_ROWS, dot_precision, m_bucket, pla
                                           tile_shape)
 from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.quant_layout import INT4_PACK, check_int4_shape, int4_linear_reference  # noqa: F401
-from graphllm.kernels.skinny_matmul import PROLOGUES, _operand, _row_rstd, finish_tile
+from graphllm.kernels.skinny_matmul import finish_tile
 
 # (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25 (4 and 16 rows:
 # the nibble-pair sweep of the twelfth session, qsweep-pairs; one row: the third GEMV sweep of 2026-11-28, qsweep-int4)
@@ -314,17 +311,6 @@ def _gemv_word_terms(w, xs, t0, one):
 
 
 @triton.jit
-def _x_at(x_ptr, cols, pro_ptrs, rstd, K, residual_rows, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
-    """The GEMV's operand at columns cols (1-D) of its row with a prologue (skinny_matmul.PROLOGUES): its output,
-    rounded where the eager ops round (skinny_matmul._operand), in float32; pro_ptrs: (residual, norm weight, new
-    residual). residual_rows 1: this program stores h = x + residual at cols too (add_rms_norm)."""
-    res_ptr, norm_w_ptr, new_res_ptr = pro_ptrs
-    a = _operand(x_ptr, res_ptr, norm_w_ptr, new_res_ptr, rstd, tl.arange(0, 1), cols, (cols < K)[None, :], K, 0, 0,
-                 residual_rows, PROLOGUE, UNIT_OFFSET)
-    return tl.sum(a.to(tl.float32), 0)  # [1, n] -> [n]: one term each, exact
-
-
-@triton.jit
 def _columns(ptrs, mask, EVEN_N: tl.constexpr):
     """The values at ptrs, 0 where mask is off; EVEN_N (every column exists): an unpredicated load, with no
     registers zeroed before it."""
@@ -336,10 +322,9 @@ def _columns(ptrs, mask, EVEN_N: tl.constexpr):
 
 @triton.jit
 def _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k0, G, N, offs_a, offs_r, a_mask, b_mask,
-                     HALF: tl.constexpr, pro_ptrs, rstd, K, residual_rows, PROLOGUE: tl.constexpr,
-                     UNIT_OFFSET: tl.constexpr, EVEN_N: tl.constexpr, GROUP_SHIFT: tl.constexpr):
+                     HALF: tl.constexpr, EVEN_N: tl.constexpr, GROUP_SHIFT: tl.constexpr):
     """The operands of the K step at k0: both halves' words, their group's scales and zeros (G % BLOCK_K == 0),
-    the 8 x columns of its word rows (_x_at: with the prologue's arguments, its output)."""
+    the 8 x columns of its word rows."""
     a_ptrs = qw_ptr + ((k0 >> 3) + offs_r)[:, None] * N + offs_a[None, :]  # [BLOCK_K/8, HALF]
     wa = _columns(a_ptrs, a_mask[None, :], EVEN_N)
     wb = _columns(a_ptrs + HALF, b_mask[None, :], EVEN_N)
@@ -348,12 +333,9 @@ def _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k0, G, N, offs_a, off
     sa = _columns(scales_ptr + ga, a_mask, EVEN_N)
     zb = _columns(zeros_ptr + ga + HALF, b_mask, EVEN_N)
     sb = _columns(scales_ptr + ga + HALF, b_mask, EVEN_N)
-    if PROLOGUE == 0:  # x as stored (offsets from one pointer: the loads' immediates)
-        x_ptrs = x_ptr + k0 + 8 * offs_r  # x[8r + k0], the first K of each word row
-        xs = (tl.load(x_ptrs), tl.load(x_ptrs + 1), tl.load(x_ptrs + 2), tl.load(x_ptrs + 3), tl.load(x_ptrs + 4),
-              tl.load(x_ptrs + 5), tl.load(x_ptrs + 6), tl.load(x_ptrs + 7))
-    else:
-        xs = _row_x(x_ptr, k0 + 8 * offs_r, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET)
+    x_ptrs = x_ptr + k0 + 8 * offs_r  # x[8r + k0], the first K of each word row (offsets: the loads' immediates)
+    xs = (tl.load(x_ptrs), tl.load(x_ptrs + 1), tl.load(x_ptrs + 2), tl.load(x_ptrs + 3), tl.load(x_ptrs + 4),
+          tl.load(x_ptrs + 5), tl.load(x_ptrs + 6), tl.load(x_ptrs + 7))
     return wa, wb, za, sa, zb, sb, xs
 
 
@@ -460,33 +442,23 @@ def _word_pair_dot16_emulated(w0, w1, xe, xo):
 
 
 @triton.jit
-def _row_x(x_ptr, cols, pro_ptrs, rstd, K, residual_rows, PROLOGUE: tl.constexpr, UNIT_OFFSET: tl.constexpr):
-    """The 8 operand values of the word rows whose first columns are cols (x or the prologue's, _x_at), float32."""
-    if PROLOGUE == 0:
-        rows = x_ptr + cols
-        return (tl.load(rows).to(tl.float32), tl.load(rows + 1).to(tl.float32), tl.load(rows + 2).to(tl.float32),
-                tl.load(rows + 3).to(tl.float32), tl.load(rows + 4).to(tl.float32), tl.load(rows + 5).to(tl.float32),
-                tl.load(rows + 6).to(tl.float32), tl.load(rows + 7).to(tl.float32))
-    return (_x_at(x_ptr, cols, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET),
-            _x_at(x_ptr, cols + 1, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET),
-            _x_at(x_ptr, cols + 2, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET),
-            _x_at(x_ptr, cols + 3, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET),
-            _x_at(x_ptr, cols + 4, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET),
-            _x_at(x_ptr, cols + 5, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET),
-            _x_at(x_ptr, cols + 6, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET),
-            _x_at(x_ptr, cols + 7, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET))
+def _row_x(x_ptr, rows):
+    """The 8 x values of each word row in rows, float32."""
+    return (tl.load(x_ptr + rows).to(tl.float32), tl.load(x_ptr + rows + 1).to(tl.float32),
+            tl.load(x_ptr + rows + 2).to(tl.float32), tl.load(x_ptr + rows + 3).to(tl.float32),
+            tl.load(x_ptr + rows + 4).to(tl.float32), tl.load(x_ptr + rows + 5).to(tl.float32),
+            tl.load(x_ptr + rows + 6).to(tl.float32), tl.load(x_ptr + rows + 7).to(tl.float32))
 
 
 @triton.jit
-def _gemv16_x(x_ptr, even, F16: tl.constexpr, pro_ptrs, rstd, K, residual_rows, PROLOGUE: tl.constexpr,
-              UNIT_OFFSET: tl.constexpr):
+def _gemv16_x(x_ptr, even, F16: tl.constexpr):
     """The x side of a K step of word-row pairs (rows even and even + 1, [BLOCK_K/16]) for _gemv16_part: each pair's
     16 x values scaled by one power of two 2^-E into [-2, 2) (E: the exponent of their max |x|), so that float16
     holds them and their products with q - 8 in [-8, 7] (a pair's lane sums 8 of them: at most 128 in size).
     Returns (x', 2^E, sum_j x_j): x' as 8 packed float16 pairs (F16 1: _word_pair_dot16's operands) or 16 float16
     tiles (2: its emulation), each [BLOCK_K/16, 1]."""
-    xe = _row_x(x_ptr, 8 * even, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET)
-    xo = _row_x(x_ptr, 8 * even + 8, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET)
+    xe = _row_x(x_ptr, 8 * even)
+    xo = _row_x(x_ptr, 8 * even + 8)
     m = tl.abs(xe[0])
     for j in tl.static_range(1, 8):
         m = tl.maximum(m, tl.abs(xe[j]))
@@ -538,8 +510,6 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                       EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
                       PDL: tl.constexpr = False, F16: tl.constexpr = 0, PARTS: tl.constexpr = 2,
-                      res_ptr=None, norm_w_ptr=None, new_res_ptr=None, eps=0.0, PROLOGUE: tl.constexpr = 0,
-                      UNIT_OFFSET: tl.constexpr = False, NORM_BLOCK: tl.constexpr = 1024,
                       GROUP_SHIFT: tl.constexpr = -1):
     """One row (GEMV), K steps inside one group (G % BLOCK_K == 0): y = x @ W^T at about four instructions per
     weight in the sm_90 SASS (the multiply-add tile above: about ten), so that it can stream the weight rather
@@ -565,11 +535,6 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         # 128-byte line is 32 columns of a word row; rows past N read column N - 1 again)
         columns = tl.minimum(pid_n * BLOCK_N + 32 * tl.arange(0, BLOCK_N // 32 if BLOCK_N >= 32 else 1), N - 1)
         dependent_start(qw_ptr + (k_lo // 8 + offs_r).to(tl.int64)[:, None] * N + columns[None, :])
-    pro_ptrs = (res_ptr, norm_w_ptr, new_res_ptr)
-    rstd = tl.zeros([1, 1], dtype=tl.float32)
-    if PROLOGUE == 1 or PROLOGUE == 2:  # the row's mean square first: every program reads the row (L2)
-        rstd = _row_rstd(x_ptr, res_ptr, tl.arange(0, 1), tl.arange(0, 1) < 1, K, eps, 0, 0, 1, NORM_BLOCK, PROLOGUE)
-    residual_rows = (pid_n == 0).to(tl.int32)  # column tile 0 stores h over the K range it walks
     if F16:  # word rows in pairs, the columns in PARTS parts that share every x value a thread converts
         PART: tl.constexpr = BLOCK_N // PARTS
         offs_0 = pid_n * BLOCK_N + tl.arange(0, PART)
@@ -581,7 +546,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             even = (k0 >> 3) + 2 * offs_p
             g = _group_of(k0, G, GROUP_SHIFT) * N
-            x = _gemv16_x(x_ptr, even, F16, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET)
+            x = _gemv16_x(x_ptr, even, F16)
             acc_0 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0, offs_0 < N, x, acc_0, F16, EVEN_N)
             acc_1 = _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs_0 + PART, offs_0 + PART < N, x,
                                  acc_1, F16, EVEN_N)
@@ -599,13 +564,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         acc_a = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
         step = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k_lo, G, N, offs_a, offs_r, a_mask, b_mask,
-                                HALF, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET, EVEN_N, GROUP_SHIFT)
+                                HALF, EVEN_N, GROUP_SHIFT)
         for k0 in range(k_lo, k_hi, BLOCK_K):
             # after a split's last step: a step that exists (K's last), loaded and not used, instead of masks
             k_next = tl.minimum(k0 + BLOCK_K, K - BLOCK_K)
             following = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k_next, G, N, offs_a, offs_r,
-                                         a_mask, b_mask, HALF, pro_ptrs, rstd, K, residual_rows, PROLOGUE,
-                                         UNIT_OFFSET, EVEN_N, GROUP_SHIFT)
+                                         a_mask, b_mask, HALF, EVEN_N, GROUP_SHIFT)
             acc_a, acc_b = _gemv_step(step, acc_a, acc_b, one)
             step = following
     else:
@@ -613,8 +577,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
             step = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k0, G, N, offs_a, offs_r, a_mask,
-                                    b_mask, HALF, pro_ptrs, rstd, K, residual_rows, PROLOGUE, UNIT_OFFSET, EVEN_N,
-                                    GROUP_SHIFT)
+                                    b_mask, HALF, EVEN_N, GROUP_SHIFT)
             acc_a, acc_b = _gemv_step(step, acc_a, acc_b, one)
     if not F16:
         out = tl.reshape(tl.permute(tl.join(tl.sum(acc_a, 0), tl.sum(acc_b, 0)), (1, 0)), (1, BLOCK_N))
@@ -722,8 +685,8 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
 
 
 def _launch_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 bias: torch.Tensor | None, out: torch.Tensor, config: dict, plan, group_size: int, **prologue) -> None:
-    """_int4_gemv_kernel over one row; prologue: its prologue arguments (int4_prologue_matmul)."""
+                 bias: torch.Tensor | None, out: torch.Tensor, config: dict, plan, group_size: int) -> None:
+    """_int4_gemv_kernel over one row."""
     k, n = qweight.shape[0] * INT4_PACK, qweight.shape[1]
     _int4_gemv_kernel[plan.grid](
         x, qweight, scales, zeros, scales if bias is None else bias, out,
@@ -732,37 +695,6 @@ def _launch_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, EVEN_N=n % config["BLOCK_N"] == 0,
         GROUP_SHIFT=group_shift(group_size),
         NUM_STAGES=config["num_stages"], PREFETCH=config.get("PREFETCH", False), num_warps=config["num_warps"],
-        num_stages=config["num_stages"], F16=gemv_f16(x, config), PARTS=gemv_parts(config), **prologue,
+        num_stages=config["num_stages"], F16=gemv_f16(x, config), PARTS=gemv_parts(config),
         **pdl_launch(x.device))
 
-
-def prologue_fits(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, config: dict | None = None) -> bool:
-    """Whether int4_prologue_matmul takes x (the fused op's operand, [1, K] or [1, 2K]): one row in half precision
-    whose config (default_config) runs the GEMV."""
-    k, n = qweight.shape[0] * INT4_PACK, qweight.shape[1]
-    if x.dim() != 2 or x.shape[0] != 1 or x.dtype not in (torch.bfloat16, torch.float16) or scales.shape[0] == 0:
-        return False
-    return gemv(1, k, k // scales.shape[0], config or default_config(1, n, k, x.device))
-
-
-def int4_prologue_matmul(prologue: str, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                         zeros: torch.Tensor, bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-                         norm_weight: torch.Tensor | None = None, eps: float = 0.0, unit_offset: bool = False,
-                         config: dict | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(int4_matmul(a, ...), h) for one row, a = the prologue's output (skinny_matmul.PROLOGUES: rms_norm(x),
-    rms_norm(h) with h = x + residual (add_rms_norm; h returned, else None), silu(gate) * up or GeGLU for x =
-    [gate | up]) computed inside the GEMV (prologue_fits says when; its roundings are the eager ops')."""
-    k, n = qweight.shape[0] * INT4_PACK, qweight.shape[1]
-    group_size = k // scales.shape[0]
-    config = config or default_config(1, n, k, x.device)
-    assert prologue_fits(x, qweight, scales, config) and x.is_contiguous()
-    assert x.shape[1] == (2 * k if prologue in ("silu_mul", "gelu_mul") else k), (prologue, x.shape, k)
-    out = x.new_empty((1, n))
-    h = torch.empty_like(x) if prologue == "add_rms_norm" else None
-    plan = plan_launch(1, n, k, config, x.device, DOT_MIN_BLOCK_K)
-    _launch_gemv(x, qweight, scales, zeros, bias, out, config, plan, group_size,
-                 res_ptr=x if residual is None else residual.contiguous(),
-                 norm_w_ptr=x if norm_weight is None else norm_weight, new_res_ptr=x if h is None else h,
-                 eps=float(eps), PROLOGUE=PROLOGUES[prologue], UNIT_OFFSET=unit_offset,
-                 NORM_BLOCK=min(1024, triton.next_power_of_2(k)))
-    return out, h

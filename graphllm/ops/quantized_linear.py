@@ -10,9 +10,7 @@
 
 and fp8_linear of a norm's or activation's output, one launch at one row (the linear_prologue pass with
 CompileConfig.fp8_linear_prologue; other rows run the two ops): graphllm.fp8_rms_norm_linear,
-fp8_add_rms_norm_linear (also returns h = x + residual), fp8_silu_and_mul_linear, fp8_gelu_tanh_and_mul_linear;
-int4_linear's the same (CompileConfig.int4_linear_prologue; the GEMV's prologue, int4_matmul.int4_prologue_matmul):
-graphllm.int4_rms_norm_linear, int4_add_rms_norm_linear, int4_silu_and_mul_linear, int4_gelu_tanh_and_mul_linear.
+fp8_add_rms_norm_linear (also returns h = x + residual), fp8_silu_and_mul_linear, fp8_gelu_tanh_and_mul_linear.
 
 On CUDA in float16/bfloat16, by row count M (measured: benchmarks/quant_kernel_sweep.py, H200):
 - fp8: graphllm/kernels/fp8_matmul.py at every M (its own small-M tiles, or row-wise torch._scaled_mm);
@@ -269,72 +267,3 @@ def _tiles(config: dict) -> str:
     """A config as BLOCK_MxBLOCK_NxBLOCK_K/SPLIT_K (+ swap)."""
     text = f"{config['BLOCK_M']}x{config['BLOCK_N']}x{config['BLOCK_K']}/{config.get('SPLIT_K', 1)}"
     return text + (" swap" if config.get("SWAP_AB") else "")
-
-
-def _int4_prologue_linear(prologue: str, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
-                          zeros: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None = None,
-                          norm_weight: torch.Tensor | None = None, eps: float = 0.0, unit_offset: bool = False):
-    """One launch (int4_matmul.int4_prologue_matmul) where one half-precision row on CUDA runs the GEMV
-    (prologue_fits); otherwise the prologue's own kernel, then int4_linear."""
-    rows = x.numel() // x.shape[-1]
-    same = all(t is None or t.device == x.device for t in (residual, norm_weight, bias))
-    if _on_kernel(x) and same and rows == 1 and (residual is None or residual.shape == x.shape):
-        from graphllm.kernels.int4_matmul import int4_prologue_matmul, prologue_fits
-        if prologue_fits(_rows(x), qweight, scales):
-            out, h = int4_prologue_matmul(prologue, _rows(x), qweight, scales, zeros, bias,
-                                          None if residual is None else _rows(residual), norm_weight, eps, unit_offset)
-            return out.view(*x.shape[:-1], qweight.shape[1]), None if h is None else h.view(x.shape)
-    return _prologue_parts(int4_linear, prologue, x, (qweight, scales, zeros, bias), residual, norm_weight, eps,
-                           unit_offset)
-
-
-@torch.library.custom_op("graphllm::int4_rms_norm_linear", mutates_args=())
-def int4_rms_norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, qweight: torch.Tensor,
-                         scales: torch.Tensor, zeros: torch.Tensor, bias: torch.Tensor | None = None,
-                         unit_offset: bool = False) -> torch.Tensor:
-    """int4_linear(rms_norm(x, norm_weight, eps, unit_offset), qweight, scales, zeros, bias)."""
-    return _int4_prologue_linear("rms_norm", x, qweight, scales, zeros, bias, None, norm_weight, eps, unit_offset)[0]
-
-
-@int4_rms_norm_linear.register_fake
-def _(x, norm_weight, eps, qweight, scales, zeros, bias=None, unit_offset=False):
-    return x.new_empty((*x.shape[:-1], qweight.shape[1]))
-
-
-@torch.library.custom_op("graphllm::int4_add_rms_norm_linear", mutates_args=())
-def int4_add_rms_norm_linear(x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
-                             qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                             bias: torch.Tensor | None = None,
-                             unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = x + residual; (int4_linear(rms_norm(h, norm_weight, eps, unit_offset), qweight, ...), h) as new tensors."""
-    return _int4_prologue_linear("add_rms_norm", x, qweight, scales, zeros, bias, residual, norm_weight, eps,
-                                 unit_offset)
-
-
-@int4_add_rms_norm_linear.register_fake
-def _(x, residual, norm_weight, eps, qweight, scales, zeros, bias=None, unit_offset=False):
-    return x.new_empty((*x.shape[:-1], qweight.shape[1])), x.new_empty(x.shape)
-
-
-@torch.library.custom_op("graphllm::int4_silu_and_mul_linear", mutates_args=())
-def int4_silu_and_mul_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                             bias: torch.Tensor | None = None) -> torch.Tensor:
-    """int4_linear(silu_and_mul(x), qweight, scales, zeros, bias) for x: [..., 2K]."""
-    return _int4_prologue_linear("silu_mul", x, qweight, scales, zeros, bias)[0]
-
-
-@int4_silu_and_mul_linear.register_fake
-def _(x, qweight, scales, zeros, bias=None):
-    return x.new_empty((*x.shape[:-1], qweight.shape[1]))
-
-
-@torch.library.custom_op("graphllm::int4_gelu_tanh_and_mul_linear", mutates_args=())
-def int4_gelu_tanh_and_mul_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    """int4_linear(gelu_tanh_and_mul(x), qweight, scales, zeros, bias) for x: [..., 2K] (Gemma)."""
-    return _int4_prologue_linear("gelu_mul", x, qweight, scales, zeros, bias)[0]
-
-
-@int4_gelu_tanh_and_mul_linear.register_fake
-def _(x, qweight, scales, zeros, bias=None):
-    return x.new_empty((*x.shape[:-1], qweight.shape[1]))

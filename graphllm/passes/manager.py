@@ -82,7 +82,7 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
               (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.fuse_rope_attention, FuseRopeAttention),
               (config.skinny_linear, SkinnyLinear),
               (config.skinny_linear and config.linear_prologue,
-               lambda: LinearPrologue(fp8=config.fp8_linear_prologue, int4=config.int4_linear_prologue)),
+               lambda: LinearPrologue(fp8=config.fp8_linear_prologue)),
               (config.skinny_linear and config.linear_prologue and config.shared_norm_prologue, SharedNormPrologue),
               (config.skinny_linear and config.fuse_moe_router, FuseMoeRouter),
               (config.skinny_linear and config.linear_epilogue, LinearEpilogue),

@@ -260,20 +260,12 @@ def pdl_variants():
                   "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32"}
     yield int4_matmul._int4_gemv_kernel, int4_types, dict(
         HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, EVEN_N=True, NUM_STAGES=1, PREFETCH=True, PDL=True,
-        GROUP_SHIFT=7), {"num_stages": 1, **pdl}  # g128: the group by a shift (the prologue builds below divide)
+        GROUP_SHIFT=7), {"num_stages": 1, **pdl}  # g128: the group by a shift
     # ... and with packed float16 arithmetic (F16: word rows in pairs, its PTX), in 2 and 4 column parts
     for block_n, parts in ((128, 2), (256, 4)):
         yield int4_matmul._int4_gemv_kernel, int4_types, dict(
             HAS_BIAS=False, BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=16, EVEN_N=True, NUM_STAGES=1, PREFETCH=False,
             PDL=True, F16=1, PARTS=parts, GROUP_SHIFT=7), {"num_stages": 1, **pdl}
-    # ... with a prologue (int4_prologue_matmul: --int4-linear-prologue): add + RMSNorm on both paths, SwiGLU on F16's
-    pro_types = dict(int4_types, res_ptr="*bf16", norm_w_ptr="*bf16", new_res_ptr="*bf16", eps="fp32")
-    for prologue, f16, parts, prefetch in (("add_rms_norm", 0, 2, True), ("add_rms_norm", 1, 4, False),
-                                           ("silu_mul", 1, 4, False), ("rms_norm", 0, 2, False)):
-        yield int4_matmul._int4_gemv_kernel, pro_types, dict(
-            HAS_BIAS=False, BLOCK_N=64 * parts, BLOCK_K=128, SPLIT_K=8, EVEN_N=True, NUM_STAGES=1, PREFETCH=prefetch,
-            PDL=True, F16=f16, PARTS=parts, PROLOGUE=skinny_matmul.PROLOGUES[prologue], NORM_BLOCK=1024), \
-            {"num_stages": 1, **pdl}
     types = {"x_ptr": "*bf16", "res_ptr": "*bf16", "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "w_ptr": "*bf16",
              "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     tile = dict(UNIT_OFFSET=False, HAS_BIAS=False, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, EVEN_N=True, EVEN_K=True,

@@ -23,10 +23,6 @@ Before and after, for the three shapes a decoder layer has:
 
 (GeGLU's graphllm.gelu_tanh_and_mul the same, into graphllm.gelu_tanh_and_mul_linear.)
 
-With int4=True (CompileConfig.int4_linear_prologue) they fold into graphllm.int4_linear too, into
-int4_add_rms_norm_linear, int4_rms_norm_linear and int4_silu_and_mul_linear / int4_gelu_tanh_and_mul_linear,
-whose arguments after their own are int4_linear's (qweight, scales, zeros, bias).
-
 With fp8=True (CompileConfig.fp8_linear_prologue) the same three shapes fold into graphllm.fp8_linear too,
 into fp8_add_rms_norm_linear, fp8_rms_norm_linear and fp8_silu_and_mul_linear / fp8_gelu_tanh_and_mul_linear
 (graphllm/ops/quantized_linear.py), whose arguments after their own are the fp8 linear's (weight, weight_scale,
@@ -58,9 +54,9 @@ def _call(node, target) -> bool:
 
 def _linear_operands(node: fx.Node) -> tuple[fx.Node, tuple]:
     """(x, the arguments a fused op appends after its own): (weight,) or (weight, bias) for graphllm.linear,
-    (weight, weight_scale, input_scale, bias) for fp8_linear, (qweight, scales, zeros, bias) for int4_linear."""
+    (weight, weight_scale, input_scale, bias) for fp8_linear."""
     x, *params = node.args
-    if node.target in (ops.fp8_linear.default, ops.int4_linear.default):
+    if node.target == ops.fp8_linear.default:
         return x, tuple(params) + (None,) * (4 - len(params))
     return x, tuple(params[:1] if len(params) < 2 or params[1] is None else params[:2])
 
@@ -116,8 +112,6 @@ FUSED = {
                          ops.silu_and_mul_linear.default, ops.gelu_tanh_and_mul_linear.default),
     ops.fp8_linear.default: (ops.fp8_add_rms_norm_linear.default, ops.fp8_rms_norm_linear.default,
                              ops.fp8_silu_and_mul_linear.default, ops.fp8_gelu_tanh_and_mul_linear.default),
-    ops.int4_linear.default: (ops.int4_add_rms_norm_linear.default, ops.int4_rms_norm_linear.default,
-                              ops.int4_silu_and_mul_linear.default, ops.int4_gelu_tanh_and_mul_linear.default),
 }
 
 
@@ -126,25 +120,24 @@ class LinearPrologue(GraphPass):
     fp8_linear (CompileConfig.fp8_linear_prologue), before quantize_fp8_activations splits what is left, so
     that at one row the fp8 kernel computes the norm or activation, its row scale and the float8 operand
     itself (fp8_matmul.fp8_prologue_matmul) instead of Inductor's norm + quantize kernel and silu_and_mul_fp8.
-    int4=True: also into int4_linear (CompileConfig.int4_linear_prologue): at one row the int4 GEMV computes its
-    operand (int4_matmul.int4_prologue_matmul) instead of the norm's and SwiGLU's own kernels."""
+    (int4_linear had the same from s40 to s42, int4=True, version 5: removed, its GEMV loop 1.4-5.5x as long.)"""
 
     name = "linear_prologue"
-    version = 5  # 2: norms with unit_offset (Gemma's) fold too; 3: GeGLU; 4: fp8_linear (fp8=True); 5: int4_linear
+    version = 6  # 2: norms with unit_offset (Gemma's) fold too; 3: GeGLU; 4: fp8_linear (fp8=True); 5: int4_linear
+    # (int4=True); 6: int4 removed
 
     devices = ("cuda",)
 
-    def __init__(self, fp8: bool = False, int4: bool = False):
-        self.fp8, self.int4 = fp8, int4
+    def __init__(self, fp8: bool = False):
+        self.fp8 = fp8
 
     def uuid(self) -> str:
-        return source_uuid(type(self).__module__, f"{self.name}:{self.version}:fp8={self.fp8}:int4={self.int4}")
+        return source_uuid(type(self).__module__, f"{self.name}:{self.version}:fp8={self.fp8}")
 
     def apply(self, graph: StepGraph) -> dict[str, int]:
         counts = {"add_rms_norm": 0, "rms_norm": 0, "silu_and_mul": 0, "gelu_tanh_and_mul": 0}
         g = graph.graph
-        targets = ((ops.linear.default,) + ((ops.fp8_linear.default,) if self.fp8 else ())
-                   + ((ops.int4_linear.default,) if self.int4 else ()))
+        targets = (ops.linear.default, ops.fp8_linear.default) if self.fp8 else (ops.linear.default,)
         for lin in [n for n in g.nodes if n.op == "call_function" and n.target in targets]:
             add_norm, norm, silu, gelu = FUSED[lin.target]
             if _fold_add_rms_norm(g, lin, add_norm):
