@@ -145,28 +145,30 @@ def int4_candidates(m: int) -> list[dict]:
     sweep's best) always runs. Past 16 rows only the default (the op routes those rows to dequantize + cuBLAS)."""
     if m > 16:
         return []
-    if m == 1:  # the GEMV kernel first (the budget may run out), then the previous one-row tiles
+    if m == 1:  # the GEMV kernel's paths, new levers first (the budget may run out); 48 candidates a shape, so that
+        # they compile inside the precompile half of a 240 s budget (s42 trimmed the 2026-11-28 tiles that never
+        # won and ROW_SUM, the previous one-row tile, which the GEMV beat at every shape)
         out = []
+        # the words asked of the L2 2 or 4 steps ahead (L2_AHEAD: prefetch.global.L2, no registers; under PDL the first
+        # steps before the wait), on CONFIGS' one-row tile with and without its register prefetch, and on F16's
+        out += configs({"BLOCK_M": 1, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "GEMV": True, "num_stages": 1},
+                       L2_AHEAD=(2, 4), PREFETCH=(False, True), SPLIT_K=(4, 8, 16))
+        out += configs({"BLOCK_M": 1, "BLOCK_N": 256, "BLOCK_K": 128, "num_warps": 4, "GEMV": True, "F16": 4,
+                        "num_stages": 1}, L2_AHEAD=(2, 4), SPLIT_K=(4, 8, 16))
         # packed float16 arithmetic (F16: word rows in pairs, 2 or 4 column parts; s39, unmeasured): offline sm_90
-        # SASS 3.0 instructions a weight at 256 x 128 in 4 parts (72 registers), 3.6 at 128 x 128 in 2 (48),
-        # against the GEMV's 4.3 (80)
-        for bn, bk, w, parts, stages in [(256, 128, 4, 4, (1, 2)), (128, 128, 4, 2, (1,)), (512, 128, 8, 4, (1,)),
-                                         (256, 128, 4, 2, (1,))]:  # 2 stages: the loads as cp.async (offline build)
-            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "GEMV": True, "F16": parts},
+        # SASS 2.83 instructions a weight at 256 x 128 in 4 parts against the float32 GEMV's 3.99 (s41, hinted)
+        for bn, parts, stages in [(256, 4, (1, 2)), (128, 2, (1,))]:  # 2 stages: the loads as cp.async
+            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "GEMV": True, "F16": parts},
                            num_stages=stages, SPLIT_K=(4, 8, 16))
-        # the second sweep's winners (2026-11-28): 128 x 128 tiles of 4 warps, unpipelined, 4..16 splits, and
-        # lm_head's 512 x 64 with 3 stages (kept in CONFIGS: the default always runs); PREFETCH loads the next step
-        # into registers before this step's arithmetic
-        for bn, bk, w in [(128, 128, 4), (128, 128, 2), (256, 64, 4), (256, 128, 4), (512, 64, 4), (128, 64, 2)]:
+        # the second sweep's winners (2026-11-28): 128 x 128 tiles of 4 warps (2 for down), unpipelined, 4..16
+        # splits; PREFETCH loads the next step into registers before this step's arithmetic
+        for bn, bk, w in [(128, 128, 4), (128, 128, 2), (256, 64, 4)]:
             out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "GEMV": True, "num_stages": 1},
                            PREFETCH=(True, False), SPLIT_K=(4, 8, 16))
-        # the words as cp.async into shared memory, 2-3 steps ahead (num_stages > 1: LDGSTS in the offline sm_90 build,
-        # 4.2-4.3 instructions a weight against 4.0; last swept before GROUP_SHIFT and EVEN_N, s17, and lost then)
-        out += configs({"BLOCK_M": 1, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "GEMV": True},
-                       num_stages=(2, 3), SPLIT_K=(4, 8, 16))
-        for bn, bk, w, s, splits in [(256, 64, 4, 6, (4, 8)), (128, 64, 4, 6, (4, 8)), (128, 128, 4, 4, (4, 8))]:
-            out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "num_stages": s,
-                            "ROW_SUM": True}, SPLIT_K=splits)
+        # the words as cp.async into shared memory 2 steps ahead (LDGSTS in the offline sm_90 build, 4.19
+        # instructions a weight against 3.99; pipelined GEMVs last lost in s17, before GROUP_SHIFT and EVEN_N)
+        out += configs({"BLOCK_M": 1, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "GEMV": True, "num_stages": 2},
+                       SPLIT_K=(4, 8, 16))
         return out
     out = []
     # more programs per SM first: the ncu counters of 2026-11-29 (ncu-quant) read 11-21% of the warp slots
@@ -340,7 +342,9 @@ def config_text(config: dict | None) -> str:
     c = config
     text = f"{c.get('BLOCK_M', '?')}x{c['BLOCK_N']}x{c['BLOCK_K']}/{c.get('SPLIT_K', 1)}"
     text += f" w{c['num_warps']}s{c['num_stages']}"
-    flags = [name for key, name in (("SWAP_AB", "swap"), ("FUSE_QUANT", "fuse"), ("ROW_SUM", "rowsum")) if c.get(key)]
+    flags = [name for key, name in (("SWAP_AB", "swap"), ("FUSE_QUANT", "fuse"), ("ROW_SUM", "rowsum"),
+                                    ("GEMV", "gemv"), ("PREFETCH", "prefetch")) if c.get(key)]
+    flags += [f"{name}{c[key]}" for key, name in (("F16", "f16x"), ("L2_AHEAD", "l2+"), ("PAIRS", "pairs")) if c.get(key)]
     return " ".join([text, *flags] + ([f"g{c['GROUP_M']}"] if "GROUP_M" in c else []))
 
 
