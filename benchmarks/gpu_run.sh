@@ -86,7 +86,8 @@
 #              best configs written into int4_matmul.CONFIGS on the device's copy (apply_sweep_configs.py), so
 #              that later stages of the same call (qlat-int4) run them; qsweep-pairs  the same at 1, 4 and 16 rows
 #              with the nibble-pair dot tiles first; qsweep-int4-16  the same at 16 rows (batch 16's bucket);
-#              qtests-int4  the int4 kernel tests (and the engine's int4 agreement); ncu-quant  hardware
+#              qtests-int4  the int4 kernel tests (and the engine's int4 agreement); qtests-gemv  the one-row GEMV's
+#              (F16, L2_AHEAD, the 8B shapes) and the agreement alone; ncu-quant  hardware
 #              counters (stall reasons, DRAM and issue use) of the int4 and fp8 kernels at the 8B shapes
 #   ncu-attention  hardware counters of the decode attention kernel, bf16 and fp8 caches (ncu_attention.py)
 #   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests;
@@ -448,6 +449,10 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         python3 benchmarks/ncu_attention.py table "$OUT/r/ncu-attention.csv" | tee "$OUT/r/ncu-attention.txt" ;;
     qtests-int4) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py \
+        "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" 2>&1 \
+        | grep -E "FAILED|ERROR|Error|agreement|passed|failed|^E " | tail -40 ;;
+    qtests-gemv) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_int4_matmul.py -k "f16 or llama_8b or tile_paths or groups_of_any or agreement" \
         "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" 2>&1 \
         | grep -E "FAILED|ERROR|Error|agreement|passed|failed|^E " | tail -40 ;;
     qsweep-fp8q1) timeout 240 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$tag.json" 150 fp8q 1 \

@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("triton")
 
 from graphllm.kernels.int4_matmul import (  # noqa: E402
-    default_config, gemv, int4_linear_reference, int4_matmul, weight_rounds)
+    default_config, gemv, gemv_f16, int4_linear_reference, int4_matmul, weight_rounds)
 from graphllm.kernels.quant_layout import dequantize_int4, quantize_int4_weight  # noqa: E402
 from graphllm.kernels.skinny_matmul import split_k_counters  # noqa: E402
 from tests.kernels.conftest import DEVICE, LOW_DTYPE, gpu_only, randn  # noqa: E402
@@ -30,9 +30,14 @@ def check(m: int, n: int, k: int, group_size: int, dtype: torch.dtype, bias: boo
 
 
 def check_with(x, packed, b, config=None, w=None) -> bool:
-    """Checks int4_matmul(x, *packed, b, config); w: the dequantized weight if at hand. Whether it rounded W."""
+    """Checks int4_matmul(x, *packed, b, config); w: the dequantized weight if at hand. Whether it rounded W. A
+    config (or default) on the GEMV's packed float16 path takes check_f16's bound."""
     (m, k), n, dtype = x.shape, packed[0].shape[1], x.dtype
     group_size = k // packed[1].shape[0]
+    chosen = config or default_config(m, n, k, DEVICE)
+    if gemv(m, k, group_size, chosen) and gemv_f16(x, chosen):
+        check_f16(x, packed, b, config)
+        return False
     got = int4_matmul(x, *packed, b, config)
     w = dequantize_int4(*packed) if w is None else w  # float32 [N, K], exact
     rounds = weight_rounds(m, k, group_size, config or default_config(m, n, k, DEVICE))
@@ -178,7 +183,7 @@ def test_gemv_f16_every_nibble_magnitudes_and_zero_pairs():
         qweight |= (q[:, j::8].t().to(torch.int32) & 0xF) << (4 * j)
     zeros = torch.tensor([0.0, 15.0, 8.0, 3.0]).repeat(n, 1).t().contiguous()
     scales = (2.0 ** torch.linspace(-8, -2, n * k // group_size)).reshape(k // group_size, n)
-    x = randn((1, k), torch.float32, seed=11) * (2.0 ** torch.linspace(-10, 6, k // 16)).repeat_interleave(16)
+    x = randn((1, k), torch.float32, seed=11).cpu() * (2.0 ** torch.linspace(-10, 6, k // 16)).repeat_interleave(16)
     x[0, 32:48] = 0.0  # a pair of word rows of zeros
     x[0, 64:80] = 0.0
     x[0, 70] = 3.0  # a pair with one nonzero value
