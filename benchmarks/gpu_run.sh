@@ -87,7 +87,7 @@
 #              that later stages of the same call (qlat-int4) run them; qsweep-pairs  the same at 1, 4 and 16 rows
 #              with the nibble-pair dot tiles first; qsweep-int4-16  the same at 16 rows (batch 16's bucket);
 #              qtests-int4  the int4 kernel tests (and the engine's int4 agreement); qtests-gemv  the one-row GEMV's
-#              (F16, L2_AHEAD, the 8B shapes) and the agreement alone; ncu-quant  hardware
+#              (F16, the 8B shapes) and the agreement alone; ncu-quant  hardware
 #              counters (stall reasons, DRAM and issue use) of the int4 and fp8 kernels at the 8B shapes
 #   ncu-attention  hardware counters of the decode attention kernel, bf16 and fp8 caches (ncu_attention.py)
 #   qtests     the quantized-matmul kernel tests, the quantization pass tests and the quantized GPU tests;

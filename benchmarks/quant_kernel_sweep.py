@@ -145,18 +145,12 @@ def int4_candidates(m: int) -> list[dict]:
     sweep's best) always runs. Past 16 rows only the default (the op routes those rows to dequantize + cuBLAS)."""
     if m > 16:
         return []
-    if m == 1:  # the GEMV kernel's paths, new levers first (the budget may run out); 48 candidates a shape, so that
-        # they compile inside the precompile half of a 240 s budget (s42 trimmed the 2026-11-28 tiles that never
-        # won and ROW_SUM, the previous one-row tile, which the GEMV beat at every shape)
+    if m == 1:  # the GEMV kernel's paths: 27 candidates a shape (s42 dropped the tiles that never won since
+        # 2026-11-28, ROW_SUM, the previous one-row tile, and what s42's H100 sweep measured slower at every shape:
+        # the words asked of the L2 2-4 steps ahead, 7-20% slower, and the float32 GEMV's words as cp.async, 5-14%)
         out = []
-        # the words asked of the L2 2 or 4 steps ahead (L2_AHEAD: prefetch.global.L2, no registers; under PDL the first
-        # steps before the wait), on CONFIGS' one-row tile with and without its register prefetch, and on F16's
-        out += configs({"BLOCK_M": 1, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "GEMV": True, "num_stages": 1},
-                       L2_AHEAD=(2, 4), PREFETCH=(False, True), SPLIT_K=(4, 8, 16))
-        out += configs({"BLOCK_M": 1, "BLOCK_N": 256, "BLOCK_K": 128, "num_warps": 4, "GEMV": True, "F16": 4,
-                        "num_stages": 1}, L2_AHEAD=(2, 4), SPLIT_K=(4, 8, 16))
-        # packed float16 arithmetic (F16: word rows in pairs, 2 or 4 column parts; s39, unmeasured): offline sm_90
-        # SASS 2.83 instructions a weight at 256 x 128 in 4 parts against the float32 GEMV's 3.99 (s41, hinted)
+        # packed float16 arithmetic (F16: word rows in pairs, 2 or 4 column parts): s42's H100 sweep took it for
+        # gate_up (2 parts, 4% faster) and lm_head (4 parts, 2 stages, 3.5%), and the float32 GEMV elsewhere
         for bn, parts, stages in [(256, 4, (1, 2)), (128, 2, (1,))]:  # 2 stages: the loads as cp.async
             out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "GEMV": True, "F16": parts},
                            num_stages=stages, SPLIT_K=(4, 8, 16))
@@ -165,10 +159,6 @@ def int4_candidates(m: int) -> list[dict]:
         for bn, bk, w in [(128, 128, 4), (128, 128, 2), (256, 64, 4)]:
             out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "GEMV": True, "num_stages": 1},
                            PREFETCH=(True, False), SPLIT_K=(4, 8, 16))
-        # the words as cp.async into shared memory 2 steps ahead (LDGSTS in the offline sm_90 build, 4.19
-        # instructions a weight against 3.99; pipelined GEMVs last lost in s17, before GROUP_SHIFT and EVEN_N)
-        out += configs({"BLOCK_M": 1, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "GEMV": True, "num_stages": 2},
-                       SPLIT_K=(4, 8, 16))
         return out
     out = []
     # more programs per SM first: the ncu counters of 2026-11-29 (ncu-quant) read 11-21% of the warp slots
@@ -344,7 +334,7 @@ def config_text(config: dict | None) -> str:
     text += f" w{c['num_warps']}s{c['num_stages']}"
     flags = [name for key, name in (("SWAP_AB", "swap"), ("FUSE_QUANT", "fuse"), ("ROW_SUM", "rowsum"),
                                     ("GEMV", "gemv"), ("PREFETCH", "prefetch")) if c.get(key)]
-    flags += [f"{name}{c[key]}" for key, name in (("F16", "f16x"), ("L2_AHEAD", "l2+"), ("PAIRS", "pairs")) if c.get(key)]
+    flags += [f"{name}{c[key]}" for key, name in (("F16", "f16x"), ("PAIRS", "pairs")) if c.get(key)]
     return " ".join([text, *flags] + ([f"g{c['GROUP_M']}"] if "GROUP_M" in c else []))
 
 

@@ -28,7 +28,8 @@ The K loop names its num_stages (tl.range): Triton software-pipelines a loop who
 when told, and the one-row path streamed at ~1 TB/s without it (run 12 against the sweep before: 1.1-1.6x
 faster per shape with it and ROW_SUM).
 
-One row in packed float16 (_int4_gemv_kernel with config F16, opt-in until a GPU sweep measures it): word rows
+One row in packed float16 (_int4_gemv_kernel with config F16; s42's H100 sweep took it for gate_up and the
+int4 lm_head, 3.5-4% faster there, and the float32 GEMV for the narrower shapes): word rows
 in pairs, each pair's 16 x values scaled by one power of two into [-2, 2) and packed as float16 pairs; per word one
 shift and four LOP3 with 0x6400 make four float16 pairs 1024 + q (or 1024 + 16 q), two subtractions and two
 multiply-adds make q - 8 exactly, and four packed multiply-adds sum x' (q - 8) (_word_pair_dot16); the zero point
@@ -62,7 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
-from graphllm.kernels.gdc import dependent_start, prefetch_l2
+from graphllm.kernels.gdc import dependent_start
 from graphllm.kernels.int8_matmul import (MAX_ROWS, dot_precision, m_bucket, plan_launch, sm_count, tile_ids,
                                           tile_shape)
 from graphllm.kernels.launch import pdl_launch
@@ -70,7 +71,8 @@ from graphllm.kernels.quant_layout import INT4_PACK, check_int4_shape, int4_line
 from graphllm.kernels.skinny_matmul import finish_tile
 
 # (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25 (4 and 16 rows:
-# the nibble-pair sweep of the twelfth session, qsweep-pairs; one row: the third GEMV sweep of 2026-11-28, qsweep-int4)
+# the nibble-pair sweep of the twelfth session, qsweep-pairs); one row: the GEMV sweep of 2026-12-08 on an H100
+# (qsweep-int4, s42: packed float16 for gate_up and lm_head, the float32 GEMV elsewhere)
 # (Llama-3-8B shapes, G = 128), up to 16 rows (past that graphllm.int4_linear dequantizes for cuBLAS)
 CONFIGS: dict[tuple[int, int, int], dict] = {
     (1, 4096, 4096): {'BLOCK_M': 1, 'BLOCK_N': 128, 'BLOCK_K': 128, 'num_warps': 4, 'GEMV': True, 'num_stages': 1, 'PREFETCH': False, 'SPLIT_K': 16},
@@ -506,20 +508,11 @@ def _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs, mask, x, acc, 
 
 
 @triton.jit
-def _word_lines(qw_ptr, row0, ROWS: tl.constexpr, last_row, pid_n, N, BLOCK_N: tl.constexpr):
-    """One address per 128-byte line (32 words) of word rows row0 + [0, ROWS) of this program's BLOCK_N columns,
-    rows past last_row reading last_row again and columns past N column N - 1: [ROWS, lines], never out of bounds."""
-    columns = tl.minimum(pid_n * BLOCK_N + 32 * tl.arange(0, BLOCK_N // 32 if BLOCK_N >= 32 else 1), N - 1)
-    rows = tl.minimum(row0 + tl.arange(0, ROWS), last_row)
-    return qw_ptr + rows.to(tl.int64)[:, None] * N + columns[None, :]
-
-
-@triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr, N, K, K_SPLIT, G, one,
                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                       EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
                       PDL: tl.constexpr = False, F16: tl.constexpr = 0, PARTS: tl.constexpr = 2,
-                      GROUP_SHIFT: tl.constexpr = -1, L2_AHEAD: tl.constexpr = 0):
+                      GROUP_SHIFT: tl.constexpr = -1):
     """One row (GEMV), K steps inside one group (G % BLOCK_K == 0): y = x @ W^T at about four instructions per
     weight in the sm_90 SASS (the multiply-add tile above: about ten), so that it can stream the weight rather
     than wait on the issue slots. Per word, _gemv_word_terms: five shifts put each of its 8 nibbles at bits
@@ -529,11 +522,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
     s z sum_j x_j: the offsets taken away are of q's own size (at most 16x), a few bits of float32, not
     the 23 that 2^23 + q would cost. Each program's columns come as two halves that share every x value a
     thread loads and converts. PREFETCH loads the next step's operands into registers before this step's
-    arithmetic (the last step of a split loads K's last step again, unused, instead of masking). L2_AHEAD = D > 0
-    (GPU only: inline PTX) asks the L2 for the words D steps ahead of each step (prefetch.global.L2: no registers,
-    no wait), and for the first D steps before the loop (under PDL before the wait, while the kernel before runs):
-    more bytes in flight than the registers or the cp.async stages hold (s17's counters: the one-row GEMVs waited on
-    their loads at 20-45% of the DRAM's peak)."""
+    arithmetic (the last step of a split loads K's last step again, unused, instead of masking)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     HALF: tl.constexpr = BLOCK_N // 2
@@ -544,12 +533,10 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
     b_mask = offs_b < N
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
-    last_row = (k_hi >> 3) - 1  # this split's last word row
-    AHEAD_ROWS: tl.constexpr = L2_AHEAD * BLOCK_K // 8 if L2_AHEAD > 0 else BLOCK_K // 8
-    if PDL:  # programmatic dependent launch (launch.py), prefetching this program's first K step(s) of words
-        dependent_start(_word_lines(qw_ptr, k_lo >> 3, AHEAD_ROWS, last_row, pid_n, N, BLOCK_N))
-    elif L2_AHEAD > 0:
-        prefetch_l2(_word_lines(qw_ptr, k_lo >> 3, AHEAD_ROWS, last_row, pid_n, N, BLOCK_N))
+    if PDL:  # programmatic dependent launch (launch.py), prefetching this program's first K step of words (a
+        # 128-byte line is 32 columns of a word row; rows past N read column N - 1 again)
+        columns = tl.minimum(pid_n * BLOCK_N + 32 * tl.arange(0, BLOCK_N // 32 if BLOCK_N >= 32 else 1), N - 1)
+        dependent_start(qw_ptr + (k_lo // 8 + offs_r).to(tl.int64)[:, None] * N + columns[None, :])
     if F16:  # word rows in pairs, the columns in PARTS parts that share every x value a thread converts
         PART: tl.constexpr = BLOCK_N // PARTS
         offs_0 = pid_n * BLOCK_N + tl.arange(0, PART)
@@ -559,8 +546,6 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         acc_2 = tl.zeros([BLOCK_K // 16, PART], dtype=tl.float32)
         acc_3 = tl.zeros([BLOCK_K // 16, PART], dtype=tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-            if L2_AHEAD > 0:
-                prefetch_l2(_word_lines(qw_ptr, (k0 >> 3) + AHEAD_ROWS, BLOCK_K // 8, last_row, pid_n, N, BLOCK_N))
             even = (k0 >> 3) + 2 * offs_p
             g = _group_of(k0, G, GROUP_SHIFT) * N
             x = _gemv16_x(x_ptr, even, F16)
@@ -583,8 +568,6 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         step = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k_lo, G, N, offs_a, offs_r, a_mask, b_mask,
                                 HALF, EVEN_N, GROUP_SHIFT)
         for k0 in range(k_lo, k_hi, BLOCK_K):
-            if L2_AHEAD > 0:
-                prefetch_l2(_word_lines(qw_ptr, (k0 >> 3) + AHEAD_ROWS, BLOCK_K // 8, last_row, pid_n, N, BLOCK_N))
             # after a split's last step: a step that exists (K's last), loaded and not used, instead of masks
             k_next = tl.minimum(k0 + BLOCK_K, K - BLOCK_K)
             following = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k_next, G, N, offs_a, offs_r,
@@ -595,8 +578,6 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         acc_a = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
         acc_b = tl.zeros([BLOCK_K // 8, HALF], dtype=tl.float32)
         for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):
-            if L2_AHEAD > 0:
-                prefetch_l2(_word_lines(qw_ptr, (k0 >> 3) + AHEAD_ROWS, BLOCK_K // 8, last_row, pid_n, N, BLOCK_N))
             step = _gemv_step_loads(qw_ptr, x_ptr, scales_ptr, zeros_ptr, k0, G, N, offs_a, offs_r, a_mask,
                                     b_mask, HALF, EVEN_N, GROUP_SHIFT)
             acc_a, acc_b = _gemv_step(step, acc_a, acc_b, one)
@@ -717,5 +698,5 @@ def _launch_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         GROUP_SHIFT=group_shift(group_size),
         NUM_STAGES=config["num_stages"], PREFETCH=config.get("PREFETCH", False), num_warps=config["num_warps"],
         num_stages=config["num_stages"], F16=gemv_f16(x, config), PARTS=gemv_parts(config),
-        L2_AHEAD=config.get("L2_AHEAD", 0) if x.is_cuda else 0, **pdl_launch(x.device))
+        **pdl_launch(x.device))
 

@@ -261,10 +261,6 @@ def pdl_variants():
     yield int4_matmul._int4_gemv_kernel, int4_types, dict(
         HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, EVEN_N=True, NUM_STAGES=1, PREFETCH=True, PDL=True,
         GROUP_SHIFT=7), {"num_stages": 1, **pdl}  # g128: the group by a shift
-    # ... with its words asked of the L2 4 steps ahead (L2_AHEAD: prefetch.global.L2), the first before PDL's wait
-    yield int4_matmul._int4_gemv_kernel, int4_types, dict(
-        HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, EVEN_N=True, NUM_STAGES=1, PREFETCH=False, PDL=True,
-        GROUP_SHIFT=7, L2_AHEAD=4), {"num_stages": 1, **pdl}
     # ... and with packed float16 arithmetic (F16: word rows in pairs, its PTX), in 2 and 4 column parts
     for block_n, parts in ((128, 2), (256, 4)):
         yield int4_matmul._int4_gemv_kernel, int4_types, dict(

@@ -73,9 +73,6 @@ def tiles(**overrides) -> dict:
     (1, 32, tiles(BLOCK_M=1, BLOCK_K=64, GEMV=True), False),  # steps across groups: the multiply-add tile
     (1, 64, tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, PREFETCH=True, SPLIT_K=2), False),  # next step loaded first
     (1, 128, tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=64, GEMV=True, PREFETCH=True), False),
-    # the words asked of the L2 two steps ahead (a hint: the same product; a GPU sends it, the interpreter does not)
-    (1, 64, tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=2, L2_AHEAD=2), False),
-    (1, 64, tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, PREFETCH=True, L2_AHEAD=2), False),
     (1, 64, tiles(BLOCK_M=16, SPLIT_K=2), True),  # one row in a 16-row dot tile, steps across groups
     (4, 128, tiles(BLOCK_M=16, SPLIT_K=2), False),  # steps inside groups: scale after the dot, exact
     (4, 32, tiles(BLOCK_M=16, BLOCK_K=16), False),  # dot tiles take K steps of at least 32: one group each
@@ -218,10 +215,9 @@ def test_llama_8b_shapes(n, k):
     w = dequantize_int4(*packed)
     for m in (1, 2, 8, 16, 64, 256):
         check_with(randn((m, k), torch.bfloat16, m), packed, None, w=w)
-    for bn, stages, split, prefetch, ahead in [(256, 1, 8, False, 0), (512, 3, 4, False, 0), (128, 1, 16, True, 0),
-                                               (128, 1, 4, False, 4), (128, 2, 16, True, 2)]:  # the GEMV kernel
+    for bn, stages, split, prefetch in [(256, 1, 8, False), (512, 3, 4, False), (128, 1, 16, True)]:  # the GEMV kernel
         gemv_config = {"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "num_stages": stages,
-                       "SPLIT_K": split, "GEMV": True, "PREFETCH": prefetch, "L2_AHEAD": ahead}
+                       "SPLIT_K": split, "GEMV": True, "PREFETCH": prefetch}
         check_with(randn((1, k), torch.bfloat16, 7), packed, None, gemv_config, w=w)
         check_f16(randn((1, k), torch.bfloat16, 8), packed, None, dict(gemv_config, F16=True))  # its PTX
         check_f16(randn((1, k), torch.bfloat16, 9), packed, None, dict(gemv_config, F16=4))
