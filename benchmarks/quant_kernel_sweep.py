@@ -154,8 +154,8 @@ def int4_candidates(m: int) -> list[dict]:
         for bn, parts, stages in [(256, 4, (1, 2)), (128, 2, (1,))]:  # 2 stages: the loads as cp.async
             out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": 128, "num_warps": 4, "GEMV": True, "F16": parts},
                            num_stages=stages, SPLIT_K=(4, 8, 16))
-        # the second sweep's winners (2026-11-28): 128 x 128 tiles of 4 or 2 warps (qkv's 2 since s42), unpipelined, 4..16
-        # splits; PREFETCH loads the next step into registers before this step's arithmetic
+        # the second sweep's winners (2026-11-28): 128 x 128 tiles of 4 or 2 warps (qkv's 2 since s42), unpipelined,
+        # 4..16 splits; PREFETCH loads the next step into registers before this step's arithmetic
         for bn, bk, w in [(128, 128, 4), (128, 128, 2), (256, 64, 4)]:
             out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "GEMV": True, "num_stages": 1},
                            PREFETCH=(True, False), SPLIT_K=(4, 8, 16))
