@@ -145,7 +145,7 @@ def int4_candidates(m: int) -> list[dict]:
     sweep's best) always runs. Past 16 rows only the default (the op routes those rows to dequantize + cuBLAS)."""
     if m > 16:
         return []
-    if m == 1:  # the GEMV kernel's paths: 27 candidates a shape (s42 dropped the tiles that never won since
+    if m == 1:  # the GEMV kernel's paths: 31 candidates a shape (s42 dropped the tiles that never won since
         # 2026-11-28, ROW_SUM, the previous one-row tile, and what s42's H100 sweep measured slower at every shape:
         # the words asked of the L2 2-4 steps ahead, 7-20% slower, and the float32 GEMV's words as cp.async, 5-14%)
         out = []
@@ -159,6 +159,10 @@ def int4_candidates(m: int) -> list[dict]:
         for bn, bk, w in [(128, 128, 4), (128, 128, 2), (256, 64, 4)]:
             out += configs({"BLOCK_M": 1, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": w, "GEMV": True, "num_stages": 1},
                            PREFETCH=(True, False), SPLIT_K=(4, 8, 16))
+        # 64-column tiles for the narrow shapes (qkv and o_proj stream at 36-46% of copy on s42's H100, a fixed cost a
+        # launch): twice the column tiles at half the K splits, half the split-K partials to write and sum
+        out += configs({"BLOCK_M": 1, "BLOCK_N": 64, "BLOCK_K": 128, "GEMV": True, "num_stages": 1},
+                       num_warps=(2, 4), SPLIT_K=(4, 8))
         return out
     out = []
     # more programs per SM first: the ncu counters of 2026-11-29 (ncu-quant) read 11-21% of the warp slots
