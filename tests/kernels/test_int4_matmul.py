@@ -40,7 +40,7 @@ def check_with(x, packed, b, config=None, w=None) -> bool:
         return False
     got = int4_matmul(x, *packed, b, config)
     w = dequantize_int4(*packed) if w is None else w  # float32 [N, K], exact
-    rounds = weight_rounds(m, k, group_size, config or default_config(m, n, k, DEVICE))
+    rounds = weight_rounds(m, k, group_size, chosen)
     if rounds:  # the kernel's weight: W rounded once to x's dtype
         w_rounded = w.to(dtype).float()
         want = (x.float() @ w_rounded.t() + (0 if b is None else b.float())).to(dtype)
