@@ -452,7 +452,7 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" 2>&1 \
         | grep -E "FAILED|ERROR|Error|agreement|passed|failed|^E " | tail -40 ;;
     qtests-gemv) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
-        tests/kernels/test_int4_matmul.py -k "f16 or llama_8b or tile_paths or groups_of_any or agreement" \
+        tests/kernels/test_int4_matmul.py -k "f16 or llama_8b or tile_paths or groups_of_any or epilogue or agreement" \
         "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" 2>&1 \
         | grep -E "FAILED|ERROR|Error|agreement|passed|failed|^E " | tail -40 ;;
     qsweep-fp8q1) timeout 240 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$tag.json" 150 fp8q 1 \

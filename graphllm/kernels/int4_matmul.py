@@ -512,7 +512,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                       EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
                       PDL: tl.constexpr = False, F16: tl.constexpr = 0, PARTS: tl.constexpr = 2,
-                      GROUP_SHIFT: tl.constexpr = -1):
+                      GROUP_SHIFT: tl.constexpr = -1, EPILOGUE: tl.constexpr = 0):
     """One row (GEMV), K steps inside one group (G % BLOCK_K == 0): y = x @ W^T at about four instructions per
     weight in the sm_90 SASS (the multiply-add tile above: about ten), so that it can stream the weight rather
     than wait on the issue slots. Per word, _gemv_word_terms: five shifts put each of its 8 nibbles at bits
@@ -522,7 +522,9 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
     s z sum_j x_j: the offsets taken away are of q's own size (at most 16x), a few bits of float32, not
     the 23 that 2^23 + q would cost. Each program's columns come as two halves that share every x value a
     thread loads and converts. PREFETCH loads the next step's operands into registers before this step's
-    arithmetic (the last step of a split loads K's last step again, unused, instead of masking)."""
+    arithmetic (the last step of a split loads K's last step again, unused, instead of masking). EPILOGUE (1 silu,
+    2 tanh GELU): the columns are an interleaved gate_up's (gate j, up j) pairs, and the program that stores a tile
+    stores act(gate) * up, half as many columns (finish_tile)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     HALF: tl.constexpr = BLOCK_N // 2
@@ -586,7 +588,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
     offs_m = tl.arange(0, 1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, offs_m < 1, offs_n < N,
-                N, 0, HAS_BIAS, 1, BLOCK_N, SPLIT_K)
+                N, 0, HAS_BIAS, 1, BLOCK_N, SPLIT_K, EPILOGUE=EPILOGUE)
 
 
 def group_shift(group_size: int) -> int:
@@ -651,11 +653,14 @@ def weight_rounds(m: int, k: int, group_size: int, config: dict) -> bool:
 
 
 def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+                bias: torch.Tensor | None = None, config: dict | None = None, epilogue: int = 0) -> torch.Tensor:
     """int4_linear_reference(x, qweight, scales, zeros, bias) for x: [M, K] (last-dim stride 1), qweight:
     int32 [K/8, N], scales and zeros: [K/G, N] (all contiguous), bias: [N] or None -> a new contiguous
     [M, N] in x's dtype. config: default_config's keys (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB, GROUP_M,
-    num_warps, num_stages); dot tiles (BLOCK_M > 1) take BLOCK_K >= DOT_MIN_BLOCK_K."""
+    num_warps, num_stages); dot tiles (BLOCK_M > 1) take BLOCK_K >= DOT_MIN_BLOCK_K. epilogue (1 silu, 2 tanh
+    GELU; only where fuses_activation): the columns are an interleaved gate_up's (gate j, up j) pairs
+    (skinny_matmul.interleave_gate_up along N) and the result is act(gate) * up, [M, N / 2], as silu_and_mul
+    rounds it."""
     m, k = x.shape
     n = qweight.shape[1]
     group_size = k // scales.shape[0]
@@ -663,14 +668,15 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     assert qweight.dtype == torch.int32 and qweight.shape == (k // INT4_PACK, n) and x.stride(-1) == 1
     assert scales.shape == zeros.shape == (k // group_size, n)
     assert qweight.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous()
-    out = x.new_empty((m, n))
+    out = x.new_empty((m, n // 2 if epilogue else n))
     if m == 0:
         return out
     config = config or default_config(m, n, k, x.device)
     plan = plan_launch(m, n, k, config, x.device, DOT_MIN_BLOCK_K)
     if gemv(m, k, group_size, config):
-        _launch_gemv(x, qweight, scales, zeros, bias, out, config, plan, group_size)
+        _launch_gemv(x, qweight, scales, zeros, bias, out, config, plan, group_size, epilogue)
         return out
+    assert not epilogue, "int4_matmul's activation epilogue needs the one-row GEMV (fuses_activation)"
     _int4_matmul_kernel[plan.grid](
         x, qweight, scales, zeros, scales if bias is None else bias, out,
         out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
@@ -686,8 +692,16 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     return out
 
 
+def fuses_activation(m: int, n: int, k: int, group_size: int, device: torch.device) -> bool:
+    """Whether int4_matmul takes epilogue for these rows and shape ([N, K] with N the interleaved gate_up's
+    width): where the default config runs the one-row GEMV and its column tiles hold whole pairs."""
+    config = default_config(m, n, k, device)
+    return n % 2 == 0 and config["BLOCK_N"] % 2 == 0 and gemv(m, k, group_size, config)
+
+
 def _launch_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 bias: torch.Tensor | None, out: torch.Tensor, config: dict, plan, group_size: int) -> None:
+                 bias: torch.Tensor | None, out: torch.Tensor, config: dict, plan, group_size: int,
+                 epilogue: int = 0) -> None:
     """_int4_gemv_kernel over one row."""
     k, n = qweight.shape[0] * INT4_PACK, qweight.shape[1]
     _int4_gemv_kernel[plan.grid](
@@ -697,6 +711,6 @@ def _launch_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, EVEN_N=n % config["BLOCK_N"] == 0,
         GROUP_SHIFT=group_shift(group_size),
         NUM_STAGES=config["num_stages"], PREFETCH=config.get("PREFETCH", False), num_warps=config["num_warps"],
-        num_stages=config["num_stages"], F16=gemv_f16(x, config), PARTS=gemv_parts(config),
+        num_stages=config["num_stages"], F16=gemv_f16(x, config), PARTS=gemv_parts(config), EPILOGUE=epilogue,
         **pdl_launch(x.device))
 

@@ -190,14 +190,16 @@ def _sumsq_rstd(sumsq_ptr, offs_m, m_mask, K, eps, GROUPS: tl.constexpr):
 @triton.jit
 def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
                 stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-                res_ptr=None, sumsq_ptr=None, stride_rm=0, SUMSQ: tl.constexpr = False):
+                res_ptr=None, sumsq_ptr=None, stride_rm=0, SUMSQ: tl.constexpr = False, EPILOGUE: tl.constexpr = 0):
     """Stores out + bias ([BLOCK_M, BLOCK_N] float32, this program's product) in out_ptr's dtype; with
     SPLIT_K > 1 out is one K split's partial, and the program of column tile pid_n that arrives last sums
     all splits' partials in split order (the deterministic scheme of the module docstring). Shared with the
     quantized siblings (fp8_matmul, int8_matmul, int4_matmul), whose tiles hold offs_m < BLOCK_M when split;
     m_mask says which of those rows are real (the partials of the others are neither stored nor read).
     SUMSQ: the program that stores the tile also stores its rows' sums of squares with res_ptr's residual
-    added (_store_row_sumsq)."""
+    added (_store_row_sumsq). EPILOGUE (1 silu, 2 tanh GELU; not with SUMSQ): the tile's columns are (gate j, up j)
+    pairs of an interleave_gate_up weight, N of them, and the program that stores it stores act(gate) * up, the
+    BLOCK_N // 2 columns pid_n * BLOCK_N // 2 + ... of an [M, N // 2] out (_store_act_and_mul)."""
     if SPLIT_K > 1:
         # Partial [SPLIT_K, BLOCK_M, N] float32; the last program of this column tile to arrive sums them. Only
         # the M real rows travel (a 16-row tile at one row would write and read 16x the partial bytes).
@@ -213,8 +215,11 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
                                mask=mn_mask, other=0.0, cache_modifier=".cg")
             if HAS_BIAS:
                 out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
-                     mask=m_mask[:, None] & n_mask[None, :])
+            if EPILOGUE != 0:
+                _store_act_and_mul(out, out_ptr, pid_n, offs_m, m_mask, N, stride_om, BLOCK_M, BLOCK_N, EPILOGUE)
+            else:
+                tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
+                         mask=m_mask[:, None] & n_mask[None, :])
             if SUMSQ:
                 _store_row_sumsq(out.to(out_ptr.dtype.element_ty), res_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask,
                                  n_mask, N, stride_rm, BLOCK_M, BLOCK_N)
@@ -222,11 +227,27 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
     else:
         if HAS_BIAS:
             out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & n_mask[None, :])
+        if EPILOGUE != 0:
+            _store_act_and_mul(out, out_ptr, pid_n, offs_m, m_mask, N, stride_om, BLOCK_M, BLOCK_N, EPILOGUE)
+        else:
+            tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
+                     mask=m_mask[:, None] & n_mask[None, :])
         if SUMSQ:
             _store_row_sumsq(out.to(out_ptr.dtype.element_ty), res_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask,
                              n_mask, N, stride_rm, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _store_act_and_mul(out, out_ptr, pid_n, offs_m, m_mask, N, stride_om, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       EPILOGUE: tl.constexpr):
+    """finish_tile's EPILOGUE: out [BLOCK_M, BLOCK_N] (bias added) holds column pairs (gate j, up j); stores
+    act(gate) * up (_act_and_mul's roundings) to columns pid_n * BLOCK_N // 2 + ... of out_ptr's N // 2."""
+    gate, up = tl.split(tl.reshape(out, [BLOCK_M, BLOCK_N // 2, 2]))
+    offs_o = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    o_mask = offs_o < N // 2
+    act = _act_and_mul(gate, up, out_ptr, offs_o, o_mask, N, out_ptr.dtype.element_ty, False, EPILOGUE)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_o[None, :], act.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & o_mask[None, :])
 
 
 @triton.jit

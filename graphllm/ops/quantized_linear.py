@@ -7,6 +7,9 @@
                                                                       the static input_scale
     graphllm.int8_linear(x, weight, weight_scale, bias)               weight-only int8, per channel
     graphllm.int4_linear(x, qweight, scales, zeros, bias)             weight-only int4, per group
+    graphllm.int4_linear_act_and_mul(x, qweight, scales, zeros, bias, gelu, interleaved)
+                                                                      SwiGLU / GeGLU of int4_linear's
+                                                                      halves or column pairs (linear_epilogue)
 
 and fp8_linear of a norm's or activation's output, one launch at one row (the linear_prologue pass with
 CompileConfig.fp8_linear_prologue; other rows run the two ops): graphllm.fp8_rms_norm_linear,
@@ -241,6 +244,30 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
 @int4_linear.register_fake
 def _(x, qweight, scales, zeros, bias=None):
     return x.new_empty((*x.shape[:-1], qweight.shape[1]))
+
+
+@torch.library.custom_op("graphllm::int4_linear_act_and_mul", mutates_args=())
+def int4_linear_act_and_mul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                            bias: torch.Tensor | None = None, gelu: bool = False,
+                            interleaved: bool = False) -> torch.Tensor:
+    """act(y[..., :N]) * y[..., N:] with y = int4_linear(x, qweight, scales, zeros, bias) of width 2N (act silu,
+    or with gelu tanh-approximated GELU); interleaved: act(y[..., 0::2]) * y[..., 1::2], the weight's columns an
+    interleave_gate_up of [gate; up] (the linear_epilogue pass's layout) -> a new [..., N]. On CUDA at one row
+    where the GEMV takes the shape (int4_matmul.fuses_activation) one launch computes it; elsewhere the two ops."""
+    from graphllm.ops.linear import _act_and_mul
+    rows = _rows(x)
+    n, k = qweight.shape[1], rows.shape[1]
+    if interleaved and _on_kernel(x) and rows.shape[0] == 1:
+        from graphllm.kernels import int4_matmul as kernel
+        if kernel.fuses_activation(1, n, k, k // scales.shape[0], x.device):
+            out = kernel.int4_matmul(rows, qweight, scales, zeros, bias, epilogue=2 if gelu else 1)
+            return out.view(*x.shape[:-1], n // 2)
+    return _act_and_mul(int4_linear(x, qweight, scales, zeros, bias), gelu, interleaved)
+
+
+@int4_linear_act_and_mul.register_fake
+def _(x, qweight, scales, zeros, bias=None, gelu=False, interleaved=False):
+    return x.new_empty((*x.shape[:-1], qweight.shape[1] // 2))
 
 
 def kernel_route(scheme: str, rows: int, n: int, k: int, device: torch.device) -> str:

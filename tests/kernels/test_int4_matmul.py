@@ -222,3 +222,43 @@ def test_llama_8b_shapes(n, k):
         check_f16(randn((1, k), torch.bfloat16, 8), packed, None, dict(gemv_config, F16=True))  # its PTX
         check_f16(randn((1, k), torch.bfloat16, 9), packed, None, dict(gemv_config, F16=4))
     assert split_k_counters(DEVICE).count_nonzero() == 0
+
+
+def act_of_pairs(y: torch.Tensor, gelu: bool) -> torch.Tensor:
+    """silu_and_mul (gelu: GeGLU) over y's column pairs (gate j, up j), in y's dtype: the unfused ops."""
+    from graphllm.kernels.reference import reference_gelu_tanh_and_mul, reference_silu_and_mul
+    pairs = torch.cat((y[:, 0::2], y[:, 1::2]), dim=1)
+    return (reference_gelu_tanh_and_mul if gelu else reference_silu_and_mul)(pairs.cpu()).to(y.device)
+
+
+@pytest.mark.parametrize("gelu", (False, True))
+@pytest.mark.parametrize("dtype", (torch.float32, LOW_DTYPE))
+@pytest.mark.parametrize("config", [tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=3),  # the last split's program
+                                    tiles(BLOCK_M=1, BLOCK_K=64, GEMV=True, PREFETCH=True),  # no split
+                                    tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=32, GEMV=True, F16=4, SPLIT_K=2)])
+def test_gemv_activation_epilogue(config, dtype, gelu):
+    """epilogue: the GEMV over an interleaved gate_up stores act(gate) * up, as the product (same config) and then
+    silu_and_mul over its column pairs would; N = 80 pairs' columns (ragged tiles), with bias."""
+    x, packed, b = int4_case(1, 80, 384, 64, dtype, True, seed=5)
+    plain = int4_matmul(x, *packed, b, config)
+    got = int4_matmul(x, *packed, b, config, epilogue=2 if gelu else 1)
+    assert got.shape == (1, 40)
+    torch.testing.assert_close(got, act_of_pairs(plain, gelu), rtol=2 * UNIT[dtype], atol=1e-6)
+    assert split_k_counters(DEVICE).count_nonzero() == 0
+
+
+@gpu_only
+def test_llama_8b_gate_up_activation_epilogue():
+    """The 8B gate_up (28672 x 4096) at one row on its default config (packed float16 since s42) and on the
+    float32 GEMV: the epilogue equals the product followed by silu_and_mul over its pairs."""
+    from graphllm.kernels.int4_matmul import fuses_activation
+    n, k = 28672, 4096
+    packed = quantize_int4_weight((gpu_randn((n, k)) / k ** 0.5).to(torch.bfloat16), 128)
+    assert fuses_activation(1, n, k, 128, DEVICE)
+    x = randn((1, k), torch.bfloat16, 11)
+    for config in (None, {"BLOCK_M": 1, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 1,
+                          "SPLIT_K": 8, "GEMV": True}):
+        plain = int4_matmul(x, *packed, None, config)
+        got = int4_matmul(x, *packed, None, config, epilogue=1)
+        torch.testing.assert_close(got, act_of_pairs(plain, False), rtol=2 * UNIT[torch.bfloat16], atol=1e-6)
+    assert split_k_counters(DEVICE).count_nonzero() == 0

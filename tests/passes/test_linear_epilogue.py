@@ -127,3 +127,54 @@ def test_the_switch_is_in_the_pass_list_and_its_uuid():
     names = [p.name for p in on.passes]
     assert names.index("linear_prologue") < names.index("linear_epilogue")
     assert on.uuid() != off.uuid()
+
+
+@pytest.mark.parametrize("arch", ("llama", "gemma2"))  # gemma2: GeGLU
+def test_int4_gate_up_takes_the_activation(arch):
+    """An int4 graph (no int4 prologue: the activation is its own op after gate_up): each layer's gate_up becomes
+    int4_linear_act_and_mul over qweight, scales and zeros with their columns interleaved; same function."""
+    from graphllm.passes.fusion.fuse_add_rmsnorm import FuseAddRMSNorm
+    from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
+    from graphllm.passes.fusion.fuse_qkv import FuseQKV
+    from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
+    from graphllm.passes.lowering.skinny_linear import SkinnyLinear
+    from graphllm.passes.quantization.quantize_int4 import QuantizeInt4
+    from tests.passes.harness import tiny_step_graph
+    before, config = tiny_step_graph(arch)
+    for p in (QuantizeInt4(group_size=32), FuseQKV(), FuseGateUp(), FuseSiluMul(), FuseAddRMSNorm(), SkinnyLinear(),
+              LinearPrologue()):
+        p(before)
+    after = copy_graph(before)
+    layers = config.num_hidden_layers
+    assert LinearEpilogue()(after) == {"add_rms_norm": 0, "none": layers}
+    DeadCodeElimination()(after)
+    found = targets(after)
+    assert found.count(ops.int4_linear_act_and_mul.default) == layers
+    assert found.count(ops.int4_linear.default) == 3 * layers  # qkv, o_proj, down
+    assert ops.silu_and_mul.default not in found and ops.gelu_tanh_and_mul.default not in found
+    from graphllm.ir.graph import attr_tensor
+    for node in [n for n in after.graph.nodes if n.target == ops.int4_linear_act_and_mul.default]:
+        assert node.args[-2] is (arch == "gemma2") and node.args[-1] is True
+        for new in node.args[1:4]:
+            t, t0 = attr_tensor(after.gm, new), before.weights[new.target.removesuffix("_interleaved")]
+            n = t0.shape[1] // 2
+            assert torch.equal(t[:, 0::2], t0[:, :n]) and torch.equal(t[:, 1::2], t0[:, n:])
+            assert new.target.removesuffix("_interleaved") not in after.weights
+    assert_same_function(before, after, config, seeds=(1, 2), atol=0.0)
+
+
+def test_int4_op_equals_its_parts_off_the_kernel_path():
+    """CPU: int4_linear_act_and_mul is int4_linear, then the activation over halves or (interleaved) column pairs."""
+    from graphllm.kernels.quant_layout import quantize_int4_weight
+    from graphllm.kernels.skinny_matmul import interleave_gate_up
+    from graphllm.ops.quantized_linear import int4_linear, int4_linear_act_and_mul
+    gen = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(2, 3, 64, generator=gen), torch.randn(48, 64, generator=gen), torch.randn(48, generator=gen)
+    packed = quantize_int4_weight(w, 32)
+    y = int4_linear(x, *packed, b)
+    assert torch.equal(int4_linear_act_and_mul(x, *packed, b), reference_silu_and_mul(y))
+    assert torch.equal(int4_linear_act_and_mul(x, *packed, None, True),
+                       reference_gelu_tanh_and_mul(int4_linear(x, *packed)))
+    inter = [interleave_gate_up(t.t()).t().contiguous() for t in packed]
+    assert torch.equal(int4_linear_act_and_mul(x, *inter, interleave_gate_up(b), False, True),
+                       reference_silu_and_mul(y))

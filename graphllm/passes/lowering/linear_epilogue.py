@@ -25,9 +25,15 @@ no silu_and_mul kernel runs between the two matmuls. Before and after, for the s
     act = graphllm.silu_and_mul.default(graphllm.linear.default(y, w_gate_up))   # linear_prologue off
 ->  act = graphllm.linear_act_and_mul.default(y, w_gate_up_interleaved, None, False, True)
 
-GeGLU (gelu_tanh_and_mul, Gemma) the same with gelu=True; a norm's unit_offset and the linears' biases go
-along. Only a gate_up output that nothing else reads is folded. A weight or bias that is not a get_attr of this
-linear alone (shared, or a graph input) is left in place and the op reads its halves (interleaved=False: each
+    act = graphllm.silu_and_mul.default(graphllm.int4_linear.default(y, qw, s, z, b))   # int4 (no int4 prologue)
+->  act = graphllm.int4_linear_act_and_mul.default(y, qw_interleaved, s_interleaved, z_interleaved, b_interleaved,
+                                                   False, True)
+
+(int4: qweight, scales and zeros interleaved along their columns, N; at one row the int4 GEMV's split-K finish
+computes the activation, graphllm/kernels/int4_matmul.py.) GeGLU (gelu_tanh_and_mul, Gemma) the same with
+gelu=True; a norm's unit_offset and the linears' biases go along. Only a gate_up output that nothing else reads is
+folded. A weight or bias that is not a get_attr of this linear alone (shared, or a graph input) is left in place
+(an int4 gate_up then stays as it was) and the op reads its halves (interleaved=False: each
 program two half tiles, one from each half; s26 measured that 0.7-1.4% slower than no epilogue at batch 8 and 1).
 The ops decide per call (graphllm/ops/linear.py): one launch at one row and where the plain product runs
 skinny_matmul, the ops one after another elsewhere (the product over the interleaved weight, then silu_and_mul's
@@ -40,6 +46,7 @@ import torch
 from torch import fx
 
 import graphllm.ops.linear  # noqa: F401  (registers the ops)
+import graphllm.ops.quantized_linear  # noqa: F401  (and int4_linear_act_and_mul)
 import graphllm.ops.silu_and_mul  # noqa: F401
 from graphllm.ir.graph import StepGraph, attr_tensor, new_node
 from graphllm.passes.base import GraphPass
@@ -94,7 +101,37 @@ def _fold_norm_gate_up(graph: StepGraph, gate_up: fx.Node, gelu: bool, where: fx
     return act
 
 
+def _interleaved_int4(graph: StepGraph, operands: list, like: fx.Node) -> list | None:
+    """int4_linear's (qweight, scales, zeros[, bias]) with gate_up's columns interleaved (the packed tensors along
+    their last dim, N): new get_attr nodes placed before `like`; None where any is not a get_attr of this linear
+    alone."""
+    if not all(isinstance(p, fx.Node) and p.op == "get_attr" and len(p.users) == 1 for p in operands):
+        return None
+    from graphllm.kernels.skinny_matmul import interleave_gate_up  # Triton: imported where a graph needs it
+
+    def columns(t: torch.Tensor) -> torch.Tensor:
+        return interleave_gate_up(t) if t.dim() == 1 else interleave_gate_up(t.t()).t().contiguous()
+    return [graph.add_weight(f"{p.target}_interleaved", columns(attr_tensor(graph.gm, p)), like) for p in operands]
+
+
+def _fold_int4_gate_up(graph: StepGraph, gate_up: fx.Node, gelu: bool, where: fx.Node) -> fx.Node | None:
+    """act(int4_linear(y, qweight, scales, zeros[, bias])) -> int4_linear_act_and_mul over interleaved columns;
+    None where the operands are shared (the op then would read its halves: not worth a pass)."""
+    y, *rest = gate_up.args
+    bias = rest[3] if len(rest) > 3 else None
+    operands = rest[:3] + ([bias] if bias is not None else [])
+    new = _interleaved_int4(graph, operands, where)
+    if new is None:
+        return None
+    qweight, scales, zeros, *b = new
+    with graph.graph.inserting_before(where):
+        return new_node(graph.graph, ops.int4_linear_act_and_mul.default,
+                        (y, qweight, scales, zeros, b[0] if b else None, gelu, True), gate_up)
+
+
 def _fold_plain_gate_up(graph: StepGraph, gate_up: fx.Node, gelu: bool, where: fx.Node) -> fx.Node | None:
+    if _call(gate_up, ops.int4_linear.default):
+        return _fold_int4_gate_up(graph, gate_up, gelu, where)
     if not _call(gate_up, ops.linear.default):
         return None
     y, *rest = gate_up.args
@@ -110,7 +147,7 @@ class LinearEpilogue(GraphPass):
     """Fold SwiGLU / GeGLU into the gate_up linear that feeds it; counts the folds by the prologue gate_up has."""
 
     name = "linear_epilogue"
-    version = 2  # 2: gate_up's rows interleaved
+    version = 3  # 2: gate_up's rows interleaved; 3: int4_linear's gate_up too
 
     devices = ("cuda",)
 
