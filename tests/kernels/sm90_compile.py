@@ -266,6 +266,11 @@ def pdl_variants():
         yield int4_matmul._int4_gemv_kernel, int4_types, dict(
             HAS_BIAS=False, BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=16, EVEN_N=True, NUM_STAGES=1, PREFETCH=False,
             PDL=True, F16=1, PARTS=parts, GROUP_SHIFT=7), {"num_stages": 1, **pdl}
+    # ... and gate_up's with SwiGLU in its split-K finish (linear_epilogue over int4), packed float16 and float32
+    for f16 in (1, 0):
+        yield int4_matmul._int4_gemv_kernel, int4_types, dict(
+            HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, EVEN_N=True, NUM_STAGES=1, PREFETCH=False,
+            PDL=True, F16=f16, PARTS=2, GROUP_SHIFT=7, EPILOGUE=1), {"num_stages": 1, **pdl}
     types = {"x_ptr": "*bf16", "res_ptr": "*bf16", "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "w_ptr": "*bf16",
              "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     tile = dict(UNIT_OFFSET=False, HAS_BIAS=False, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, EVEN_N=True, EVEN_K=True,
