@@ -46,6 +46,8 @@
 #   fusion-tests  the decode kernel tests, its rotary tests and the engines with it on (GPU rows)
 #   STAGE-noepi  any bench stage with --no-linear-epilogue (SwiGLU back in down's prologue / its own kernel: the
 #              A/B of linear_epilogue), e.g. latency1-triton-noepi, fam-phi-3-mini-noepi; combines with -nopdl after it
+#   STAGE-rs   any bench stage with --row-sumsq (int4: the norms between int4 linears split into the product before
+#              and the one after, no norm kernel at 1-16 rows; before -epi / -nopdl if combined), e.g. qlat-int4-epi-rs
 #   STAGE-snp  any bench stage with --shared-norm-prologue (a MoE layer's post-attention norm in the router's one-row
 #              launch, which stores it for the experts: the A/B against the stage without it), e.g. moe-lat-snp;
 #              snp-tests  its kernel tests and the Qwen3-MoE engine's one-row rows with and without it (and the
@@ -170,6 +172,7 @@ for tag in "$@"; do
   stage=$tag BENCH_EXTRA="" BENCH_TIMEOUT=0 XM=""  # tag names the outputs; stage picks the commands below
   case $stage in *-xm) stage=${stage%-xm} XM=1 ;; esac
   case $tag in *-nopdl) stage=${tag%-nopdl} BENCH_EXTRA="--no-enable-pdl" ;; esac
+  case $stage in *-rs) stage=${stage%-rs} BENCH_EXTRA="$BENCH_EXTRA --row-sumsq" ;; esac
   case $stage in *-noepi) stage=${stage%-noepi} BENCH_EXTRA="$BENCH_EXTRA --no-linear-epilogue" ;; esac
   case $stage in *-epi) stage=${stage%-epi} BENCH_EXTRA="$BENCH_EXTRA --linear-epilogue" ;; esac
   case $stage in *-snp) stage=${stage%-snp} BENCH_EXTRA="$BENCH_EXTRA --shared-norm-prologue" ;; esac
@@ -449,11 +452,11 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         python3 benchmarks/ncu_attention.py table "$OUT/r/ncu-attention.csv" | tee "$OUT/r/ncu-attention.txt" ;;
     qtests-int4) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py \
-        "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" 2>&1 \
+        "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" tests/gpu/test_quantized.py::test_int4_folds_keep_the_agreement 2>&1 \
         | grep -E "FAILED|ERROR|Error|agreement|passed|failed|^E " | tail -40 ;;
     qtests-gemv) timeout 300 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
-        tests/kernels/test_int4_matmul.py -k "f16 or llama_8b or tile_paths or groups_of_any or epilogue or agreement" \
-        "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" 2>&1 \
+        tests/kernels/test_int4_matmul.py -k "f16 or llama_8b or tile_paths or groups_of_any or epilogue or add_norm or rstd or agreement" \
+        "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" tests/gpu/test_quantized.py::test_int4_folds_keep_the_agreement 2>&1 \
         | grep -E "FAILED|ERROR|Error|agreement|passed|failed|^E " | tail -40 ;;
     qsweep-fp8q1) timeout 240 python3 benchmarks/quant_kernel_sweep.py "$OUT/r/$tag.json" 150 fp8q 1 \
         && python3 benchmarks/apply_sweep_configs.py "$OUT/r/$tag.json" fp8q \

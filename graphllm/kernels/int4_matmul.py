@@ -68,7 +68,7 @@ from graphllm.kernels.int8_matmul import (MAX_ROWS, dot_precision, m_bucket, pla
                                           tile_shape)
 from graphllm.kernels.launch import pdl_launch
 from graphllm.kernels.quant_layout import INT4_PACK, check_int4_shape, int4_linear_reference  # noqa: F401
-from graphllm.kernels.skinny_matmul import finish_tile
+from graphllm.kernels.skinny_matmul import SUMSQ_GROUP, _sumsq_rstd, finish_tile
 
 # (m_bucket, N, K) -> config: the best of benchmarks/quant_kernel_sweep.py on the H200, 2026-11-25 (4 and 16 rows:
 # the nibble-pair sweep of the twelfth session, qsweep-pairs); one row: the GEMV sweep of 2026-12-08 on an H100
@@ -188,12 +188,12 @@ def _pairs_tile(words, dtype: tl.constexpr):
 
 @triton.jit(do_not_specialize=["M"])  # every row count shares one compile per tile shape
 def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr,
-                        M, N, K, K_SPLIT, G, stride_xm, stride_om,
+                        M, N, K, K_SPLIT, G, stride_xm, stride_om, res_ptr, norm_w_ptr, h_ptr, sumsq_ptr, eps, stride_rm,
                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         SPLIT_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP_AB: tl.constexpr, EVEN_N: tl.constexpr,
                         EVEN_K: tl.constexpr, ONE_GROUP: tl.constexpr, PRECISION: tl.constexpr,
                         ROW_SUM: tl.constexpr, PAIRS: tl.constexpr, NUM_STAGES: tl.constexpr,
-                        GROUP_SHIFT: tl.constexpr = -1):
+                        GROUP_SHIFT: tl.constexpr = -1, NORM: tl.constexpr = 0, RSTD_GROUPS: tl.constexpr = 0):
     pid_m, pid_n = tile_ids(M, N, BLOCK_M, BLOCK_N, GROUP_M)
     pid_k = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -284,8 +284,11 @@ def _int4_matmul_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr,
         acc = tl.sum(tl.sum(acc, 1), 0)[None, :]  # [1, BLOCK_N]
     elif SWAP_AB:
         acc = tl.trans(acc)
+    if RSTD_GROUPS > 0:  # as _int4_gemv_kernel's
+        acc = acc * _sumsq_rstd(sumsq_ptr, offs_m, m_mask, K, eps, RSTD_GROUPS)
     finish_tile(acc, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
-                stride_om, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K)
+                stride_om, HAS_BIAS, BLOCK_M, BLOCK_N, SPLIT_K, res_ptr=res_ptr, sumsq_ptr=sumsq_ptr,
+                stride_rm=stride_rm, norm_w_ptr=norm_w_ptr, h_ptr=h_ptr, NORM=NORM)
 
 
 @triton.jit
@@ -509,10 +512,12 @@ def _gemv16_part(qw_ptr, scales_ptr, zeros_ptr, even, g, N, offs, mask, x, acc, 
 
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr, N, K, K_SPLIT, G, one,
+                      res_ptr, norm_w_ptr, h_ptr, sumsq_ptr, eps,
                       HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                       EVEN_N: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
                       PDL: tl.constexpr = False, F16: tl.constexpr = 0, PARTS: tl.constexpr = 2,
-                      GROUP_SHIFT: tl.constexpr = -1, EPILOGUE: tl.constexpr = 0):
+                      GROUP_SHIFT: tl.constexpr = -1, EPILOGUE: tl.constexpr = 0, NORM: tl.constexpr = 0,
+                      RSTD_GROUPS: tl.constexpr = 0):
     """One row (GEMV), K steps inside one group (G % BLOCK_K == 0): y = x @ W^T at about four instructions per
     weight in the sm_90 SASS (the multiply-add tile above: about ten), so that it can stream the weight rather
     than wait on the issue slots. Per word, _gemv_word_terms: five shifts put each of its 8 nibbles at bits
@@ -524,7 +529,10 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
     thread loads and converts. PREFETCH loads the next step's operands into registers before this step's
     arithmetic (the last step of a split loads K's last step again, unused, instead of masking). EPILOGUE (1 silu,
     2 tanh GELU): the columns are an interleaved gate_up's (gate j, up j) pairs, and the program that stores a tile
-    stores act(gate) * up, half as many columns (finish_tile)."""
+    stores act(gate) * up, half as many columns (finish_tile). NORM (1 w, 2 1 + w): the add_rms_norm after this
+    product as far as a tile goes (finish_tile: h = y + residual, h * w, h's sums of squares); RSTD_GROUPS (> 0, a
+    power of two >= K / 16): x is such an h * w, and the sums are scaled by the row's 1 / rms from sumsq_ptr's
+    K / 16 sums of squares before the split-K finish (the bias after it)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     HALF: tl.constexpr = BLOCK_N // 2
@@ -587,8 +595,11 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, p
         out = tl.reshape(tl.permute(tl.join(tl.sum(acc_a, 0), tl.sum(acc_b, 0)), (1, 0)), (1, BLOCK_N))
     offs_m = tl.arange(0, 1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if RSTD_GROUPS > 0:
+        out = out * _sumsq_rstd(sumsq_ptr, offs_m, offs_m < 1, K, eps, RSTD_GROUPS)
     finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, offs_m < 1, offs_n < N,
-                N, 0, HAS_BIAS, 1, BLOCK_N, SPLIT_K, EPILOGUE=EPILOGUE)
+                N, 0, HAS_BIAS, 1, BLOCK_N, SPLIT_K, res_ptr=res_ptr, sumsq_ptr=sumsq_ptr, EPILOGUE=EPILOGUE,
+                norm_w_ptr=norm_w_ptr, h_ptr=h_ptr, NORM=NORM)
 
 
 def group_shift(group_size: int) -> int:
@@ -653,14 +664,33 @@ def weight_rounds(m: int, k: int, group_size: int, config: dict) -> bool:
 
 
 def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                bias: torch.Tensor | None = None, config: dict | None = None, epilogue: int = 0) -> torch.Tensor:
+                bias: torch.Tensor | None = None, config: dict | None = None, epilogue: int = 0,
+                rstd: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """int4_linear_reference(x, qweight, scales, zeros, bias) for x: [M, K] (last-dim stride 1), qweight:
     int32 [K/8, N], scales and zeros: [K/G, N] (all contiguous), bias: [N] or None -> a new contiguous
     [M, N] in x's dtype. config: default_config's keys (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, SWAP_AB, GROUP_M,
     num_warps, num_stages); dot tiles (BLOCK_M > 1) take BLOCK_K >= DOT_MIN_BLOCK_K. epilogue (1 silu, 2 tanh
     GELU; only where fuses_activation): the columns are an interleaved gate_up's (gate j, up j) pairs
     (skinny_matmul.interleave_gate_up along N) and the result is act(gate) * up, [M, N / 2], as silu_and_mul
-    rounds it."""
+    rounds it. rstd (sumsq [M, K/16] float32, eps; M <= 16): x is h * w of an RMSNorm whose rows' sums of squares
+    sumsq holds (int4_matmul_add_norm's), and each row's sums are scaled by 1 / sqrt(mean(h^2) + eps) before the
+    bias: the product of the norm's output, with x's rounding before the 1 / rms rather than after."""
+    return _int4_launch(x, qweight, scales, zeros, bias, config, epilogue, None, rstd)[0]
+
+
+def int4_matmul_add_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                         bias: torch.Tensor | None, residual: torch.Tensor, norm_weight: torch.Tensor,
+                         unit_offset: bool = False, config: dict | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int4_matmul and the add_rms_norm after it as far as a column tile goes, M <= 16, one launch: y (rounded as the
+    linear's output), h = y + residual (rounded as the norm's add: the new residual), xn = h * norm_weight (1 +
+    norm_weight with unit_offset, in float32, rounded to x's dtype) and sumsq [M, N/16] float32, h's sums of
+    squares over 16 columns. Returns (xn, h, sumsq): int4_matmul(xn, ..., rstd=(sumsq, eps)) is the next linear."""
+    out, h, sumsq = _int4_launch(x, qweight, scales, zeros, bias, config, 0, (residual, norm_weight, unit_offset), None)
+    return out, h, sumsq
+
+
+def _int4_launch(x, qweight, scales, zeros, bias, config, epilogue, norm, rstd):
     m, k = x.shape
     n = qweight.shape[1]
     group_size = k // scales.shape[0]
@@ -669,27 +699,42 @@ def int4_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     assert scales.shape == zeros.shape == (k // group_size, n)
     assert qweight.is_contiguous() and scales.is_contiguous() and zeros.is_contiguous()
     out = x.new_empty((m, n // 2 if epilogue else n))
+    h = sumsq = None
+    if norm is not None:
+        residual, norm_weight, unit_offset = norm
+        assert residual.shape == (m, n) and residual.stride(-1) == 1 and norm_weight.shape == (n,)
+        assert n % SUMSQ_GROUP == 0 and not epilogue
+        h = torch.empty_like(out)
+        sumsq = torch.empty((m, n // SUMSQ_GROUP), dtype=torch.float32, device=x.device)
+    if rstd is not None:
+        assert k % SUMSQ_GROUP == 0 and rstd[0].shape == (m, k // SUMSQ_GROUP) and rstd[0].dtype == torch.float32
     if m == 0:
-        return out
+        return out, h, sumsq
     config = config or default_config(m, n, k, x.device)
     plan = plan_launch(m, n, k, config, x.device, DOT_MIN_BLOCK_K)
+    fold = dict(NORM=0 if norm is None else 2 if norm[2] else 1,
+                RSTD_GROUPS=0 if rstd is None else triton.next_power_of_2(k // SUMSQ_GROUP))
+    res, norm_w = (out, out) if norm is None else norm[:2]
+    sums, eps = (sumsq if sumsq is not None else out, 0.0) if rstd is None else rstd
+    folds = (res, norm_w, out if h is None else h, sums, eps)
     if gemv(m, k, group_size, config):
-        _launch_gemv(x, qweight, scales, zeros, bias, out, config, plan, group_size, epilogue)
-        return out
+        _launch_gemv(x, qweight, scales, zeros, bias, out, config, plan, group_size, epilogue, folds, fold)
+        return out, h, sumsq
     assert not epilogue, "int4_matmul's activation epilogue needs the one-row GEMV (fuses_activation)"
+    assert (norm is None and rstd is None) or plan.block_m <= MAX_ROWS, "the norm fold: rows in one dot tile"
     _int4_matmul_kernel[plan.grid](
         x, qweight, scales, zeros, scales if bias is None else bias, out,
         out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
-        m, n, k, plan.k_split, group_size, x.stride(0), out.stride(0),
+        m, n, k, plan.k_split, group_size, x.stride(0), out.stride(0), *folds, res.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=plan.block_m, BLOCK_N=config["BLOCK_N"], BLOCK_K=plan.block_k,
         SPLIT_K=plan.split_k, GROUP_M=config.get("GROUP_M", 8), SWAP_AB=config.get("SWAP_AB", False),
         EVEN_N=n % config["BLOCK_N"] == 0, EVEN_K=plan.k_split * plan.split_k == k,
         ONE_GROUP=group_size % plan.block_k == 0,
         PRECISION=dot_precision(x.dtype), ROW_SUM=config.get("ROW_SUM", False),
         PAIRS=pairs(m, k, group_size, x.dtype, config), NUM_STAGES=config["num_stages"],
-        GROUP_SHIFT=group_shift(group_size),
+        GROUP_SHIFT=group_shift(group_size), **fold,
         num_warps=config["num_warps"], num_stages=config["num_stages"])
-    return out
+    return out, h, sumsq
 
 
 def fuses_activation(m: int, n: int, k: int, group_size: int, device: torch.device) -> bool:
@@ -701,16 +746,16 @@ def fuses_activation(m: int, n: int, k: int, group_size: int, device: torch.devi
 
 def _launch_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                  bias: torch.Tensor | None, out: torch.Tensor, config: dict, plan, group_size: int,
-                 epilogue: int = 0) -> None:
-    """_int4_gemv_kernel over one row."""
+                 epilogue: int, folds: tuple, fold: dict) -> None:
+    """_int4_gemv_kernel over one row; folds: (residual, norm weight, h, sumsq, eps), fold: NORM, RSTD_GROUPS."""
     k, n = qweight.shape[0] * INT4_PACK, qweight.shape[1]
     _int4_gemv_kernel[plan.grid](
         x, qweight, scales, zeros, scales if bias is None else bias, out,
         out if plan.partial is None else plan.partial, out if plan.counters is None else plan.counters,
-        n, k, plan.k_split, group_size, ONE_BITS, HAS_BIAS=bias is not None, BLOCK_N=config["BLOCK_N"],
+        n, k, plan.k_split, group_size, ONE_BITS, *folds, HAS_BIAS=bias is not None, BLOCK_N=config["BLOCK_N"],
         BLOCK_K=plan.block_k, SPLIT_K=plan.split_k, EVEN_N=n % config["BLOCK_N"] == 0,
         GROUP_SHIFT=group_shift(group_size),
         NUM_STAGES=config["num_stages"], PREFETCH=config.get("PREFETCH", False), num_warps=config["num_warps"],
         num_stages=config["num_stages"], F16=gemv_f16(x, config), PARTS=gemv_parts(config), EPILOGUE=epilogue,
-        **pdl_launch(x.device))
+        **fold, **pdl_launch(x.device))
 

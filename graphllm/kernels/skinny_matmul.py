@@ -171,10 +171,38 @@ def _store_row_sumsq(y, res_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask, n_mas
     mask = m_mask[:, None] & n_mask[None, :]
     res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)
     h = (y.to(tl.float32) + res.to(tl.float32)).to(y.dtype).to(tl.float32)
+    _store_sumsq(h, sumsq_ptr, pid_n, offs_m, m_mask, N, BLOCK_M, BLOCK_N)
+
+
+@triton.jit
+def _store_sumsq(h, sumsq_ptr, pid_n, offs_m, m_mask, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """sumsq[m, g] = sum of h^2 (h: [BLOCK_M, BLOCK_N] float32, column tile pid_n) over the 16 columns 16g ..
+    16g + 15, for the BLOCK_N / 16 groups of this tile; sumsq: [M, N // 16] float32."""
     groups = tl.sum(tl.reshape(h * h, (BLOCK_M, BLOCK_N // _GROUP, _GROUP)), 2)
     g = pid_n * (BLOCK_N // _GROUP) + tl.arange(0, BLOCK_N // _GROUP)
     G = N // _GROUP
     tl.store(sumsq_ptr + offs_m[:, None] * G + g[None, :], groups, mask=m_mask[:, None] & (g < G)[None, :])
+
+
+@triton.jit
+def _store_add_norm(out, out_ptr, h_ptr, res_ptr, norm_w_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask, n_mask, N,
+                    stride_om, stride_rm, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, NORM: tl.constexpr):
+    """finish_tile's NORM (1: the norm's weight w, 2: 1 + w, Gemma's): the add_rms_norm after this product, its
+    part that needs no other column tile. y = out rounded as the linear's output, h = y + residual rounded as the
+    norm's add (stored at h_ptr: the new residual), xn = h * w rounded to the dtype (at out_ptr: the next product's
+    operand before its row's 1 / rms, which the next product applies to its sums), and h's 16-column sums of
+    squares (_store_sumsq)."""
+    dtype = out_ptr.dtype.element_ty
+    mask = m_mask[:, None] & n_mask[None, :]
+    res = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0)
+    h = (out.to(dtype).to(tl.float32) + res.to(tl.float32)).to(dtype)
+    tl.store(h_ptr + offs_m[:, None] * stride_om + offs_n[None, :], h, mask=mask)
+    w = tl.load(norm_w_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if NORM == 2:
+        w = 1.0 + w
+    hf = h.to(tl.float32)
+    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], (hf * w).to(dtype), mask=mask)
+    _store_sumsq(hf, sumsq_ptr, pid_n, offs_m, m_mask, N, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
@@ -190,7 +218,8 @@ def _sumsq_rstd(sumsq_ptr, offs_m, m_mask, K, eps, GROUPS: tl.constexpr):
 @triton.jit
 def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, m_mask, n_mask, N,
                 stride_om, HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-                res_ptr=None, sumsq_ptr=None, stride_rm=0, SUMSQ: tl.constexpr = False, EPILOGUE: tl.constexpr = 0):
+                res_ptr=None, sumsq_ptr=None, stride_rm=0, SUMSQ: tl.constexpr = False, EPILOGUE: tl.constexpr = 0,
+                norm_w_ptr=None, h_ptr=None, NORM: tl.constexpr = 0):
     """Stores out + bias ([BLOCK_M, BLOCK_N] float32, this program's product) in out_ptr's dtype; with
     SPLIT_K > 1 out is one K split's partial, and the program of column tile pid_n that arrives last sums
     all splits' partials in split order (the deterministic scheme of the module docstring). Shared with the
@@ -199,7 +228,9 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
     SUMSQ: the program that stores the tile also stores its rows' sums of squares with res_ptr's residual
     added (_store_row_sumsq). EPILOGUE (1 silu, 2 tanh GELU; not with SUMSQ): the tile's columns are (gate j, up j)
     pairs of an interleave_gate_up weight, N of them, and the program that stores it stores act(gate) * up, the
-    BLOCK_N // 2 columns pid_n * BLOCK_N // 2 + ... of an [M, N // 2] out (_store_act_and_mul)."""
+    BLOCK_N // 2 columns pid_n * BLOCK_N // 2 + ... of an [M, N // 2] out (_store_act_and_mul). NORM (not with
+    SUMSQ or EPILOGUE): the add_rms_norm after this product, as far as one tile goes (_store_add_norm): h = out +
+    res_ptr's residual at h_ptr, h * norm_w_ptr's weight at out_ptr, h's sums of squares at sumsq_ptr."""
     if SPLIT_K > 1:
         # Partial [SPLIT_K, BLOCK_M, N] float32; the last program of this column tile to arrive sums them. Only
         # the M real rows travel (a 16-row tile at one row would write and read 16x the partial bytes).
@@ -217,6 +248,9 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
                 out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
             if EPILOGUE != 0:
                 _store_act_and_mul(out, out_ptr, pid_n, offs_m, m_mask, N, stride_om, BLOCK_M, BLOCK_N, EPILOGUE)
+            elif NORM != 0:
+                _store_add_norm(out, out_ptr, h_ptr, res_ptr, norm_w_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask,
+                                n_mask, N, stride_om, stride_rm, BLOCK_M, BLOCK_N, NORM)
             else:
                 tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
                          mask=m_mask[:, None] & n_mask[None, :])
@@ -229,6 +263,9 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
             out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
         if EPILOGUE != 0:
             _store_act_and_mul(out, out_ptr, pid_n, offs_m, m_mask, N, stride_om, BLOCK_M, BLOCK_N, EPILOGUE)
+        elif NORM != 0:
+            _store_add_norm(out, out_ptr, h_ptr, res_ptr, norm_w_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask,
+                            n_mask, N, stride_om, stride_rm, BLOCK_M, BLOCK_N, NORM)
         else:
             tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
                      mask=m_mask[:, None] & n_mask[None, :])

@@ -10,6 +10,8 @@
     graphllm.int4_linear_act_and_mul(x, qweight, scales, zeros, bias, gelu, interleaved)
                                                                       SwiGLU / GeGLU of int4_linear's
                                                                       halves or column pairs (linear_epilogue)
+    graphllm.int4_linear_add_norm / int4_norm_linear                  an int4 product, the add_rms_norm after
+                                                                      it and the next int4 product (row_sumsq)
 
 and fp8_linear of a norm's or activation's output, one launch at one row (the linear_prologue pass with
 CompileConfig.fp8_linear_prologue; other rows run the two ops): graphllm.fp8_rms_norm_linear,
@@ -268,6 +270,80 @@ def int4_linear_act_and_mul(x: torch.Tensor, qweight: torch.Tensor, scales: torc
 @int4_linear_act_and_mul.register_fake
 def _(x, qweight, scales, zeros, bias=None, gelu=False, interleaved=False):
     return x.new_empty((*x.shape[:-1], qweight.shape[1] // 2))
+
+
+# The row_sumsq pass over int4 (graphllm/passes/lowering/row_sumsq.py): an int4 product and the add_rms_norm after it
+# as one op, whose outputs the next int4 linear reads, so that at decode sizes no norm kernel runs between them:
+#     graphllm.int4_linear_add_norm(x, qweight, scales, zeros, bias, residual, norm_weight, unit_offset)
+#         -> (xn, h, sumsq): y = int4_linear(x, ...), h = y + residual, xn = h * w (1 + w), sumsq = h's sums of
+#            squares over 16 columns, [M, N/16] float32
+#     graphllm.int4_norm_linear(xn, sumsq, eps, qweight, scales, zeros, bias, act)
+#         = int4_linear of xn times each row's 1 / sqrt(mean(h^2) + eps) before the bias, then (act 1 silu, 2 tanh
+#           GELU) the activation over an interleaved gate_up's column pairs
+# Up to 16 rows on CUDA in half precision each is one launch of the int4 kernels (their split-K finish computes the
+# add, the weight and the sums; the next product scales its sums); elsewhere the same arithmetic in torch ops.
+
+
+def _sums_of_squares(h: torch.Tensor) -> torch.Tensor:
+    hf = h.float()
+    return (hf * hf).reshape(*h.shape[:-1], h.shape[-1] // 16, 16).sum(-1)
+
+
+@torch.library.custom_op("graphllm::int4_linear_add_norm", mutates_args=())
+def int4_linear_add_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                         bias: torch.Tensor | None, residual: torch.Tensor, norm_weight: torch.Tensor,
+                         unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(xn, h, sumsq) for y = int4_linear(x, qweight, scales, zeros, bias) [..., N] and residual [..., N]:
+    h = y + residual, xn = h * norm_weight (1 + norm_weight with unit_offset; float32, rounded to h's dtype),
+    sumsq [..., N / 16] float32, the sums of h^2 over each 16 columns."""
+    rows = _rows(x)
+    n = qweight.shape[1]
+    if _on_kernel(x) and rows.shape[0] <= SMALL_M:
+        from graphllm.kernels.int4_matmul import int4_matmul_add_norm
+        xn, h, sumsq = int4_matmul_add_norm(rows, qweight, scales, zeros, bias, _rows(residual), norm_weight,
+                                            unit_offset)
+    else:
+        h = (int4_linear(rows, qweight, scales, zeros, bias) + _rows(residual)).contiguous()
+        w = norm_weight.float() + 1.0 if unit_offset else norm_weight.float()
+        xn, sumsq = (h.float() * w).to(h.dtype), _sums_of_squares(h)
+    lead = x.shape[:-1]
+    return xn.view(*lead, n), h.view(*lead, n), sumsq.view(*lead, n // 16)
+
+
+@int4_linear_add_norm.register_fake
+def _(x, qweight, scales, zeros, bias, residual, norm_weight, unit_offset=False):
+    n = qweight.shape[1]
+    out = x.new_empty((*x.shape[:-1], n))
+    return out, x.new_empty((*x.shape[:-1], n)), x.new_empty((*x.shape[:-1], n // 16), dtype=torch.float32)
+
+
+@torch.library.custom_op("graphllm::int4_norm_linear", mutates_args=())
+def int4_norm_linear(xn: torch.Tensor, sumsq: torch.Tensor, eps: float, qweight: torch.Tensor, scales: torch.Tensor,
+                     zeros: torch.Tensor, bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
+    """int4_linear of an RMSNorm's output given as int4_linear_add_norm's xn and sumsq, rms = sqrt(sumsq's row sum
+    / K + eps): int4_linear(xn / rms rounded to xn's dtype); the kernels (up to 16 rows on CUDA) scale the float32
+    sums (xn @ W^T) by 1 / rms before the bias instead. act 1 (silu) or 2 (tanh GELU): then the activation over the
+    columns' (gate j, up j) pairs (an interleaved gate_up) -> [..., N / 2]."""
+    from graphllm.ops.linear import _act_and_mul
+    rows, sums = _rows(xn), _rows(sumsq)
+    n, k = qweight.shape[1], rows.shape[1]
+    if _on_kernel(xn) and rows.shape[0] <= SMALL_M:
+        from graphllm.kernels import int4_matmul as kernel
+        epilogue = act if act and kernel.fuses_activation(rows.shape[0], n, k, k // scales.shape[0], xn.device) else 0
+        out = kernel.int4_matmul(rows, qweight, scales, zeros, bias, epilogue=epilogue, rstd=(sums, eps))
+        if act and not epilogue:
+            out = _act_and_mul(out, act == 2, True)
+    else:  # the norm's output rounded, then int4_linear (past 16 rows on CUDA: dequantize + cuBLAS)
+        normed = (rows.float() * torch.rsqrt(sums.sum(-1, keepdim=True) / k + eps)).to(xn.dtype)
+        out = int4_linear(normed, qweight, scales, zeros, bias)
+        if act:
+            out = _act_and_mul(out, act == 2, True)
+    return out.view(*xn.shape[:-1], out.shape[-1])
+
+
+@int4_norm_linear.register_fake
+def _(xn, sumsq, eps, qweight, scales, zeros, bias=None, act=0):
+    return xn.new_empty((*xn.shape[:-1], qweight.shape[1] // (2 if act else 1)))
 
 
 def kernel_route(scheme: str, rows: int, n: int, k: int, device: torch.device) -> str:

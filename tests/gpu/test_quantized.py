@@ -107,3 +107,19 @@ def test_programmatic_launch_gives_the_same_rows(scheme, bf16_model, histories_a
         assert engine.runner.graphs.replays > 0
         del engine
     assert rows[True] == rows[False]
+
+
+def test_int4_folds_keep_the_agreement(bf16_model, histories_and_reference):  # noqa: F811
+    """int4 with --linear-epilogue and --row-sumsq (SwiGLU in gate_up's finish; the norms split between the int4
+    products around them): the graph holds the folded ops, and int4's agreement bound holds."""
+    histories, reference = histories_and_reference
+    config = EngineConfig(model=str(bf16_model), dtype="bfloat16", quantization="int4", linear_epilogue=True,
+                          row_sumsq=True, **LIMITS)
+    art = compile_cached(config, bf16_model)
+    passes = {p["name"]: p for p in json.loads((art / "manifest.json").read_text())["passes"]}
+    assert passes["linear_epilogue"]["counts"]["none"] > 0 and passes["row_sumsq"]["counts"]["int4"] > 0
+    engine = Engine.load(art, async_scheduling=False)
+    value = agreement(reference, teacher_forced_top1(engine, histories))
+    print(f"int4 with the epilogue and the norm pair: teacher-forced top-1 agreement with the eager bf16 engine "
+          f"{value:.4f}")
+    assert engine.runner.graphs.replays > 0 and value >= MIN_AGREEMENT["int4"]

@@ -271,6 +271,16 @@ def pdl_variants():
         yield int4_matmul._int4_gemv_kernel, int4_types, dict(
             HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, EVEN_N=True, NUM_STAGES=1, PREFETCH=False,
             PDL=True, F16=f16, PARTS=2, GROUP_SHIFT=7, EPILOGUE=1), {"num_stages": 1, **pdl}
+    # ... and with row_sumsq's int4 pair: o_proj's and down's (PREFETCH) add + norm finish, qkv's 1 / rms, gate_up's
+    # 1 / rms with its SwiGLU finish
+    fold_types = {**int4_types, "res_ptr": "*bf16", "norm_w_ptr": "*bf16", "h_ptr": "*bf16", "sumsq_ptr": "*fp32",
+                  "eps": "fp32"}
+    for prefetch, f16, epilogue, norm, groups in ((False, 0, 0, 1, 0), (True, 0, 0, 1, 0), (False, 0, 0, 0, 256),
+                                                  (False, 1, 1, 0, 256)):
+        yield int4_matmul._int4_gemv_kernel, fold_types, dict(
+            HAS_BIAS=False, BLOCK_N=128, BLOCK_K=128, SPLIT_K=4, EVEN_N=True, NUM_STAGES=1, PREFETCH=prefetch,
+            PDL=True, F16=f16, PARTS=2, GROUP_SHIFT=7, EPILOGUE=epilogue, NORM=norm, RSTD_GROUPS=groups), \
+            {"num_stages": 1, **pdl}
     types = {"x_ptr": "*bf16", "res_ptr": "*bf16", "norm_w_ptr": "*bf16", "new_res_ptr": "*bf16", "w_ptr": "*bf16",
              "bias_ptr": "*bf16", "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32", "eps": "fp32"}
     tile = dict(UNIT_OFFSET=False, HAS_BIAS=False, BLOCK_N=16, BLOCK_K=512, SPLIT_K=1, EVEN_N=True, EVEN_K=True,
@@ -382,7 +392,8 @@ def main() -> int:
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
                                                                "WINDOWED", "ROPE", "HALVES",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
-                                                               "X_MODE", "PROLOGUE", "EPILOGUE", "SUMSQ", "PDL")}
+                                                               "X_MODE", "PROLOGUE", "EPILOGUE", "SUMSQ", "PDL",
+                                                               "NORM", "RSTD_GROUPS", "F16", "PREFETCH")}
         try:
             print(f"{kernel.__name__} {flags}: {check(kernel, types, constexprs, options)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every variant, then fail

@@ -262,3 +262,48 @@ def test_llama_8b_gate_up_activation_epilogue():
         got = int4_matmul(x, *packed, None, config, epilogue=1)
         torch.testing.assert_close(got, act_of_pairs(plain, False), rtol=2 * UNIT[torch.bfloat16], atol=1e-6)
     assert split_k_counters(DEVICE).count_nonzero() == 0
+
+
+@pytest.mark.parametrize("unit_offset", (False, True))
+@pytest.mark.parametrize("m, config", [(1, tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=3)),
+                                       (1, tiles(BLOCK_M=1, BLOCK_N=64, BLOCK_K=32, GEMV=True, F16=4)),
+                                       (3, tiles(BLOCK_M=16, BLOCK_K=32, SPLIT_K=2)),
+                                       (5, tiles(BLOCK_M=16, BLOCK_K=64, SWAP_AB=True, PAIRS=True))])
+def test_add_norm_finish_and_the_next_products_rstd(m, config, unit_offset):
+    """int4_matmul_add_norm: the product (same config), + residual, * w (1 + w), 16-column sums of squares of h, in
+    one launch; then int4_matmul(xn, rstd=...) equals the next product of the norm's output within its roundings."""
+    from graphllm.kernels.int4_matmul import int4_matmul_add_norm
+    from graphllm.kernels.reference import reference_rms_norm
+    x, packed, b = int4_case(m, 96, 384, 64, LOW_DTYPE, True, seed=6)
+    residual, w_norm = randn((m, 96), LOW_DTYPE, 7), randn((96,), LOW_DTYPE, 8)
+    xn, h, sumsq = int4_matmul_add_norm(x, *packed, b, residual, w_norm, unit_offset, config)
+    want_h = int4_matmul(x, *packed, b, config) + residual
+    assert torch.equal(h, want_h)
+    w = w_norm.float() + 1.0 if unit_offset else w_norm.float()
+    assert torch.equal(xn, (want_h.float() * w).to(LOW_DTYPE))
+    torch.testing.assert_close(sumsq, (want_h.float() ** 2).reshape(m, 6, 16).sum(-1), rtol=1e-5, atol=1e-5)
+    assert split_k_counters(DEVICE).count_nonzero() == 0
+    # the next linear, [80, 96] in groups of 32, on the same kind of tile
+    _, packed2, b2 = int4_case(m, 80, 96, 32, LOW_DTYPE, True, seed=9)
+    normed = reference_rms_norm(h, w_norm, 1e-5, unit_offset)
+    got = int4_matmul(xn, *packed2, b2, dict(config, BLOCK_K=32), rstd=(sumsq, 1e-5))
+    want = int4_linear_reference(normed, *packed2, b2)
+    mag = normed.float().abs() @ dequantize_int4(*packed2).abs().t()
+    excess = ((got.float() - want.float()).abs() - 4 * UNIT[LOW_DTYPE] * (want.float().abs() + mag)).max().item()
+    assert excess <= 0, f"beyond two roundings of the operand by {excess}"
+    assert split_k_counters(DEVICE).count_nonzero() == 0
+
+
+def test_rstd_with_the_activation_epilogue():
+    """gate_up's GEMV with both folds: its sums scaled by 1 / rms, then SwiGLU over the column pairs."""
+    from graphllm.kernels.skinny_matmul import split_k_counters as counters
+    config = tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=2)
+    x, packed, b = int4_case(1, 80, 96, 32, LOW_DTYPE, True, seed=10)
+    sumsq = (x.float() ** 2).reshape(1, 6, 16).sum(-1) * 4.0  # the row's rms: 2 rms(x)
+    plain = int4_matmul(x, *packed, b, config, rstd=(sumsq, 0.0))
+    got = int4_matmul(x, *packed, b, config, epilogue=1, rstd=(sumsq, 0.0))
+    torch.testing.assert_close(got, act_of_pairs(plain, False), rtol=2 * UNIT[LOW_DTYPE], atol=1e-6)
+    unscaled = int4_matmul(x, *packed, None, config)
+    torch.testing.assert_close(plain.float(), (unscaled.float() / (2 * x.float().pow(2).mean().sqrt()) + b.float()),
+                               rtol=4 * UNIT[LOW_DTYPE], atol=1e-2)
+    assert counters(DEVICE).count_nonzero() == 0

@@ -34,7 +34,7 @@ def test_tiny_llama_pairs_every_norm_after_a_product():
     for one row. The same function, exactly (CPU: the ops' parts)."""
     before, after, counts, config = rewritten("llama")
     layers = config.num_hidden_layers
-    assert counts == {"none": layers, "silu": layers - 1, "gelu": 0}
+    assert counts == {"none": layers, "silu": layers - 1, "gelu": 0, "int4": 0}
     found = targets(after)
     assert found.count(ops.linear_row_sumsq.default) == 2 * layers - 1
     assert ops.add_rms_norm_linear.default not in found
@@ -51,7 +51,7 @@ def test_every_pair_when_every_shape_takes_the_kernel(arch, monkeypatch):
     monkeypatch.setattr("graphllm.kernels.skinny_matmul.takes_row_sumsq", lambda m, before, after: 1 <= m <= 8)
     before, after, counts, config = rewritten(arch)
     layers = config.num_hidden_layers
-    assert counts == {"none": layers, "silu": layers - 1, "gelu": 0}
+    assert counts == {"none": layers, "silu": layers - 1, "gelu": 0, "int4": 0}
     found = targets(after)
     assert ops.add_rms_norm_linear.default not in found and ops.silu_and_mul_linear.default in found  # the last down
     acts = sorted(n.args[5] for n in after.graph.nodes if n.target == ops.linear_row_sumsq.default)
@@ -64,7 +64,7 @@ def test_with_the_epilogue_pass_only_down_pairs(monkeypatch):
     linear now) still pairs with the next qkv."""
     monkeypatch.setattr("graphllm.kernels.skinny_matmul.takes_row_sumsq", lambda m, before, after: 1 <= m <= 8)
     before, after, counts, config = rewritten("llama", epilogue=True)
-    assert counts == {"none": config.num_hidden_layers - 1, "silu": 0, "gelu": 0}
+    assert counts == {"none": config.num_hidden_layers - 1, "silu": 0, "gelu": 0, "int4": 0}
     assert_same_function(before, after, config, seeds=(1,), atol=0.0)
 
 
@@ -72,7 +72,7 @@ def test_gemma_post_norms_leave_nothing_to_pair():
     """Gemma 2 normalises attention's output before the add (its post-norm): o_proj does not feed the
     add_rms_norm_linear, so nothing is rewritten."""
     _, _, counts, _ = rewritten("gemma2")
-    assert counts == {"none": 0, "silu": 0, "gelu": 0}
+    assert counts == {"none": 0, "silu": 0, "gelu": 0, "int4": 0}
 
 
 def test_row_mask():
@@ -111,3 +111,65 @@ def test_the_switch_is_in_the_pass_list_and_its_uuid():
     assert both.index("linear_epilogue") < both.index("row_sumsq")
     assert on.uuid() != off.uuid()
     assert "row_sumsq" not in [p.name for p in PassManager(CompileConfig(row_sumsq=True, linear_prologue=False)).passes]
+
+
+def int4_graph(arch: str, epilogue: bool):
+    """The tiny graph quantized to int4 and fused as the pass manager leaves it before row_sumsq."""
+    from graphllm.passes.fusion.fuse_add_rmsnorm import FuseAddRMSNorm
+    from graphllm.passes.fusion.fuse_gate_up import FuseGateUp
+    from graphllm.passes.fusion.fuse_qkv import FuseQKV
+    from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
+    from graphllm.passes.lowering.skinny_linear import SkinnyLinear
+    from graphllm.passes.quantization.quantize_int4 import QuantizeInt4
+    from tests.passes.harness import tiny_step_graph
+    graph, config = tiny_step_graph(arch)
+    for p in (QuantizeInt4(group_size=32), FuseQKV(), FuseGateUp(), FuseSiluMul(), FuseAddRMSNorm(), SkinnyLinear(),
+              LinearPrologue(), *([LinearEpilogue()] if epilogue else [])):
+        p(graph)
+    return graph, config
+
+
+@pytest.mark.parametrize("arch, epilogue", [("llama", False), ("llama", True), ("qwen2", True), ("gemma2", True)])
+def test_int4_pairs_every_norm_between_two_int4_linears(arch, epilogue):
+    """Each layer's post-attention norm (o_proj -> gate_up) and every input norm after the first (down -> qkv) split
+    into int4_linear_add_norm and int4_norm_linear; the first input norm and the final norm stay. Same function."""
+    before, config = int4_graph(arch, epilogue)
+    after = copy_graph(before)
+    counts = RowSumsq()(after)
+    DeadCodeElimination()(after)
+    layers = config.num_hidden_layers
+    found = targets(after)
+    if arch == "gemma2":  # its norms after o_proj and down are the sandwich's own: no product feeds an add directly
+        assert counts["int4"] == 0 and ops.int4_norm_linear.default not in found
+        return
+    assert counts["int4"] == 2 * layers - 1
+    assert found.count(ops.int4_linear_add_norm.default) == 2 * layers - 1
+    assert found.count(ops.int4_norm_linear.default) == 2 * layers - 1
+    assert found.count(ops.add_rms_norm.default) == 1  # the final norm (lm_head's, through the row gather)
+    acts = [n.args[-1] for n in after.graph.nodes if n.target == ops.int4_norm_linear.default]
+    assert sorted(acts) == [0] * (layers - 1) + [1 if epilogue else 0] * layers  # gate_up's SwiGLU when folded
+    assert_same_function(before, after, config, seeds=(1, 2), atol=1e-4)
+
+
+def test_int4_ops_equal_their_parts_off_the_kernel_path():
+    """CPU: int4_linear_add_norm is int4_linear, the add, h * w and 16-column sums of squares; int4_norm_linear of
+    its outputs is int4_linear of the norm's output (rounded), then the activation over column pairs."""
+    from graphllm.kernels.quant_layout import quantize_int4_weight
+    from graphllm.kernels.reference import reference_rms_norm, reference_silu_and_mul
+    from graphllm.ops.quantized_linear import int4_linear, int4_linear_add_norm, int4_norm_linear
+    gen = torch.Generator().manual_seed(0)
+    x, r = torch.randn(3, 64, generator=gen), torch.randn(3, 32, generator=gen)
+    w_norm = torch.randn(32, generator=gen)
+    packed, b = quantize_int4_weight(torch.randn(32, 64, generator=gen), 32), torch.randn(32, generator=gen)
+    packed2, b2 = quantize_int4_weight(torch.randn(48, 32, generator=gen), 16), torch.randn(48, generator=gen)
+    for unit_offset in (False, True):
+        xn, h, sumsq = int4_linear_add_norm(x, *packed, b, r, w_norm, unit_offset)
+        assert torch.equal(h, int4_linear(x, *packed, b) + r)
+        assert torch.equal(xn, h * (w_norm + 1.0 if unit_offset else w_norm))
+        torch.testing.assert_close(sumsq.sum(-1), (h * h).sum(-1))
+        assert sumsq.shape == (3, 2)
+        normed = reference_rms_norm(h, w_norm, 1e-5, unit_offset)
+        torch.testing.assert_close(int4_norm_linear(xn, sumsq, 1e-5, *packed2, b2), int4_linear(normed, *packed2, b2))
+        gate_up = int4_linear(normed, *packed2, b2)
+        torch.testing.assert_close(int4_norm_linear(xn, sumsq, 1e-5, *packed2, b2, 1),
+                                   reference_silu_and_mul(torch.cat((gate_up[:, 0::2], gate_up[:, 1::2]), 1)))

@@ -24,6 +24,22 @@ rows is the bit mask of the row counts where both products run skinny_matmul (sk
 two weights' shapes); if none, the pair is left alone. Either operand of the add may be the product; the product
 must be read only there (its output is the norm's input, and the op's second output is the new residual). Biases
 and a norm's unit_offset go along. fp8 linears and products whose weight shape is not known stay as they are.
+
+int4 (no int4 prologue: the norm is its own add_rms_norm between two int4 linears) the norm's work splits between
+the two products (graphllm/ops/quantized_linear.py's pair; counted as "int4"):
+
+    o = graphllm.int4_linear.default(attn, qw_o, s_o, z_o)
+    n = graphllm.add_rms_norm.default(h, o, w_norm, eps)
+    gate_up = graphllm.int4_linear.default(getitem(n, 0), qw, s, z)      # or int4_linear_act_and_mul(..., gelu, True)
+->
+    p = graphllm.int4_linear_add_norm.default(attn, qw_o, s_o, z_o, None, h, w_norm, False)
+    gate_up = graphllm.int4_norm_linear.default(getitem(p, 0), getitem(p, 2), eps, qw, s, z, None, 0)   # act 1 / 2
+    (getitem(n, 1), the new residual, -> getitem(p, 1))
+
+o_proj's (down's) split-K finish adds the residual, multiplies by the norm's weight and stores the sums of squares;
+gate_up (the next layer's qkv) scales its sums by each row's 1 / rms. At one row no norm kernel runs, and the norm's
+row reduction happens in the finish of a product that is already running. Only where the normed output feeds one
+int4 linear, the product is read only by the add, and the dtypes agree.
 """
 
 import operator
@@ -32,6 +48,7 @@ import torch
 from torch import fx
 
 import graphllm.ops.linear  # noqa: F401  (registers the ops)
+import graphllm.ops.quantized_linear  # noqa: F401  (and the int4 pair's)
 from graphllm.ir.graph import StepGraph, new_node
 from graphllm.passes.base import GraphPass
 from graphllm.passes.lowering.linear_prologue import _call
@@ -40,6 +57,11 @@ ops = torch.ops.graphllm
 
 # the product's op -> linear_row_sumsq's act
 PRODUCTS = {ops.linear.default: 0, ops.silu_and_mul_linear.default: 1, ops.gelu_tanh_and_mul_linear.default: 2}
+
+
+def _dtype(node) -> torch.dtype | None:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    return val.dtype if isinstance(val, torch.Tensor) else None
 
 
 def _shape(node) -> tuple[int, ...] | None:
@@ -59,7 +81,7 @@ class RowSumsq(GraphPass):
     """Pairs a product with the add_rms_norm_linear after it; counts the pairs by the product's activation."""
 
     name = "row_sumsq"
-    version = 1
+    version = 2  # 2: int4 pairs
 
     devices = ("cuda",)
 
@@ -96,4 +118,56 @@ class RowSumsq(GraphPass):
                 g.erase_node(product)
                 counts[("none", "silu", "gelu")[act]] += 1
                 break
+        counts["int4"] = self._int4_pairs(g)
         return counts
+
+    @staticmethod
+    def _int4_pairs(g: fx.Graph) -> int:
+        """o = int4_linear(a, ...) read only by add_rms_norm(o, r) (either side) whose normed output only an int4
+        linear reads (int4_linear, or linear_epilogue's int4_linear_act_and_mul) -> int4_linear_add_norm and
+        int4_norm_linear; the norm's residual output becomes the new op's h."""
+        consumers = {ops.int4_linear.default: None, ops.int4_linear_act_and_mul.default: True}
+        pairs = 0
+        for norm in [n for n in g.nodes if _call(n, ops.add_rms_norm.default)]:
+            x, residual, norm_weight, eps, *rest = norm.args
+            getitems = list(norm.users)
+            if not all(_call(u, operator.getitem) for u in getitems):
+                continue
+            normed = [u for u in getitems if u.args[1] == 0]
+            if len(normed) != 1 or len(normed[0].users) != 1:
+                continue
+            (consumer,) = normed[0].users
+            if consumer.target not in consumers or consumer.kwargs or consumer.args[0] is not normed[0]:
+                continue
+            if consumer.target == ops.int4_linear_act_and_mul.default and not consumer.args[6]:
+                continue  # halves, not pairs: the GEMV's epilogue reads pairs
+            product = next((p for p in (x, residual) if _call(p, ops.int4_linear.default) and len(p.users) == 1), None)
+            if product is None or _dtype(product) != _dtype(normed[0]) or _dtype(x) != _dtype(residual):
+                continue
+            stream = residual if product is x else x
+            a, qweight, scales, zeros, *b = product.args
+            unit_offset = bool(rest[0]) if rest else False
+            act = 0
+            if consumer.target == ops.int4_linear_act_and_mul.default:
+                act = 2 if consumer.args[5] else 1
+            _, cq, cs, cz, *cb = consumer.args
+            with g.inserting_before(norm):
+                fused = new_node(g, ops.int4_linear_add_norm.default,
+                                 (a, qweight, scales, zeros, b[0] if b else None, stream, norm_weight, unit_offset),
+                                 norm)
+                xn, h, sumsq = (new_node(g, operator.getitem, (fused, i), norm) for i in range(3))
+            for node in (xn, h):  # xn and h have the normed output's shape and dtype (the checks above)
+                node.meta.setdefault("val", normed[0].meta.get("val"))
+            with g.inserting_before(consumer):
+                new = new_node(g, ops.int4_norm_linear.default,
+                               (xn, sumsq, eps, cq, cs, cz, cb[0] if cb else None, act), consumer)
+            consumer.replace_all_uses_with(new)
+            g.erase_node(consumer)
+            for u in getitems:
+                if u.args[1] == 1:
+                    u.replace_all_uses_with(h)
+                g.erase_node(u)
+            g.erase_node(norm)
+            g.erase_node(product)
+            pairs += 1
+        return pairs
