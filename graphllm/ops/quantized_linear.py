@@ -274,44 +274,54 @@ def _(x, qweight, scales, zeros, bias=None, gelu=False, interleaved=False):
 
 # The row_sumsq pass over int4 (graphllm/passes/lowering/row_sumsq.py): an int4 product and the add_rms_norm after it
 # as one op, whose outputs the next int4 linear reads, so that at decode sizes no norm kernel runs between them:
-#     graphllm.int4_linear_add_norm(x, qweight, scales, zeros, bias, residual, norm_weight, unit_offset)
-#         -> (xn, h, sumsq): y = int4_linear(x, ...), h = y + residual, xn = h * w (1 + w), sumsq = h's sums of
-#            squares over 16 columns, [M, N/16] float32
+#     graphllm.int4_linear_add_norm(x, qweight, scales, zeros, bias, residual, norm_weight, eps, unit_offset)
+#         -> (xn, h, sumsq): y = int4_linear(x, ...), h = y + residual (the new residual), and the norm's output
+#            for the next linear as xn and sumsq, [M, N/16] float32
 #     graphllm.int4_norm_linear(xn, sumsq, eps, qweight, scales, zeros, bias, act)
-#         = int4_linear of xn times each row's 1 / sqrt(mean(h^2) + eps) before the bias, then (act 1 silu, 2 tanh
-#           GELU) the activation over an interleaved gate_up's column pairs
-# Up to 16 rows on CUDA in half precision each is one launch of the int4 kernels (their split-K finish computes the
-# add, the weight and the sums; the next product scales its sums); elsewhere the same arithmetic in torch ops.
+#         = int4_linear of the norm's output, then (act 1 silu, 2 tanh GELU) the activation over an interleaved
+#           gate_up's column pairs
+# What xn and sumsq hold depends on where the pair runs, the same rows for both ops:
+# - up to 16 rows on CUDA in half precision (_pair_kernels): xn = h * w (1 + w), rounded to h's dtype, and sumsq
+#   h's sums of squares over each 16 columns; each op is one launch of the int4 kernels (the product's split-K
+#   finish computes the add, the weight and the sums; the next product scales its float32 sums by each row's
+#   1 / sqrt(mean(h^2) + eps) before the bias);
+# - more rows on CUDA: xn is the norm's output (graphllm's RMSNorm row kernel, as the graph ran before the pass) and
+#   sumsq is left unwritten; the next op is int4_linear of xn;
+# - elsewhere (CPU, float32): as the kernels, in torch ops (int4_linear of (xn / rms) rounded).
 
 
-def _sums_of_squares(h: torch.Tensor) -> torch.Tensor:
-    hf = h.float()
-    return (hf * hf).reshape(*h.shape[:-1], h.shape[-1] // 16, 16).sum(-1)
+def _pair_kernels(x: torch.Tensor) -> bool:
+    """Whether the int4 norm pair runs its kernels for x's rows (the same answer for both ops: same rows)."""
+    return _on_kernel(x) and _rows(x).shape[0] <= SMALL_M
 
 
 @torch.library.custom_op("graphllm::int4_linear_add_norm", mutates_args=())
 def int4_linear_add_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                         bias: torch.Tensor | None, residual: torch.Tensor, norm_weight: torch.Tensor,
+                         bias: torch.Tensor | None, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                          unit_offset: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(xn, h, sumsq) for y = int4_linear(x, qweight, scales, zeros, bias) [..., N] and residual [..., N]:
-    h = y + residual, xn = h * norm_weight (1 + norm_weight with unit_offset; float32, rounded to h's dtype),
-    sumsq [..., N / 16] float32, the sums of h^2 over each 16 columns."""
-    rows = _rows(x)
-    n = qweight.shape[1]
-    if _on_kernel(x) and rows.shape[0] <= SMALL_M:
+    """(xn, h, sumsq) for y = int4_linear(x, qweight, scales, zeros, bias) [..., N] and residual [..., N]: h = y +
+    residual, and the RMSNorm of h (norm_weight, eps; Gemma's 1 + weight with unit_offset) as xn and sumsq [...,
+    N / 16] float32 for int4_norm_linear (the comment above says what they hold where)."""
+    rows, n = _rows(x), qweight.shape[1]
+    res = _rows(residual)
+    if _pair_kernels(x):
         from graphllm.kernels.int4_matmul import int4_matmul_add_norm
-        xn, h, sumsq = int4_matmul_add_norm(rows, qweight, scales, zeros, bias, _rows(residual), norm_weight,
-                                            unit_offset)
+        xn, h, sumsq = int4_matmul_add_norm(rows, qweight, scales, zeros, bias, res, norm_weight, unit_offset)
+    elif _on_kernel(x):
+        from graphllm.kernels.rms_norm import rms_norm
+        xn, h = rms_norm(int4_linear(rows, qweight, scales, zeros, bias), norm_weight, eps, res, unit_offset)
+        sumsq = torch.empty((rows.shape[0], n // 16), dtype=torch.float32, device=x.device)  # not read
     else:
-        h = (int4_linear(rows, qweight, scales, zeros, bias) + _rows(residual)).contiguous()
+        h = (int4_linear(rows, qweight, scales, zeros, bias) + res).contiguous()
+        hf = h.float()
         w = norm_weight.float() + 1.0 if unit_offset else norm_weight.float()
-        xn, sumsq = (h.float() * w).to(h.dtype), _sums_of_squares(h)
+        xn, sumsq = (hf * w).to(h.dtype), (hf * hf).reshape(-1, n // 16, 16).sum(-1)
     lead = x.shape[:-1]
     return xn.view(*lead, n), h.view(*lead, n), sumsq.view(*lead, n // 16)
 
 
 @int4_linear_add_norm.register_fake
-def _(x, qweight, scales, zeros, bias, residual, norm_weight, unit_offset=False):
+def _(x, qweight, scales, zeros, bias, residual, norm_weight, eps, unit_offset=False):
     n = qweight.shape[1]
     out = x.new_empty((*x.shape[:-1], n))
     return out, x.new_empty((*x.shape[:-1], n)), x.new_empty((*x.shape[:-1], n // 16), dtype=torch.float32)
@@ -320,21 +330,22 @@ def _(x, qweight, scales, zeros, bias, residual, norm_weight, unit_offset=False)
 @torch.library.custom_op("graphllm::int4_norm_linear", mutates_args=())
 def int4_norm_linear(xn: torch.Tensor, sumsq: torch.Tensor, eps: float, qweight: torch.Tensor, scales: torch.Tensor,
                      zeros: torch.Tensor, bias: torch.Tensor | None = None, act: int = 0) -> torch.Tensor:
-    """int4_linear of an RMSNorm's output given as int4_linear_add_norm's xn and sumsq, rms = sqrt(sumsq's row sum
-    / K + eps): int4_linear(xn / rms rounded to xn's dtype); the kernels (up to 16 rows on CUDA) scale the float32
-    sums (xn @ W^T) by 1 / rms before the bias instead. act 1 (silu) or 2 (tanh GELU): then the activation over the
-    columns' (gate j, up j) pairs (an interleaved gate_up) -> [..., N / 2]."""
+    """int4_linear of the RMSNorm that int4_linear_add_norm's xn and sumsq hold (its eps again), then with act 1
+    (silu) or 2 (tanh GELU) the activation over the columns' (gate j, up j) pairs (an interleaved gate_up) ->
+    [..., N / 2]. The kernels (up to 16 rows on CUDA) scale the float32 sums of xn @ W^T by 1 / rms before the bias;
+    the torch ops round xn / rms to xn's dtype first, as the norm rounds its output."""
     from graphllm.ops.linear import _act_and_mul
     rows, sums = _rows(xn), _rows(sumsq)
     n, k = qweight.shape[1], rows.shape[1]
-    if _on_kernel(xn) and rows.shape[0] <= SMALL_M:
+    if _pair_kernels(xn):
         from graphllm.kernels import int4_matmul as kernel
         epilogue = act if act and kernel.fuses_activation(rows.shape[0], n, k, k // scales.shape[0], xn.device) else 0
         out = kernel.int4_matmul(rows, qweight, scales, zeros, bias, epilogue=epilogue, rstd=(sums, eps))
         if act and not epilogue:
             out = _act_and_mul(out, act == 2, True)
-    else:  # the norm's output rounded, then int4_linear (past 16 rows on CUDA: dequantize + cuBLAS)
-        normed = (rows.float() * torch.rsqrt(sums.sum(-1, keepdim=True) / k + eps)).to(xn.dtype)
+    else:
+        normed = rows if _on_kernel(xn) else (
+            rows.float() * torch.rsqrt(sums.sum(-1, keepdim=True) / k + eps)).to(xn.dtype)
         out = int4_linear(normed, qweight, scales, zeros, bias)
         if act:
             out = _act_and_mul(out, act == 2, True)

@@ -163,7 +163,7 @@ def test_int4_ops_equal_their_parts_off_the_kernel_path():
     packed, b = quantize_int4_weight(torch.randn(32, 64, generator=gen), 32), torch.randn(32, generator=gen)
     packed2, b2 = quantize_int4_weight(torch.randn(48, 32, generator=gen), 16), torch.randn(48, generator=gen)
     for unit_offset in (False, True):
-        xn, h, sumsq = int4_linear_add_norm(x, *packed, b, r, w_norm, unit_offset)
+        xn, h, sumsq = int4_linear_add_norm(x, *packed, b, r, w_norm, 1e-5, unit_offset)
         assert torch.equal(h, int4_linear(x, *packed, b) + r)
         assert torch.equal(xn, h * (w_norm + 1.0 if unit_offset else w_norm))
         torch.testing.assert_close(sumsq.sum(-1), (h * h).sum(-1))

@@ -32,13 +32,14 @@ the two products (graphllm/ops/quantized_linear.py's pair; counted as "int4"):
     n = graphllm.add_rms_norm.default(h, o, w_norm, eps)
     gate_up = graphllm.int4_linear.default(getitem(n, 0), qw, s, z)      # or int4_linear_act_and_mul(..., gelu, True)
 ->
-    p = graphllm.int4_linear_add_norm.default(attn, qw_o, s_o, z_o, None, h, w_norm, False)
+    p = graphllm.int4_linear_add_norm.default(attn, qw_o, s_o, z_o, None, h, w_norm, eps, False)
     gate_up = graphllm.int4_norm_linear.default(getitem(p, 0), getitem(p, 2), eps, qw, s, z, None, 0)   # act 1 / 2
     (getitem(n, 1), the new residual, -> getitem(p, 1))
 
-o_proj's (down's) split-K finish adds the residual, multiplies by the norm's weight and stores the sums of squares;
-gate_up (the next layer's qkv) scales its sums by each row's 1 / rms. At one row no norm kernel runs, and the norm's
-row reduction happens in the finish of a product that is already running. Only where the normed output feeds one
+Up to 16 rows, o_proj's (down's) split-K finish adds the residual, multiplies by the norm's weight and stores the sums
+of squares; gate_up (the next layer's qkv) scales its sums by each row's 1 / rms. No norm kernel runs, and the norm's
+row reduction happens in the finish of a product that is already running. Past 16 rows the norm's row kernel runs
+between the two products as before (graphllm/ops/quantized_linear.py). Only where the normed output feeds one
 int4 linear, the product is read only by the add, and the dtypes agree.
 """
 
@@ -153,7 +154,8 @@ class RowSumsq(GraphPass):
             _, cq, cs, cz, *cb = consumer.args
             with g.inserting_before(norm):
                 fused = new_node(g, ops.int4_linear_add_norm.default,
-                                 (a, qweight, scales, zeros, b[0] if b else None, stream, norm_weight, unit_offset),
+                                 (a, qweight, scales, zeros, b[0] if b else None, stream, norm_weight, eps,
+                                  unit_offset),
                                  norm)
                 xn, h, sumsq = (new_node(g, operator.getitem, (fused, i), norm) for i in range(3))
             for node in (xn, h):  # xn and h have the normed output's shape and dtype (the checks above)
