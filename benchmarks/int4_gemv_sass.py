@@ -9,6 +9,9 @@ the F16 path repeated for 4 word-row pairs a thread instead of 1). Needs Triton 
     PYTHONPATH=/tmp/t36:. python benchmarks/int4_gemv_sass.py [--no-hints] [--opcodes] [--dot]
 
 --dot: the K loops of the 16-row dot-tile kernel (_int4_matmul_kernel) at CONFIGS' 2-16-row tiles instead.
+--folds: each 8B one-row shape at its CONFIGS path, plain and with the folds s43 built (gate_up's SwiGLU finish,
+EPILOGUE; o_proj's and down's add + norm finish, NORM; qkv's and gate_up's 1 / rms, RSTD_GROUPS): the K loop and the
+whole kernel's instructions (the folds belong outside the loop).
 """
 
 import collections
@@ -68,10 +71,35 @@ def dot_tiles(hints: bool, show: bool) -> None:
                     show)
 
 
+# shape -> (CONFIGS' one-row config, the folds row_sumsq / linear_epilogue give it)
+FOLDS = {"qkv 6144 x 4096": ((1, 6144, 4096), {"RSTD_GROUPS": 256}),
+         "o_proj 4096 x 4096": ((1, 4096, 4096), {"NORM": 1}),
+         "gate_up 28672 x 4096": ((1, 28672, 4096), {"EPILOGUE": 1, "RSTD_GROUPS": 256}),
+         "down 4096 x 14336": ((1, 4096, 14336), {"NORM": 1})}
+FOLD_TYPES = dict(TYPES, res_ptr="*bf16", norm_w_ptr="*bf16", h_ptr="*bf16", sumsq_ptr="*fp32", eps="fp32")
+
+
+def folds(hints: bool) -> None:
+    """The K loop and the whole kernel, plain and folded, at each shape's CONFIGS path."""
+    for shape, (key, fold) in FOLDS.items():
+        config = int4_matmul.CONFIGS[key]
+        base = dict(HAS_BIAS=False, BLOCK_N=config["BLOCK_N"], BLOCK_K=128, SPLIT_K=config["SPLIT_K"], EVEN_N=True,
+                    NUM_STAGES=config["num_stages"], PREFETCH=config.get("PREFETCH", False), PDL=True,
+                    F16=1 if config.get("F16") else 0, PARTS=int4_matmul.gemv_parts(config), GROUP_SHIFT=7)
+        options = {"num_stages": config["num_stages"], "num_warps": config["num_warps"], "launch_pdl": True}
+        for label, constexprs in (("plain", base), ("folded " + " ".join(fold), dict(base, **fold))):
+            lines = sass(compile_sm90(int4_matmul._int4_gemv_kernel, FOLD_TYPES, constexprs, options, hints)["cubin"])
+            loops = [len(b) for b in loop_bodies(lines)]
+            print(f"{shape:<21} {label:<28} K loop {loops} instructions, kernel {len(lines)}", flush=True)
+
+
 def main() -> None:
     hints, show = "--no-hints" not in sys.argv, "--opcodes" in sys.argv
     if "--dot" in sys.argv:
         dot_tiles(hints, show)
+        return
+    if "--folds" in sys.argv:
+        folds(hints)
         return
     for f16, parts, block_n, prefetch, stages in PATHS:
         constexprs = dict(HAS_BIAS=False, BLOCK_N=block_n, BLOCK_K=128, SPLIT_K=8, EVEN_N=True, NUM_STAGES=stages,
