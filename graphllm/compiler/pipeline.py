@@ -149,7 +149,8 @@ def quantization_record(config: CompileConfig, loaded, reports, kernels: dict) -
 QUANTIZED_OPS = {"fp8_linear": ("fp8", 1), "fp8_linear_quantized": ("fp8", 2), "int8_linear": ("int8", 1),
                  "int4_linear": ("int4", 1), "fp8_rms_norm_linear": ("fp8", 3), "fp8_add_rms_norm_linear": ("fp8", 4),
                  "fp8_silu_and_mul_linear": ("fp8", 1), "fp8_gelu_tanh_and_mul_linear": ("fp8", 1),
-                 }  # op -> (scheme, index of its weight argument)
+                 "int4_linear_act_and_mul": ("int4", 1), "int4_linear_add_norm": ("int4", 1),
+                 "int4_norm_linear": ("int4", 3)}  # op -> (scheme, index of its weight argument)
 
 
 def kernel_plan(graph, buckets) -> dict[str, dict[str, str]]:

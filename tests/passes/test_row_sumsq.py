@@ -149,6 +149,8 @@ def test_int4_pairs_every_norm_between_two_int4_linears(arch, epilogue):
     acts = [n.args[-1] for n in after.graph.nodes if n.target == ops.int4_norm_linear.default]
     assert sorted(acts) == [0] * (layers - 1) + [1 if epilogue else 0] * layers  # gate_up's SwiGLU when folded
     assert_same_function(before, after, config, seeds=(1, 2), atol=1e-4)
+    from graphllm.compiler.pipeline import kernel_plan  # the manifest names every int4 shape as before
+    assert kernel_plan(after, (1,)).keys() == kernel_plan(before, (1,)).keys() and len(kernel_plan(after, (1,))) == 4
 
 
 def test_int4_ops_equal_their_parts_off_the_kernel_path():
