@@ -473,7 +473,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
     qlat-none) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS --work $WORK \
         --json "$OUT/r/$tag.json" ;;
     qprof-*) bench latency --preset llama-3-8b --batch-sizes 1 --input-len 128 --output-len 64 $LIMITS --work $WORK \
-        --quantization "${stage#qprof-}" --json "$OUT/r/$tag.json" --profile "$OUT/r/$tag" --profile-steps 3 ;;
+        --quantization "${stage#qprof-}" --json "$OUT/r/$tag.json" --profile "$OUT/r/$tag" --profile-steps 3 \
+        && python3 benchmarks/trace_by_shape.py "$OUT/r/$tag/trace.json" | tee "$OUT/r/$tag-by-shape.md" | head -24 ;;
     qlat-fp8-prologue) bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 $LIMITS \
         --work $WORK --quantization fp8 --fp8-linear-prologue --json "$OUT/r/$tag.json" ;;
     qlat-*-lmhead) S=${stage#qlat-}; bench latency --preset llama-3-8b --batch-sizes 1,16 --input-len 128 --output-len 256 \
