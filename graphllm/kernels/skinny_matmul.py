@@ -244,34 +244,33 @@ def finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, of
             for s in tl.static_range(SPLIT_K):
                 out += tl.load(partial_ptr + (s * BLOCK_M + offs_m[:, None]) * N + offs_n[None, :],
                                mask=mn_mask, other=0.0, cache_modifier=".cg")
-            if HAS_BIAS:
-                out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-            if EPILOGUE != 0:
-                _store_act_and_mul(out, out_ptr, pid_n, offs_m, m_mask, N, stride_om, BLOCK_M, BLOCK_N, EPILOGUE)
-            elif NORM != 0:
-                _store_add_norm(out, out_ptr, h_ptr, res_ptr, norm_w_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask,
-                                n_mask, N, stride_om, stride_rm, BLOCK_M, BLOCK_N, NORM)
-            else:
-                tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
-                         mask=m_mask[:, None] & n_mask[None, :])
-            if SUMSQ:
-                _store_row_sumsq(out.to(out_ptr.dtype.element_ty), res_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask,
-                                 n_mask, N, stride_rm, BLOCK_M, BLOCK_N)
+            _store_finished(out, bias_ptr, out_ptr, pid_n, offs_m, offs_n, m_mask, n_mask, N, stride_om, HAS_BIAS,
+                            BLOCK_M, BLOCK_N, res_ptr, sumsq_ptr, stride_rm, SUMSQ, EPILOGUE, norm_w_ptr, h_ptr, NORM)
             tl.atomic_xchg(count_ptr + pid_n, 0)
     else:
-        if HAS_BIAS:
-            out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        if EPILOGUE != 0:
-            _store_act_and_mul(out, out_ptr, pid_n, offs_m, m_mask, N, stride_om, BLOCK_M, BLOCK_N, EPILOGUE)
-        elif NORM != 0:
-            _store_add_norm(out, out_ptr, h_ptr, res_ptr, norm_w_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask,
-                            n_mask, N, stride_om, stride_rm, BLOCK_M, BLOCK_N, NORM)
-        else:
-            tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
-                     mask=m_mask[:, None] & n_mask[None, :])
-        if SUMSQ:
-            _store_row_sumsq(out.to(out_ptr.dtype.element_ty), res_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask,
-                             n_mask, N, stride_rm, BLOCK_M, BLOCK_N)
+        _store_finished(out, bias_ptr, out_ptr, pid_n, offs_m, offs_n, m_mask, n_mask, N, stride_om, HAS_BIAS, BLOCK_M,
+                        BLOCK_N, res_ptr, sumsq_ptr, stride_rm, SUMSQ, EPILOGUE, norm_w_ptr, h_ptr, NORM)
+
+
+@triton.jit
+def _store_finished(out, bias_ptr, out_ptr, pid_n, offs_m, offs_n, m_mask, n_mask, N, stride_om,
+                    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, res_ptr, sumsq_ptr, stride_rm,
+                    SUMSQ: tl.constexpr, EPILOGUE: tl.constexpr, norm_w_ptr, h_ptr, NORM: tl.constexpr):
+    """finish_tile's store of a whole product tile (out: [BLOCK_M, BLOCK_N] float32, every split summed): + bias,
+    then the tile as it is, act(gate) * up (EPILOGUE) or the norm's part (NORM), and the sums of squares (SUMSQ)."""
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if EPILOGUE != 0:
+        _store_act_and_mul(out, out_ptr, pid_n, offs_m, m_mask, N, stride_om, BLOCK_M, BLOCK_N, EPILOGUE)
+    elif NORM != 0:
+        _store_add_norm(out, out_ptr, h_ptr, res_ptr, norm_w_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask, n_mask, N,
+                        stride_om, stride_rm, BLOCK_M, BLOCK_N, NORM)
+    else:
+        tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=m_mask[:, None] & n_mask[None, :])
+    if SUMSQ:
+        _store_row_sumsq(out.to(out_ptr.dtype.element_ty), res_ptr, sumsq_ptr, pid_n, offs_m, offs_n, m_mask, n_mask,
+                         N, stride_rm, BLOCK_M, BLOCK_N)
 
 
 @triton.jit
