@@ -686,11 +686,12 @@ def int4_matmul_add_norm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.T
     linear's output), h = y + residual (rounded as the norm's add: the new residual), xn = h * norm_weight (1 +
     norm_weight with unit_offset, in float32, rounded to x's dtype) and sumsq [M, N/16] float32, h's sums of
     squares over 16 columns. Returns (xn, h, sumsq): int4_matmul(xn, ..., rstd=(sumsq, eps)) is the next linear."""
-    out, h, sumsq = _int4_launch(x, qweight, scales, zeros, bias, config, 0, (residual, norm_weight, unit_offset), None)
-    return out, h, sumsq
+    return _int4_launch(x, qweight, scales, zeros, bias, config, 0, (residual, norm_weight, unit_offset), None)
 
 
 def _int4_launch(x, qweight, scales, zeros, bias, config, epilogue, norm, rstd):
+    """(out, h, sumsq) of one launch: int4_matmul's arguments, norm (residual, norm_weight, unit_offset) or None
+    (int4_matmul_add_norm's), rstd (sumsq, eps) or None; h and sumsq are None without norm."""
     m, k = x.shape
     n = qweight.shape[1]
     group_size = k // scales.shape[0]
