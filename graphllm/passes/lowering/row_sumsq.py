@@ -79,7 +79,8 @@ def row_mask(before: tuple[int, ...] | None, after: tuple[int, ...] | None) -> i
 
 
 class RowSumsq(GraphPass):
-    """Pairs a product with the add_rms_norm_linear after it; counts the pairs by the product's activation."""
+    """Pairs a product with the add_rms_norm_linear after it; counts the pairs by the product's activation, and the
+    int4 pairs (an add_rms_norm between two int4 linears) as "int4"."""
 
     name = "row_sumsq"
     version = 2  # 2: int4 pairs
@@ -127,7 +128,7 @@ class RowSumsq(GraphPass):
         """o = int4_linear(a, ...) read only by add_rms_norm(o, r) (either side) whose normed output only an int4
         linear reads (int4_linear, or linear_epilogue's int4_linear_act_and_mul) -> int4_linear_add_norm and
         int4_norm_linear; the norm's residual output becomes the new op's h."""
-        consumers = {ops.int4_linear.default: None, ops.int4_linear_act_and_mul.default: True}
+        consumers = (ops.int4_linear.default, ops.int4_linear_act_and_mul.default)
         pairs = 0
         for norm in [n for n in g.nodes if _call(n, ops.add_rms_norm.default)]:
             x, residual, norm_weight, eps, *rest = norm.args
