@@ -296,7 +296,6 @@ def test_add_norm_finish_and_the_next_products_rstd(m, config, unit_offset):
 
 def test_rstd_with_the_activation_epilogue():
     """gate_up's GEMV with both folds: its sums scaled by 1 / rms, then SwiGLU over the column pairs."""
-    from graphllm.kernels.skinny_matmul import split_k_counters as counters
     config = tiles(BLOCK_M=1, BLOCK_K=32, GEMV=True, SPLIT_K=2)
     x, packed, b = int4_case(1, 80, 96, 32, LOW_DTYPE, True, seed=10)
     sumsq = (x.float() ** 2).reshape(1, 6, 16).sum(-1) * 4.0  # the row's rms: 2 rms(x)
@@ -306,4 +305,4 @@ def test_rstd_with_the_activation_epilogue():
     unscaled = int4_matmul(x, *packed, None, config)
     torch.testing.assert_close(plain.float(), (unscaled.float() / (2 * x.float().pow(2).mean().sqrt()) + b.float()),
                                rtol=4 * UNIT[LOW_DTYPE], atol=1e-2)
-    assert counters(DEVICE).count_nonzero() == 0
+    assert split_k_counters(DEVICE).count_nonzero() == 0
