@@ -46,8 +46,11 @@
 #   fusion-tests  the decode kernel tests, its rotary tests and the engines with it on (GPU rows)
 #   STAGE-noepi  any bench stage with --no-linear-epilogue (SwiGLU back in down's prologue / its own kernel: the
 #              A/B of linear_epilogue), e.g. latency1-triton-noepi, fam-phi-3-mini-noepi; combines with -nopdl after it
-#   STAGE-rs   any bench stage with --row-sumsq (int4: the norms between int4 linears split into the product before
-#              and the one after, no norm kernel at 1-16 rows; before -epi / -nopdl if combined), e.g. qlat-int4-epi-rs
+#   STAGE-rs   any bench stage with --row-sumsq (bf16 pairs too; int4 takes its pairs by default since s44: the norms
+#              between int4 linears split into the product before and the one after, no norm kernel at 1-16 rows;
+#              before -epi / -nopdl if combined), e.g. latency1-triton-epi-rs; STAGE-nors with --no-row-sumsq
+#   STAGE-nofold  any bench stage with --no-row-sumsq --no-linear-epilogue (int4: the A/B of the default's folds,
+#              e.g. qlat-int4-nofold against qlat-int4)
 #   STAGE-snp  any bench stage with --shared-norm-prologue (a MoE layer's post-attention norm in the router's one-row
 #              launch, which stores it for the experts: the A/B against the stage without it), e.g. moe-lat-snp;
 #              snp-tests  its kernel tests and the Qwen3-MoE engine's one-row rows with and without it (and the
@@ -172,7 +175,9 @@ for tag in "$@"; do
   stage=$tag BENCH_EXTRA="" BENCH_TIMEOUT=0 XM=""  # tag names the outputs; stage picks the commands below
   case $stage in *-xm) stage=${stage%-xm} XM=1 ;; esac
   case $tag in *-nopdl) stage=${tag%-nopdl} BENCH_EXTRA="--no-enable-pdl" ;; esac
+  case $stage in *-nofold) stage=${stage%-nofold} BENCH_EXTRA="$BENCH_EXTRA --no-row-sumsq --no-linear-epilogue" ;; esac
   case $stage in *-rs) stage=${stage%-rs} BENCH_EXTRA="$BENCH_EXTRA --row-sumsq" ;; esac
+  case $stage in *-nors) stage=${stage%-nors} BENCH_EXTRA="$BENCH_EXTRA --no-row-sumsq" ;; esac
   case $stage in *-noepi) stage=${stage%-noepi} BENCH_EXTRA="$BENCH_EXTRA --no-linear-epilogue" ;; esac
   case $stage in *-epi) stage=${stage%-epi} BENCH_EXTRA="$BENCH_EXTRA --linear-epilogue" ;; esac
   case $stage in *-snp) stage=${stage%-snp} BENCH_EXTRA="$BENCH_EXTRA --shared-norm-prologue" ;; esac

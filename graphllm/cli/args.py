@@ -43,14 +43,15 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
                         help="GPU graphs: every linear on cuBLAS (no skinny_matmul kernel, no prologues)")
     parser.add_argument("--no-linear-prologue", dest="linear_prologue", action="store_false",
                         help="GPU graphs: norms and SwiGLU as their own kernels, not folded into the next matmul")
-    parser.add_argument("--linear-epilogue", action=argparse.BooleanOptionalAction, default=False,
+    parser.add_argument("--linear-epilogue", action=argparse.BooleanOptionalAction, default=None,
                         help="GPU graphs: SwiGLU / GeGLU in gate_up's own matmul launch, not in down_proj's prologue "
-                             "(batch 1) or a kernel of its own, over an interleaved gate_up weight (off by default: "
-                             "measured neutral on an H100)")
-    parser.add_argument("--row-sumsq", action=argparse.BooleanOptionalAction, default=False,
-                        help="GPU graphs: at 1-8 rows, o_proj and down_proj compute the next RMSNorm's row statistics "
-                             "in their epilogue, and the next matmul normalises with them (no norm kernel between; off by "
-                             "default: measured 2.6%% slower at batch 8 on an H100)")
+                             "(batch 1) or a kernel of its own, over an interleaved gate_up weight (default: int4 "
+                             "gate_ups only; measured neutral for bf16 on an H100)")
+    parser.add_argument("--row-sumsq", action=argparse.BooleanOptionalAction, default=None,
+                        help="GPU graphs: at 1-8 rows (1-16 between int4 matmuls), o_proj and down_proj compute the next "
+                             "RMSNorm's row statistics in their epilogue, and the next matmul normalises with them (no "
+                             "norm kernel between; default: between int4 matmuls only; bf16 measured 2.6%% slower at "
+                             "batch 8 on an H100)")
     parser.add_argument("--shared-norm-prologue", action=argparse.BooleanOptionalAction, default=False,
                         help="GPU graphs: a norm read by a matmul and by other ops (a MoE layer's router and experts) "
                              "runs in that matmul's launch at batch 1, which stores its output for the others (off by "

@@ -77,6 +77,10 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     from graphllm.passes.utility.eliminate_noops import EliminateNoops
 
     cleanup = [EliminateNoops(), DeadCodeElimination()]
+    scheme = prequantized.scheme if prequantized is not None else config.quantization
+    # None (the default): the int4 folds only, measured faster at batch 1 (benchmarks/RESULTS.md, s44); off
+    # elsewhere, where bf16's A/Bs measured them neutral or slower
+    epilogue, sumsq = ((scheme == "int4" if on is None else on) for on in (config.linear_epilogue, config.row_sumsq))
     chosen = [(config.fuse_qkv, FuseQKV), (config.fuse_gate_up, FuseGateUp),
               (config.fuse_silu_mul and config.fuse_gate_up, FuseSiluMul),
               (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.fuse_rope_attention, FuseRopeAttention),
@@ -85,11 +89,11 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
                lambda: LinearPrologue(fp8=config.fp8_linear_prologue)),
               (config.skinny_linear and config.linear_prologue and config.shared_norm_prologue, SharedNormPrologue),
               (config.skinny_linear and config.fuse_moe_router, FuseMoeRouter),
-              (config.skinny_linear and config.linear_epilogue, LinearEpilogue),
-              (config.skinny_linear and config.linear_prologue and config.row_sumsq, RowSumsq)]
+              (config.skinny_linear and epilogue, lambda: LinearEpilogue(int4_only=config.linear_epilogue is None)),
+              (config.skinny_linear and config.linear_prologue and sumsq,
+               lambda: RowSumsq(int4_only=config.row_sumsq is None))]
     linears = quantization_pass(config, prequantized)
     quantize = [linears] if linears else []
-    scheme = prequantized.scheme if prequantized is not None else config.quantization
     if scheme == "fp8":  # the experts: quantized here, or the checkpoint's (a dense graph has none: a no-op)
         quantize.append(QuantizeFP8Experts(None if prequantized is None else prequantized.experts))
     late = [QuantizeFP8Activations()] if scheme == "fp8" else []  # after the fusions: one per fused linear

@@ -146,7 +146,7 @@ def test_int4_gate_up_takes_the_activation(arch):
         p(before)
     after = copy_graph(before)
     layers = config.num_hidden_layers
-    assert LinearEpilogue()(after) == {"add_rms_norm": 0, "none": layers}
+    assert LinearEpilogue(int4_only=True)(after) == {"add_rms_norm": 0, "none": layers}
     DeadCodeElimination()(after)
     found = targets(after)
     assert found.count(ops.int4_linear_act_and_mul.default) == layers

@@ -113,6 +113,33 @@ def test_the_switch_is_in_the_pass_list_and_its_uuid():
     assert "row_sumsq" not in [p.name for p in PassManager(CompileConfig(row_sumsq=True, linear_prologue=False)).passes]
 
 
+def test_the_default_runs_both_folds_for_int4_only():
+    """row_sumsq and linear_epilogue default to None: in an int4 graph's pass list (int4 pairs / gate_ups only), not
+    in a bf16 or fp8 one; an explicit False keeps them out of the int4 one, an explicit True folds bf16 too."""
+    def chosen(**kw):
+        return {p.name: p for p in PassManager(CompileConfig(**kw)).passes}
+    int4 = chosen(quantization="int4")
+    assert int4["row_sumsq"].int4_only and int4["linear_epilogue"].int4_only
+    for other in (chosen(), chosen(quantization="fp8")):
+        assert "row_sumsq" not in other and "linear_epilogue" not in other
+    assert "row_sumsq" not in chosen(quantization="int4", row_sumsq=False)
+    assert "linear_epilogue" not in chosen(quantization="int4", linear_epilogue=False)
+    assert not chosen(quantization="int4", row_sumsq=True)["row_sumsq"].int4_only
+    assert PassManager(CompileConfig(quantization="int4")).uuid() != PassManager(
+        CompileConfig(quantization="int4", row_sumsq=True, linear_epilogue=True)).uuid()
+
+
+def test_int4_only_leaves_bf16_pairs(monkeypatch):
+    """int4_only (the default's) pairs nothing in a bf16 graph, where the unrestricted pass pairs every norm."""
+    monkeypatch.setattr("graphllm.kernels.skinny_matmul.takes_row_sumsq", lambda m, before, after: 1 <= m <= 8)
+    before, _ = prepared("llama")
+    LinearPrologue()(before)
+    after = copy_graph(before)
+    assert RowSumsq(int4_only=True)(after) == {"none": 0, "silu": 0, "gelu": 0, "int4": 0}
+    assert targets(after) == targets(before)
+    assert LinearEpilogue(int4_only=True)(after) == {"add_rms_norm": 0, "none": 0}
+
+
 def int4_graph(arch: str, epilogue: bool):
     """The tiny graph quantized to int4 and fused as the pass manager leaves it before row_sumsq."""
     from graphllm.passes.fusion.fuse_add_rmsnorm import FuseAddRMSNorm
@@ -124,7 +151,7 @@ def int4_graph(arch: str, epilogue: bool):
     from tests.passes.harness import tiny_step_graph
     graph, config = tiny_step_graph(arch)
     for p in (QuantizeInt4(group_size=32), FuseQKV(), FuseGateUp(), FuseSiluMul(), FuseAddRMSNorm(), SkinnyLinear(),
-              LinearPrologue(), *([LinearEpilogue()] if epilogue else [])):
+              LinearPrologue(), *([LinearEpilogue(int4_only=True)] if epilogue else [])):
         p(graph)
     return graph, config
 
@@ -135,7 +162,7 @@ def test_int4_pairs_every_norm_between_two_int4_linears(arch, epilogue):
     into int4_linear_add_norm and int4_norm_linear; the first input norm and the final norm stay. Same function."""
     before, config = int4_graph(arch, epilogue)
     after = copy_graph(before)
-    counts = RowSumsq()(after)
+    counts = RowSumsq(int4_only=True)(after)  # the default's pass: every int4 pair is still taken
     DeadCodeElimination()(after)
     layers = config.num_hidden_layers
     found = targets(after)

@@ -51,7 +51,7 @@ from torch import fx
 import graphllm.ops.linear  # noqa: F401  (registers the ops)
 import graphllm.ops.quantized_linear  # noqa: F401  (and the int4 pair's)
 from graphllm.ir.graph import StepGraph, new_node
-from graphllm.passes.base import GraphPass
+from graphllm.passes.base import GraphPass, source_uuid
 from graphllm.passes.lowering.linear_prologue import _call
 
 ops = torch.ops.graphllm
@@ -87,10 +87,17 @@ class RowSumsq(GraphPass):
 
     devices = ("cuda",)
 
+    def __init__(self, int4_only: bool = False):
+        self.int4_only = int4_only  # only the int4 pairs (the default's: measured faster only there)
+
+    def uuid(self) -> str:
+        return source_uuid(type(self).__module__, f"{self.name}:{self.version}:int4_only={self.int4_only}")
+
     def apply(self, graph: StepGraph) -> dict[str, int]:
         counts = {"none": 0, "silu": 0, "gelu": 0}
         g = graph.graph
-        for norm in [n for n in g.nodes if _call(n, ops.add_rms_norm_linear.default)]:
+        norms = [] if self.int4_only else [n for n in g.nodes if _call(n, ops.add_rms_norm_linear.default)]
+        for norm in norms:
             x, residual, norm_weight, eps, weight, *rest = norm.args
             for side, product in ((1, residual), (0, x)):
                 if not (_call(product, ops.linear.default) or _call(product, ops.silu_and_mul_linear.default)
