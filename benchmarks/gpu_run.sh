@@ -113,6 +113,7 @@
 #              schema (--structured-fraction 0.5); the same artifact as qtput-*
 #   startup    (issue 19) bench compile --no-decode: a cold compile in a fresh Inductor cache, two warm starts and a
 #              cold-disk start (the artifact evicted from the page cache), each with its start-up phases
+#   startup-q-S  startup with --quantization S (issue 15's compile time <= bf16's + 20%: run beside startup)
 #   startup-full  startup with --cudagraph-mode FULL (the mixed-step graphs' capture time and memory)
 #   startup-prof  benchmarks/startup_profile.py: cProfile of a cold compile and of Engine.load (issue 19)
 #   norm-tests the decode kernel's folded q/k head norms (rope_decode NORM) on the GPU, and the Qwen3 / Gemma 3
@@ -388,6 +389,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         && cp graphllm/kernels/int4_matmul.py "$OUT/r/int4_matmul.applied.py" ;;
     startup) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \
         --json "$OUT/r/$tag.json"; rm -rf $WORK/startup ;;
+    startup-q-*) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \
+        --quantization "${stage#startup-q-}" --json "$OUT/r/$tag.json"; rm -rf $WORK/startup ;;
     startup-full) bench compile --preset llama-3-8b --max-num-seqs 256 --no-decode --work $WORK/startup \
         --cudagraph-mode FULL --json "$OUT/r/$tag.json"; rm -rf $WORK/startup ;;
     ab-moe-lat) (cd .ab && PYTHONPATH="/tmp/site:$PWD" python3 -m graphllm.cli bench latency --preset qwen3-30b-a3b \
