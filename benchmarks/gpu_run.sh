@@ -91,6 +91,8 @@
 #              best configs written into int4_matmul.CONFIGS on the device's copy (apply_sweep_configs.py), so
 #              that later stages of the same call (qlat-int4) run them; qsweep-pairs  the same at 1, 4 and 16 rows
 #              with the nibble-pair dot tiles first; qsweep-int4-16  the same at 16 rows (batch 16's bucket);
+#              qtests-mma  int4_mma's tensor-core kernel against the reference (s44, opt-in; qsweep-int4 times it
+#              beside the GEMV up to 8 rows: the sweep table's mma column);
 #              qtests-int4  the int4 kernel tests (and the engine's int4 agreement); qtests-gemv  the one-row GEMV's
 #              (F16, the 8B shapes) and the agreement alone; ncu-quant  hardware
 #              counters (stall reasons, DRAM and issue use) of the int4 and fp8 kernels at the 8B shapes
@@ -458,6 +460,8 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --metrics "$(python3 benchmarks/ncu_attention.py metrics)" python3 benchmarks/ncu_attention.py launch \
         > "$OUT/r/ncu-attention.csv" 2> "$OUT/r/ncu-attention.err"; tail -5 "$OUT/r/ncu-attention.err"
         python3 benchmarks/ncu_attention.py table "$OUT/r/ncu-attention.csv" | tee "$OUT/r/ncu-attention.txt" ;;
+    qtests-mma) timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_int4_mma.py ;;
     qtests-int4) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py \
         "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" tests/gpu/test_quantized.py::test_int4_folds_keep_the_agreement 2>&1 \

@@ -329,6 +329,29 @@ def tinygemm_weights(n: int, k: int, count: int) -> list | str:
         return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
+# int4_mma.py's tensor-core kernel (opt-in, s44): (XSUM, warps, K splits) timed beside the int4 candidates up to 8 rows
+MMA_VARIANTS = tuple(itertools.product((True, False), (4, 8), (4, 8, 16)))
+
+
+def mma_timings(x: torch.Tensor, weights: list, ref: torch.Tensor) -> list[dict]:
+    """int4_mma_matmul over the shuffled copies of weights ((qweight, scales, zeros) each), per MMA_VARIANTS."""
+    from graphllm.kernels.int4_mma import int4_mma_matmul, mma_usable, shuffle_int4_mma
+    n, k = weights[0][0].shape[1], x.shape[1]
+    if not mma_usable(x, n, k, k // weights[0][1].shape[0]):
+        return []
+    shuffled = [(shuffle_int4_mma(q[0]), q[1], q[2]) for q in weights]
+    out = []
+    for xsum, warps, split in MMA_VARIANTS:
+        if n % (16 * warps):
+            continue
+        t, err, why = time_call(lambda wq, a=(xsum, warps, split): int4_mma_matmul(
+            x, *wq, split_k=a[2], warps=a[1], xsum=a[0]), shuffled, ref)
+        out.append({"xsum": xsum, "warps": warps, "split_k": split, "us": t * 1e6 if t else None, "err": err,
+                    "error": why})
+    del shuffled
+    return out
+
+
 def config_text(config: dict | None) -> str:
     """BLOCK_MxBLOCK_NxBLOCK_K/SPLIT_K, warps and stages, then the flags set: e.g. 16x64x256/2 w4s4 swap fuse."""
     if config is None:
@@ -360,6 +383,11 @@ def sweep_kernel(kernel: Kernel, name: str, n: int, k: int, w: torch.Tensor, bas
         if kernel.name == "int4":
             row["tinygemm_us"] = tiny if isinstance(tiny, str) else try_us(
                 [lambda p=p: torch._weight_int4pack_mm(x, p[0], GROUP_SIZE, p[1]) for p in tiny])
+        if kernel.name == "int4" and m <= 8:
+            row["mma"] = mma_timings(x, weights, ref)
+            timed = [v["us"] for v in row["mma"] if v["us"]]
+            if timed:
+                row["mma_best_us"] = min(timed)
         t, err, why = time_call(lambda wq: kernel.call(x, wq, None), weights, ref)
         row["default_us"], row["default_err"] = (t * 1e6 if t else why), err
         timings = [(t, None)] if t else []
@@ -405,13 +433,14 @@ def print_table(report: dict) -> None:
     copy = report["copy_gb_s"]
     us = lambda v: f"{v:.1f}" if isinstance(v, float) else "-"  # noqa: E731 - a failed call is a string
     print(f"copy {copy:.0f} GB/s on {report['device']}; us per call, weights from HBM; other: scaled_mm (fp8), "
-          "tinygemm (int4), skinny bf16")
-    print("kern shape     M    best  GB/s %copy default  cuBLAS       other  best config")
+          "tinygemm (int4), skinny bf16; mma: int4_mma's tensor-core kernel, best variant (int4, up to 8 rows)")
+    print("kern shape     M    best  GB/s %copy default  cuBLAS       other     mma  best config")
     for r in report["rows"]:
         other = r.get("scaled_mm_us", r.get("tinygemm_us", r.get("bf16_skinny_us")))
         gb_s = r.get("best_gb_s", 0.0)
         print(f"{r['kernel']:<4} {r['shape']:<7} {r['m']:>3} {us(r.get('best_us')):>7} {gb_s:5.0f} "
-              f"{100 * gb_s / copy:4.0f}% {us(r['default_us']):>7} {us(r['bf16_cublas_us']):>7} {us(other):>11}  "
+              f"{100 * gb_s / copy:4.0f}% {us(r['default_us']):>7} {us(r['bf16_cublas_us']):>7} {us(other):>11} "
+              f"{us(r.get('mma_best_us')):>7}  "
               f"{config_text(r.get('best_config'))}")
 
 

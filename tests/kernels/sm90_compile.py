@@ -24,7 +24,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from graphllm.kernels import fp8_matmul, fused_moe, int4_matmul, mla_decode, mla_prefill, moe_align, moe_experts, moe_routing
-from graphllm.kernels import moe_router
+from graphllm.kernels import int4_mma, moe_router
 from graphllm.kernels import rms_norm, silu_and_mul, silu_and_mul_fp8, skinny_matmul
 from graphllm.kernels import paged_decode_attention as decode
 from graphllm.kernels.fp8_convert import FP8_CVT, FP8_TRITON
@@ -207,6 +207,20 @@ def int4_variants():
             NUM_STAGES=stages, GROUP_SHIFT=7), {"num_stages": stages}
 
 
+def int4_mma_variants():
+    """int4_mma's tensor-core kernel (1-8 rows, opt-in): bfloat16 and float16 x, the zero point per weight pair and
+    from x's sums (XSUM), split and not, under PDL."""
+    types = {"x_ptr": "*bf16", "w_ptr": "*i32", "scales_ptr": "*bf16", "zeros_ptr": "*bf16", "bias_ptr": "*bf16",
+             "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32"}
+    f16 = {**types, "x_ptr": "*fp16", "scales_ptr": "*fp16", "zeros_ptr": "*fp16", "bias_ptr": "*fp16",
+           "out_ptr": "*fp16"}
+    for xsum, warps, split, dtypes, is_f16 in ((True, 4, 8, types, False), (False, 4, 8, types, False),
+                                              (True, 8, 1, types, False), (True, 4, 4, f16, True)):
+        yield int4_mma._int4_mma_kernel, dtypes, dict(HAS_BIAS=True, WARPS=warps, SPLIT_K=split, F16=is_f16,
+                                                      XSUM=xsum, PDL=True), {"num_warps": warps, "num_stages": 1,
+                                                                              "launch_pdl": True}
+
+
 def pdl_variants():
     """The decode step's kernels as they launch under programmatic dependent launch (EngineConfig.enable_pdl: PDL
     and Triton's launch_pdl): the decode linear at one row with and without a norm prologue and the 16-row tile,
@@ -372,12 +386,14 @@ def check(kernel: triton.JITFunction, types: dict[str, str], constexprs: dict, o
     if constexprs.get("PV_WGMMA") and not re.search(r"wgmma\.mma_async\S*\.f16\.f16", asm["ptx"]):
         # P.V with the values on the M side: a float16 wgmma, not mma.sync
         raise AssertionError("PV_WGMMA: no float16 wgmma in the PTX")
+    if kernel is int4_mma._int4_mma_kernel and "mma.sync.aligned.m16n8k16" not in asm["ptx"]:
+        raise AssertionError("int4_mma: no mma.sync in the PTX")
     if constexprs.get("PDL"):  # the wait, and the weight prefetch before it (at one row: BLOCK_K covers a line)
         ptx = asm["ptx"]
         waits, triggers = ptx.count("griddepcontrol.wait"), ptx.count("griddepcontrol.launch_dependents")
         prefetches = ptx.count("prefetch.global.L2")
         streams = (skinny_matmul._skinny_matmul_kernel, fp8_matmul._fp8_matmul_kernel, int4_matmul._int4_gemv_kernel,
-                   moe_router._router_topk_kernel)
+                   moe_router._router_topk_kernel, int4_mma._int4_mma_kernel)
         if waits != 1 or triggers != 1 or (kernel in streams and not prefetches):
             raise AssertionError(f"PDL: {waits} griddepcontrol.wait, {triggers} launch_dependents, {prefetches} "
                                  "prefetch.global.L2 in the PTX")
@@ -388,12 +404,13 @@ def main() -> int:
     assert os.environ.get("TRITON_INTERPRET") != "1", "run outside Triton's interpreter"
     failed = 0
     for kernel, types, constexprs, options in (*variants(), *mla_variants(), *moe_variants(), *fp8_variants(),
-                                               *int4_variants(), *pdl_variants()):
+                                               *int4_variants(), *int4_mma_variants(), *pdl_variants()):
         flags = {k: v for k, v in constexprs.items() if k in ("DIRECT", "MIXED", "ONE_TOKEN_ROWS", "KV_FP8", "SOFTCAP",
                                                                "WINDOWED", "ROPE", "HALVES",
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
                                                                "X_MODE", "PROLOGUE", "EPILOGUE", "SUMSQ", "PDL",
-                                                               "NORM", "RSTD_GROUPS", "F16", "PREFETCH")}
+                                                               "NORM", "RSTD_GROUPS", "F16", "PREFETCH", "XSUM",
+                                                               "WARPS")}
         try:
             print(f"{kernel.__name__} {flags}: {check(kernel, types, constexprs, options)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every variant, then fail

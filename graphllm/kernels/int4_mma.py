@@ -1,0 +1,299 @@
+"""y = x @ W^T (+ bias) for 1..8 rows of a weight-only int4 linear on the tensor cores: one mma.sync per int32 word.
+
+Opt-in and unmeasured (s44): the one-row GEMV of int4_matmul multiplies on the FP32 pipe at ~4 instructions a
+weight (2.8 in packed float16), and s17's H200 counters and LOWBIT.md's tinygemm show int4 GEMVs issue- and
+latency-bound, not bandwidth-bound (benchmarks/RESULTS.md, s44). Here the weight is the MMA's A operand
+(mma.m16n8k16, 16 output columns x 16 K values) and up to 8 rows of x its B operand, so that each thread's
+32-bit word IS its A fragment: eight nibbles, one shift and one LOP3 per pair of them (q | 0x4300 read as bfloat16
+is 128 + q, 0x6400 float16 1024 + q), a packed subtraction of 128 + z (exact: q - z is a small integer), and one
+HMMA for 256 weights of the warp, with no FP32 multiply-add. XSUM drops the subtraction: the MMA multiplies 128 + q,
+a second MMA (A all ones) sums each row of x over the step, and each chunk takes (128 + z) * sum(x) away once.
+Offline sm_90 SASS (Triton 3.6, 4 warps): the loop is 177 instructions for 64 weights a thread (2.77 a weight),
+153-159 with XSUM (2.39-2.48), against the float32 GEMV's 3.99 and F16's 2.83 (benchmarks/RESULTS.md, s44): bfloat16's
+7-bit mantissa holds one nibble a half, so each of a word's four pairs takes its own shift and LOP3.
+
+The layout (shuffle_int4_mma, from GPTQ's [K/8, N] qweight): words[tile, chunk, lane, j] int32, one 16-column tile
+of W by one 128-wide chunk of K by the 32 lanes of a warp by the 8 MMA steps of the chunk. Lane l (g = l // 4,
+t = l % 4) of step j holds W's columns n = 16 tile + g (nibbles 0, 4, 2, 6) and n + 8 (nibbles 1, 5, 3, 7) at K
+offsets 128 chunk + 32 t + 4 j + (0, 1, 2, 3): nibble pairs (0, 4), (1, 5), (2, 6), (3, 7) are PTX's A registers
+a0a1, a2a3, a4a5, a6a7, whose fragment columns 2t, 2t + 1, 2t + 8, 2t + 9 stand for those K offsets. The K order
+inside a chunk is free (a dot product), and this one gives each lane 4 contiguous x values a step: its B
+registers b0b1 and b2b3 are one 8-byte load of row g of x (lanes of rows >= M load zeros). D's registers then hold
+y[row 2t (+1), column n (+8)]; each chunk's sums are scaled by their columns' group scales in float32.
+
+Where it rounds: (q - z) is exact in 16 bits, the MMA's products are exact in float32 and summed in float32 (in the
+MMA's own order), then one float32 scale multiply-add per chunk and column: the reference up to float32 rounding.
+XSUM sums (128 + q) x (float16: 1024 + q) and takes the offset's share away after the chunk: the float32 sums lose
+7 (10) bits to the offset, relative to sum |x| s, still far below the output's 16-bit rounding.
+Needs sm_90 (sub.rn.bf16x2) and 16-bit x; group sizes that are multiples of 128; N a multiple of 16, K of 128.
+Triton's interpreter cannot run the PTX: CPU tests check the layout with mma_reference (the same lane arithmetic
+in torch, PTX's fragment tables spelled out), the kernel itself is tested on the GPU.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from graphllm.kernels.gdc import dependent_start
+from graphllm.kernels.launch import pdl_launch
+from graphllm.kernels.quant_layout import INT4_PACK, unpack_int4
+from graphllm.kernels.skinny_matmul import MAX_COLUMN_TILES, finish_tile, split_k_counters
+
+CHUNK = 128  # K values per scale step (a group of 128, or a part of a larger group)
+STEPS = CHUNK // 16  # mma.m16n8k16 steps a chunk
+MAX_MMA_ROWS = 8  # the MMA's N: rows of x a launch serves
+# nibble of a lane's word -> (W's column offset from 16 tile + g, K offset from 128 chunk + 32 t + 4 j)
+NIBBLES = ((0, 0), (8, 0), (0, 2), (8, 2), (0, 1), (8, 1), (0, 3), (8, 3))
+
+# a0a1 .. a6a7 from the word's nibble pairs (w >> 4i) & 0x000F000F | MAGIC, then minus the zero pair ($6: the
+# lane's column n, $7: n + 8); b0b1 b2b3 the 8 bytes of x; D += A B
+_MMA_PTX = """{{
+.reg .b32 a0, a1, a2, a3, b0, b1, s;
+mov.b64 {{b0, b1}}, $5;
+lop3.b32 a0, $4, 0x000F000F, {magic}, 0xEA;
+shr.u32 s, $4, 4;
+lop3.b32 a1, s, 0x000F000F, {magic}, 0xEA;
+shr.u32 s, $4, 8;
+lop3.b32 a2, s, 0x000F000F, {magic}, 0xEA;
+shr.u32 s, $4, 12;
+lop3.b32 a3, s, 0x000F000F, {magic}, 0xEA;
+sub.rn.{t}x2 a0, a0, $6;
+sub.rn.{t}x2 a1, a1, $7;
+sub.rn.{t}x2 a2, a2, $6;
+sub.rn.{t}x2 a3, a3, $7;
+mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{$0, $1, $2, $3}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{$8, $9, $10, $11}};
+}}"""
+MMA_PTX_BF16 = tl.constexpr(_MMA_PTX.format(magic="0x43004300", t="bf16"))
+MMA_PTX_F16 = tl.constexpr(_MMA_PTX.format(magic="0x64006400", t="f16"))
+# XSUM: no subtraction in the loop; A = MAGIC + q, and a second MMA with A = 1.0 sums each row of x over the step
+# (D's layout: rows 2t, 2t + 1 in $4, $5), so that a chunk's sums lose (MAGIC + z) * sum(x) once per column
+_XSUM_PTX = """{{
+.reg .b32 a0, a1, a2, a3, b0, b1, s;
+mov.b64 {{b0, b1}}, $9;
+lop3.b32 a0, $8, 0x000F000F, {magic}, 0xEA;
+shr.u32 s, $8, 4;
+lop3.b32 a1, s, 0x000F000F, {magic}, 0xEA;
+shr.u32 s, $8, 8;
+lop3.b32 a2, s, 0x000F000F, {magic}, 0xEA;
+shr.u32 s, $8, 12;
+lop3.b32 a3, s, 0x000F000F, {magic}, 0xEA;
+mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{$0, $1, $2, $3}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{$10, $11, $12, $13}};
+mov.b32 s, {one};
+mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{$4, $5, $6, $7}}, {{s, s, s, s}}, {{b0, b1}}, {{$14, $15, $16, $17}};
+}}"""
+XSUM_PTX_BF16 = tl.constexpr(_XSUM_PTX.format(magic="0x43004300", t="bf16", one="0x3F803F80"))
+XSUM_PTX_F16 = tl.constexpr(_XSUM_PTX.format(magic="0x64006400", t="f16", one="0x3C003C00"))
+
+
+def shuffle_int4_mma(qweight: torch.Tensor) -> torch.Tensor:
+    """GPTQ's qweight int32 [K/8, N] -> the MMA layout int32 [N/16, K/128, 32, 8] (the module docstring)."""
+    k, n = qweight.shape[0] * INT4_PACK, qweight.shape[1]
+    assert n % 16 == 0 and k % CHUNK == 0, f"int4 MMA layout: N a multiple of 16 and K of {CHUNK}, got {n} x {k}"
+    q = unpack_int4(qweight).reshape(k // CHUNK, 4, STEPS, 4, n // 16, 2, 8)  # [chunk, t, j, k4, tile, half, g]
+    word = torch.zeros((n // 16, k // CHUNK, 8, 4, STEPS), dtype=torch.int32, device=qweight.device)  # g, t, j
+    for nibble, (column, offset) in enumerate(NIBBLES):
+        part = q[:, :, :, offset, :, column // 8, :]  # [chunk, t, j, tile, g]
+        word |= part.permute(3, 0, 4, 1, 2).to(torch.int32) << (4 * nibble)
+    return word.reshape(n // 16, k // CHUNK, 32, STEPS).contiguous()
+
+
+def unshuffle_int4_mma(words: torch.Tensor) -> torch.Tensor:
+    """shuffle_int4_mma's inverse: the MMA layout -> GPTQ's qweight [K/8, N]."""
+    tiles, chunks = words.shape[:2]
+    w = words.reshape(tiles, chunks, 8, 4, STEPS)
+    q = torch.zeros((chunks, 4, STEPS, 4, tiles, 2, 8), dtype=torch.int32, device=words.device)
+    for nibble, (column, offset) in enumerate(NIBBLES):
+        q[:, :, :, offset, :, column // 8, :] = ((w >> (4 * nibble)) & 0xF).permute(1, 3, 4, 0, 2)
+    q = q.reshape(chunks * CHUNK // INT4_PACK, INT4_PACK, tiles * 16)
+    shifts = torch.arange(0, 32, 4, device=words.device, dtype=torch.int32)[None, :, None]
+    return (q << shifts).sum(1, dtype=torch.int32)
+
+
+def mma_reference(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What the kernel computes, lane by lane, in torch float32: each lane's A registers from its word (nibble pairs
+    (i, i + 4) for a(2i), a(2i+1)) and B registers from x, placed by PTX's mma.m16n8k16 fragment tables (A: row g
+    for a0 a1 a4 a5, g + 8 for a2 a3 a6 a7, column 2t + (i & 1), + 8 for a4..a7; B: rows 2t + (i & 1), + 8 for
+    b2 b3, column g), then D = A B per step. Checks the layout's lane arithmetic on a CPU; x: [M <= 8, K]."""
+    m, k = x.shape
+    tiles, chunks = words.shape[:2]
+    group = k // scales.shape[0]
+    lane = torch.arange(32)
+    g, t = lane // 4, lane % 4
+    xs = torch.zeros((MAX_MMA_ROWS, k), dtype=torch.float32)
+    xs[:m] = x.float().cpu()
+    w = words.cpu().reshape(tiles, chunks, 32, STEPS)
+    y = torch.zeros((MAX_MMA_ROWS, tiles * 16), dtype=torch.float32)
+    for c in range(chunks):
+        zc = zeros[(c * CHUNK) // group].float().cpu()
+        sc = scales[(c * CHUNK) // group].float().cpu()
+        for tile in range(tiles):
+            d = torch.zeros((16, 8))
+            for j in range(STEPS):
+                a = torch.zeros((16, 16))
+                b = torch.zeros((16, 8))
+                word = w[tile, c, :, j]
+                k0 = c * CHUNK + 32 * t + 4 * j
+                for i in range(8):  # register element a_i: nibble pair (i // 2, i // 2 + 4), one of the pair
+                    nibble = i // 2 + 4 * (i % 2)
+                    row = g + 8 * ((i // 2) % 2)
+                    col = 2 * t + (i % 2) + 8 * (i // 4)
+                    a[row, col] = (((word >> (4 * nibble)) & 0xF).float()
+                                   - zc[16 * tile + row])
+                for i in range(4):  # b_i: row 2t + (i & 1) + 8 (i >= 2), column g: x[g, k0 + i]
+                    b[2 * t + (i % 2) + 8 * (i // 2), g] = xs[g, k0 + i]
+                d += a @ b
+            y[:, 16 * tile:16 * tile + 16] += (d * sc[16 * tile:16 * tile + 16, None]).t()
+    y = y[:m]
+    if bias is not None:
+        y = y + bias.float().cpu()
+    return y.to(x.dtype)
+
+
+@triton.jit
+def _mma_step(w, xv, z_lo, z_hi, c0, c1, c2, c3, F16: tl.constexpr):
+    if F16:
+        return tl.inline_asm_elementwise(MMA_PTX_F16, "=r,=r,=r,=r,r,l,r,r,r,r,r,r",
+                                         [w, xv, z_lo, z_hi, c0, c1, c2, c3],
+                                         dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(MMA_PTX_BF16, "=r,=r,=r,=r,r,l,r,r,r,r,r,r",
+                                     [w, xv, z_lo, z_hi, c0, c1, c2, c3],
+                                     dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+
+
+@triton.jit
+def _xsum_step(w, xv, c0, c1, c2, c3, s0, s1, s2, s3, F16: tl.constexpr):
+    f = tl.float32
+    if F16:
+        return tl.inline_asm_elementwise(XSUM_PTX_F16, "=r,=r,=r,=r,=r,=r,=r,=r,r,l,r,r,r,r,r,r,r,r",
+                                         [w, xv, c0, c1, c2, c3, s0, s1, s2, s3], dtype=(f, f, f, f, f, f, f, f),
+                                         is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(XSUM_PTX_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,l,r,r,r,r,r,r,r,r",
+                                     [w, xv, c0, c1, c2, c3, s0, s1, s2, s3], dtype=(f, f, f, f, f, f, f, f),
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _zero_pair(zeros_ptr, offs, F16: tl.constexpr):
+    """The packed 16-bit pair (MAGIC + z, MAGIC + z) of zeros at offs (MAGIC 128 bfloat16, 1024 float16)."""
+    z = tl.load(zeros_ptr + offs).to(tl.float32)
+    if F16:
+        bits = (z + 1024.0).to(tl.float16).to(tl.int16, bitcast=True)
+    else:
+        bits = (z + 128.0).to(tl.bfloat16).to(tl.int16, bitcast=True)
+    half = bits.to(tl.int32) & 0xFFFF
+    return half | (half << 16)
+
+
+@triton.jit
+def _int4_mma_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr, M, N, K,
+                     K_SPLIT, G, stride_xm, stride_om, HAS_BIAS: tl.constexpr, WARPS: tl.constexpr,
+                     SPLIT_K: tl.constexpr, F16: tl.constexpr, XSUM: tl.constexpr = False, PDL: tl.constexpr = False):
+    """Grid (N / (16 WARPS), SPLIT_K): warp w of program pid_n takes W's 16-column tile pid_n * WARPS + w over
+    this split's chunks of K. Every tensor of the loop is [32 WARPS], one element a thread (element e is lane
+    e % 32 of warp e // 32: the inline PTX's operands are that thread's registers), loaded with strides that
+    Triton does not vectorize."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    BLOCK_N: tl.constexpr = 16 * WARPS
+    e = tl.arange(0, 32 * WARPS)
+    lane = e % 32
+    g = lane // 4
+    t = lane % 4
+    tile = pid_n * WARPS + e // 32
+    col = tile * 16 + g  # the lane's W columns: col and col + 8
+    chunks = K // 128
+    k_lo = pid_k * K_SPLIT
+    k_hi = tl.minimum(k_lo + K_SPLIT, K)
+    words = w_ptr + (tile.to(tl.int64) * chunks * 32 + lane) * 8  # + (chunk * 32) * 8 + j
+    x_words = x_ptr.to(tl.pointer_type(tl.int64))  # 4 x values a load
+    x_rows = x_words + g.to(tl.int64) * (stride_xm // 4) + t * 8  # + k0 / 4 + j
+    row_ok = g < M
+    if PDL:  # the first chunk's words into L2 before the wait (the weights are the model's: no kernel writes them)
+        dependent_start(words + (k_lo // 128) * 256)
+    y0 = tl.zeros([32 * WARPS], dtype=tl.float32)
+    y1 = tl.zeros([32 * WARPS], dtype=tl.float32)
+    y2 = tl.zeros([32 * WARPS], dtype=tl.float32)
+    y3 = tl.zeros([32 * WARPS], dtype=tl.float32)
+    MAGIC: tl.constexpr = 1024.0 if F16 else 128.0
+    for k0 in range(k_lo, k_hi, 128):
+        group = (k0 // G) * N
+        c0 = tl.zeros([32 * WARPS], dtype=tl.float32)
+        c1 = tl.zeros([32 * WARPS], dtype=tl.float32)
+        c2 = tl.zeros([32 * WARPS], dtype=tl.float32)
+        c3 = tl.zeros([32 * WARPS], dtype=tl.float32)
+        step_words = words + (k0 // 128) * 256
+        if XSUM:
+            s0 = tl.zeros([32 * WARPS], dtype=tl.float32)
+            s1 = tl.zeros([32 * WARPS], dtype=tl.float32)
+            s2 = tl.zeros([32 * WARPS], dtype=tl.float32)
+            s3 = tl.zeros([32 * WARPS], dtype=tl.float32)
+            for j in tl.static_range(8):
+                w = tl.load(step_words + j)
+                xv = tl.load(x_rows + (k0 // 4 + j), mask=row_ok, other=0)
+                c0, c1, c2, c3, s0, s1, s2, s3 = _xsum_step(w, xv, c0, c1, c2, c3, s0, s1, s2, s3, F16)
+            z_lo = tl.load(zeros_ptr + group + col).to(tl.float32) + MAGIC
+            z_hi = tl.load(zeros_ptr + group + col + 8).to(tl.float32) + MAGIC
+            c0 -= z_lo * s0
+            c1 -= z_lo * s1
+            c2 -= z_hi * s0
+            c3 -= z_hi * s1
+        else:
+            z_lo = _zero_pair(zeros_ptr, group + col, F16)
+            z_hi = _zero_pair(zeros_ptr, group + col + 8, F16)
+            for j in tl.static_range(8):
+                w = tl.load(step_words + j)
+                xv = tl.load(x_rows + (k0 // 4 + j), mask=row_ok, other=0)
+                c0, c1, c2, c3 = _mma_step(w, xv, z_lo, z_hi, c0, c1, c2, c3, F16)
+        s_lo = tl.load(scales_ptr + group + col).to(tl.float32)
+        s_hi = tl.load(scales_ptr + group + col + 8).to(tl.float32)
+        y0 += s_lo * c0
+        y1 += s_lo * c1
+        y2 += s_hi * c2
+        y3 += s_hi * c3
+    # y0: row 2t, column col; y1: row 2t + 1; y2, y3: the same rows, column col + 8 -> [8 rows, BLOCK_N]
+    out = tl.join(tl.join(y0, y1), tl.join(y2, y3))  # [32 WARPS, 2 (half), 2 (row parity)]
+    out = tl.reshape(out, (WARPS, 8, 4, 2, 2))  # warp, g, t, half, parity
+    out = tl.reshape(tl.permute(out, (2, 4, 0, 3, 1)), (8, BLOCK_N))  # row 2t + parity, column 16 w + 8 half + g
+    offs_m = tl.arange(0, 8)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, offs_m < M,
+                offs_n < N, N, stride_om, HAS_BIAS, 8, BLOCK_N, SPLIT_K)
+
+
+def mma_usable(x: torch.Tensor, n: int, k: int, group_size: int) -> bool:
+    """Whether int4_mma_matmul runs for x: 1..8 rows of 16-bit x on an sm_90+ GPU, N % 16, K and the group % 128."""
+    return (x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0) and 1 <= x.shape[0] <= MAX_MMA_ROWS
+            and x.dtype in (torch.bfloat16, torch.float16) and n % 16 == 0 and k % CHUNK == 0
+            and group_size % CHUNK == 0)
+
+
+def int4_mma_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                    bias: torch.Tensor | None = None, split_k: int = 8, warps: int = 4,
+                    xsum: bool = True) -> torch.Tensor:
+    """x [M <= 8, K] @ W^T (+ bias) -> [M, N] in x's dtype, W from shuffle_int4_mma's words, GPTQ's scales and zeros
+    [K/G, N]. split_k: K splits (whole chunks, none empty); warps: 16-column tiles a program; xsum: the zero point
+    taken away once a chunk from x's sums (the kernel's XSUM) rather than from every weight pair."""
+    m, k = x.shape
+    tiles, chunks = words.shape[:2]
+    n = tiles * 16
+    group_size = k // scales.shape[0]
+    assert words.shape == (tiles, k // CHUNK, 32, STEPS) and words.dtype == torch.int32 and words.is_contiguous()
+    assert scales.shape == zeros.shape == (k // group_size, n) and scales.is_contiguous() and zeros.is_contiguous()
+    assert mma_usable(x, n, k, group_size), "int4_mma_matmul: 1-8 rows of 16-bit x on sm_90+, N % 16, K and G % 128"
+    assert x.stride(-1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
+    assert n % (16 * warps) == 0
+    out = x.new_empty((m, n))
+    k_split = triton.cdiv(chunks, split_k) * CHUNK
+    split_k = triton.cdiv(k, k_split)
+    tiles_n = n // (16 * warps)
+    partial = counters = out
+    if split_k > 1:
+        assert tiles_n <= MAX_COLUMN_TILES
+        partial = torch.empty((split_k, 8, n), dtype=torch.float32, device=x.device)
+        counters = split_k_counters(x.device)
+    _int4_mma_kernel[(tiles_n, split_k)](
+        x, words, scales, zeros, scales if bias is None else bias, out, partial, counters, m, n, k, k_split,
+        group_size, x.stride(0), out.stride(0), HAS_BIAS=bias is not None, WARPS=warps, SPLIT_K=split_k,
+        F16=x.dtype == torch.float16, XSUM=xsum, num_warps=warps, num_stages=1, **pdl_launch(x.device))
+    return out
