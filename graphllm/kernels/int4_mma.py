@@ -186,6 +186,15 @@ def _zero_pair(zeros_ptr, offs, F16: tl.constexpr):
 
 
 @triton.jit
+def fragments_to_tile(y0, y1, y2, y3, WARPS: tl.constexpr):
+    """D's registers over the program ([32 WARPS] each; thread e is lane e % 32 = 4 g + t of warp e // 32) -> the
+    [8, 16 WARPS] tile: y0 is row 2t, column 16 w + g; y1 row 2t + 1; y2 and y3 the same rows, column + 8."""
+    out = tl.join(tl.join(y0, y1), tl.join(y2, y3))  # [32 WARPS, parity, half]: [..., p, h]
+    out = tl.reshape(out, (WARPS, 8, 4, 2, 2))  # warp, g, t, parity, half
+    return tl.reshape(tl.permute(out, (2, 3, 0, 4, 1)), (8, 16 * WARPS))  # (t, parity) rows, (warp, half, g) columns
+
+
+@triton.jit
 def _int4_mma_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr, M, N, K,
                      K_SPLIT, G, stride_xm, stride_om, HAS_BIAS: tl.constexpr, WARPS: tl.constexpr,
                      SPLIT_K: tl.constexpr, F16: tl.constexpr, XSUM: tl.constexpr = False, PDL: tl.constexpr = False):
@@ -251,10 +260,7 @@ def _int4_mma_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         y1 += s_lo * c1
         y2 += s_hi * c2
         y3 += s_hi * c3
-    # y0: row 2t, column col; y1: row 2t + 1; y2, y3: the same rows, column col + 8 -> [8 rows, BLOCK_N]
-    out = tl.join(tl.join(y0, y1), tl.join(y2, y3))  # [32 WARPS, 2 (half), 2 (row parity)]
-    out = tl.reshape(out, (WARPS, 8, 4, 2, 2))  # warp, g, t, half, parity
-    out = tl.reshape(tl.permute(out, (2, 4, 0, 3, 1)), (8, BLOCK_N))  # row 2t + parity, column 16 w + 8 half + g
+    out = fragments_to_tile(y0, y1, y2, y3, WARPS)
     offs_m = tl.arange(0, 8)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, offs_m < M,

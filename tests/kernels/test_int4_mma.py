@@ -3,6 +3,8 @@ tensor-core kernel against the int4 reference on an sm_90 GPU."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from graphllm.kernels import int4_mma
 from graphllm.kernels.int4_mma import mma_reference, shuffle_int4_mma, unshuffle_int4_mma
@@ -58,6 +60,31 @@ def test_a_wrong_nibble_table_is_caught(monkeypatch):
     words = shuffle_int4_mma(qweight)
     monkeypatch.undo()
     assert not torch.allclose(mma_reference(x, words, scales, zeros), want, rtol=1e-3, atol=1e-2)
+
+
+@triton.jit
+def _tile_kernel(y_ptr, out_ptr, WARPS: tl.constexpr):
+    e = tl.arange(0, 32 * WARPS)
+    y0, y1, y2, y3 = (tl.load(y_ptr + i * 32 * WARPS + e) for i in range(4))
+    tile = int4_mma.fragments_to_tile(y0, y1, y2, y3, WARPS)
+    rows, cols = tl.arange(0, 8), tl.arange(0, 16 * WARPS)
+    tl.store(out_ptr + rows[:, None] * 16 * WARPS + cols[None, :], tile)
+
+
+@pytest.mark.parametrize("warps", [4, 8])
+def test_the_fragments_land_in_their_rows_and_columns(warps):
+    """The kernel's last step places D's registers: value 1000 i + e (register i of thread e) must land at row 2t +
+    (i odd), column 16 w + g + 8 (i >= 2), as PTX's C fragment table says (Triton's interpreter on a CPU)."""
+    e = torch.arange(32 * warps)
+    y = torch.stack([1000 * i + e for i in range(4)]).float()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    out = torch.full((8, 16 * warps), -1.0, device=device)
+    _tile_kernel[(1,)](y.to(device), out, WARPS=warps, num_warps=warps)
+    want = torch.full((8, 16 * warps), -1.0)
+    lane, warp = e % 32, e // 32
+    for i in range(4):
+        want[2 * (lane % 4) + i % 2, 16 * warp + lane // 4 + 8 * (i // 2)] = y[i]
+    assert torch.equal(out.cpu(), want)
 
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (mma.sync with sub.rn.bf16x2)")
