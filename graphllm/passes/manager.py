@@ -80,7 +80,8 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     scheme = prequantized.scheme if prequantized is not None else config.quantization
     # None (the default): the int4 folds only, measured faster at batch 1 (benchmarks/RESULTS.md, s44); off
     # elsewhere, where bf16's A/Bs measured them neutral or slower
-    epilogue, sumsq = ((scheme == "int4" if on is None else on) for on in (config.linear_epilogue, config.row_sumsq))
+    epilogue = scheme == "int4" if config.linear_epilogue is None else config.linear_epilogue
+    sumsq = scheme == "int4" if config.row_sumsq is None else config.row_sumsq
     chosen = [(config.fuse_qkv, FuseQKV), (config.fuse_gate_up, FuseGateUp),
               (config.fuse_silu_mul and config.fuse_gate_up, FuseSiluMul),
               (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.fuse_rope_attention, FuseRopeAttention),
