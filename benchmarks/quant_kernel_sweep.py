@@ -329,7 +329,8 @@ def tinygemm_weights(n: int, k: int, count: int) -> list | str:
         return f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
-# int4_mma.py's tensor-core kernel (opt-in, s44): (XSUM, warps, K splits) timed beside the int4 candidates up to 8 rows
+# int4_mma.py's tensor-core kernel (opt-in, s44): (XSUM, warps, K splits) timed beside the int4 candidates up to 16
+# rows (9-16 rows: XSUM always, both 8-row tiles of x from one unpack)
 MMA_VARIANTS = tuple(itertools.product((True, False), (4, 8), (4, 8, 16)))
 
 
@@ -342,7 +343,7 @@ def mma_timings(x: torch.Tensor, weights: list, ref: torch.Tensor) -> list[dict]
     shuffled = [(shuffle_int4_mma(q[0]), q[1], q[2]) for q in weights]
     out = []
     for xsum, warps, split in MMA_VARIANTS:
-        if n % (16 * warps):
+        if n % (16 * warps) or (x.shape[0] > 8 and not xsum):  # 9-16 rows: XSUM only
             continue
         t, err, why = time_call(lambda wq, a=(xsum, warps, split): int4_mma_matmul(
             x, *wq, split_k=a[2], warps=a[1], xsum=a[0]), shuffled, ref)
@@ -383,7 +384,7 @@ def sweep_kernel(kernel: Kernel, name: str, n: int, k: int, w: torch.Tensor, bas
         if kernel.name == "int4":
             row["tinygemm_us"] = tiny if isinstance(tiny, str) else try_us(
                 [lambda p=p: torch._weight_int4pack_mm(x, p[0], GROUP_SIZE, p[1]) for p in tiny])
-        if kernel.name == "int4" and m <= 8:
+        if kernel.name == "int4" and m <= 16:
             row["mma"] = mma_timings(x, weights, ref)
             timed = [v["us"] for v in row["mma"] if v["us"]]
             if timed:
@@ -433,7 +434,7 @@ def print_table(report: dict) -> None:
     copy = report["copy_gb_s"]
     us = lambda v: f"{v:.1f}" if isinstance(v, float) else "-"  # noqa: E731 - a failed call is a string
     print(f"copy {copy:.0f} GB/s on {report['device']}; us per call, weights from HBM; other: scaled_mm (fp8), "
-          "tinygemm (int4), skinny bf16; mma: int4_mma's tensor-core kernel, best variant (int4, up to 8 rows)")
+          "tinygemm (int4), skinny bf16; mma: int4_mma's tensor-core kernel, best variant (int4, up to 16 rows)")
     print("kern shape     M    best  GB/s %copy default  cuBLAS       other     mma  best config")
     for r in report["rows"]:
         other = r.get("scaled_mm_us", r.get("tinygemm_us", r.get("bf16_skinny_us")))

@@ -41,48 +41,50 @@ from graphllm.kernels.skinny_matmul import MAX_COLUMN_TILES, finish_tile, split_
 
 CHUNK = 128  # K values per scale step (a group of 128, or a part of a larger group)
 STEPS = CHUNK // 16  # mma.m16n8k16 steps a chunk
-MAX_MMA_ROWS = 8  # the MMA's N: rows of x a launch serves
+MAX_MMA_ROWS = 16  # rows of x a launch serves: one or two 8-row tiles (the MMA's N)
 # nibble of a lane's word -> (W's column offset from 16 tile + g, K offset from 128 chunk + 32 t + 4 j)
 NIBBLES = ((0, 0), (8, 0), (0, 2), (8, 2), (0, 1), (8, 1), (0, 3), (8, 3))
 
-# a0a1 .. a6a7 from the word's nibble pairs (w >> 4i) & 0x000F000F | MAGIC, then minus the zero pair ($6: the
-# lane's column n, $7: n + 8); b0b1 b2b3 the 8 bytes of x; D += A B
-_MMA_PTX = """{{
-.reg .b32 a0, a1, a2, a3, b0, b1, s;
-mov.b64 {{b0, b1}}, $5;
-lop3.b32 a0, $4, 0x000F000F, {magic}, 0xEA;
-shr.u32 s, $4, 4;
-lop3.b32 a1, s, 0x000F000F, {magic}, 0xEA;
-shr.u32 s, $4, 8;
-lop3.b32 a2, s, 0x000F000F, {magic}, 0xEA;
-shr.u32 s, $4, 12;
-lop3.b32 a3, s, 0x000F000F, {magic}, 0xEA;
-sub.rn.{t}x2 a0, a0, $6;
-sub.rn.{t}x2 a1, a1, $7;
-sub.rn.{t}x2 a2, a2, $6;
-sub.rn.{t}x2 a3, a3, $7;
-mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{$0, $1, $2, $3}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{$8, $9, $10, $11}};
-}}"""
-MMA_PTX_BF16 = tl.constexpr(_MMA_PTX.format(magic="0x43004300", t="bf16"))
-MMA_PTX_F16 = tl.constexpr(_MMA_PTX.format(magic="0x64006400", t="f16"))
-# XSUM: no subtraction in the loop; A = MAGIC + q, and a second MMA with A = 1.0 sums each row of x over the step
-# (D's layout: rows 2t, 2t + 1 in $4, $5), so that a chunk's sums lose (MAGIC + z) * sum(x) once per column
-_XSUM_PTX = """{{
-.reg .b32 a0, a1, a2, a3, b0, b1, s;
-mov.b64 {{b0, b1}}, $9;
-lop3.b32 a0, $8, 0x000F000F, {magic}, 0xEA;
-shr.u32 s, $8, 4;
-lop3.b32 a1, s, 0x000F000F, {magic}, 0xEA;
-shr.u32 s, $8, 8;
-lop3.b32 a2, s, 0x000F000F, {magic}, 0xEA;
-shr.u32 s, $8, 12;
-lop3.b32 a3, s, 0x000F000F, {magic}, 0xEA;
-mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{$0, $1, $2, $3}}, {{a0, a1, a2, a3}}, {{b0, b1}}, {{$10, $11, $12, $13}};
-mov.b32 s, {one};
-mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{$4, $5, $6, $7}}, {{s, s, s, s}}, {{b0, b1}}, {{$14, $15, $16, $17}};
-}}"""
-XSUM_PTX_BF16 = tl.constexpr(_XSUM_PTX.format(magic="0x43004300", t="bf16", one="0x3F803F80"))
-XSUM_PTX_F16 = tl.constexpr(_XSUM_PTX.format(magic="0x64006400", t="f16", one="0x3C003C00"))
+def mma_ptx(f16: bool, xsum: bool, tiles: int) -> str:
+    """One word's inline PTX: a0a1 .. a6a7 from its nibble pairs ((w >> 4i) & 0x000F000F | MAGIC: MAGIC + q), less
+    the lane's zero pairs (MAGIC + z of columns n and n + 8) unless xsum; then D += A B for each of `tiles` 8-row
+    tiles of x (B: b0b1 b2b3, the 8 bytes of the lane's row); with xsum a second MMA per tile with A all ones sums
+    each row of x over the step (D's rows 2t, 2t + 1), so that a chunk loses (MAGIC + z) * sum(x) once a column.
+    Operands: the D registers (4 a tile, then 4 a tile of sums with xsum), then w, x per tile, the two zero pairs
+    (not with xsum), then the accumulators in the D registers' order."""
+    magic, t, one = ("0x64006400", "f16", "0x3C003C00") if f16 else ("0x43004300", "bf16", "0x3F803F80")
+    outs = 4 * tiles * (2 if xsum else 1)
+    w = f"${outs}"
+    zeros = outs + 1 + tiles
+    acc = zeros + (0 if xsum else 2)
+    lines = [".reg .b32 a0, a1, a2, a3, s, " + ", ".join(f"b{i}" for i in range(2 * tiles)) + ";"]
+    lines += [f"mov.b64 {{b{2 * i}, b{2 * i + 1}}}, ${outs + 1 + i};" for i in range(tiles)]
+    lines.append(f"lop3.b32 a0, {w}, 0x000F000F, {magic}, 0xEA;")
+    for r in (1, 2, 3):
+        lines += [f"shr.u32 s, {w}, {4 * r};", f"lop3.b32 a{r}, s, 0x000F000F, {magic}, 0xEA;"]
+    if not xsum:  # a0a1, a4a5: column n (row g of A); a2a3, a6a7: n + 8
+        lines += [f"sub.rn.{t}x2 a{r}, a{r}, ${zeros + r % 2};" for r in range(4)]
+
+    def mma(d: int, a: str, tile: int) -> str:
+        return (f"mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{{', '.join(f'${d + j}' for j in range(4))}}}, "
+                f"{{{a}}}, {{b{2 * tile}, b{2 * tile + 1}}}, {{{', '.join(f'${acc + d + j}' for j in range(4))}}};")
+    lines += [mma(4 * i, "a0, a1, a2, a3", i) for i in range(tiles)]
+    if xsum:
+        lines.append(f"mov.b32 s, {one};")
+        lines += [mma(4 * tiles + 4 * i, "s, s, s, s", i) for i in range(tiles)]
+    return "{\n" + "\n".join(lines) + "\n}"
+
+
+def mma_constraints(xsum: bool, tiles: int) -> str:
+    outs = 4 * tiles * (2 if xsum else 1)
+    return ",".join(["=r"] * outs + ["r"] + ["l"] * tiles + ([] if xsum else ["r", "r"]) + ["r"] * outs)
+
+
+SUB_BF16, SUB_F16 = (tl.constexpr(mma_ptx(f16, False, 1)) for f16 in (False, True))
+XSUM_BF16, XSUM_F16 = (tl.constexpr(mma_ptx(f16, True, 1)) for f16 in (False, True))
+XSUM2_BF16, XSUM2_F16 = (tl.constexpr(mma_ptx(f16, True, 2)) for f16 in (False, True))
+SUB_OPERANDS, XSUM_OPERANDS, XSUM2_OPERANDS = (tl.constexpr(mma_constraints(x, n))
+                                               for x, n in ((False, 1), (True, 1), (True, 2)))
 
 
 def shuffle_int4_mma(qweight: torch.Tensor) -> torch.Tensor:
@@ -114,7 +116,8 @@ def mma_reference(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, ze
     """What the kernel computes, lane by lane, in torch float32: each lane's A registers from its word (nibble pairs
     (i, i + 4) for a(2i), a(2i+1)) and B registers from x, placed by PTX's mma.m16n8k16 fragment tables (A: row g
     for a0 a1 a4 a5, g + 8 for a2 a3 a6 a7, column 2t + (i & 1), + 8 for a4..a7; B: rows 2t + (i & 1), + 8 for
-    b2 b3, column g), then D = A B per step. Checks the layout's lane arithmetic on a CPU; x: [M <= 8, K]."""
+    b2 b3, column g), then D = A B per step and 8-row tile of x (rows 8 x_tile + g). Checks the layout's lane
+    arithmetic on a CPU; x: [M <= 16, K]."""
     m, k = x.shape
     tiles, chunks = words.shape[:2]
     group = k // scales.shape[0]
@@ -128,10 +131,9 @@ def mma_reference(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, ze
         zc = zeros[(c * CHUNK) // group].float().cpu()
         sc = scales[(c * CHUNK) // group].float().cpu()
         for tile in range(tiles):
-            d = torch.zeros((16, 8))
+            d = torch.zeros((16, MAX_MMA_ROWS))
             for j in range(STEPS):
                 a = torch.zeros((16, 16))
-                b = torch.zeros((16, 8))
                 word = w[tile, c, :, j]
                 k0 = c * CHUNK + 32 * t + 4 * j
                 for i in range(8):  # register element a_i: nibble pair (i // 2, i // 2 + 4), one of the pair
@@ -140,9 +142,11 @@ def mma_reference(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, ze
                     col = 2 * t + (i % 2) + 8 * (i // 4)
                     a[row, col] = (((word >> (4 * nibble)) & 0xF).float()
                                    - zc[16 * tile + row])
-                for i in range(4):  # b_i: row 2t + (i & 1) + 8 (i >= 2), column g: x[g, k0 + i]
-                    b[2 * t + (i % 2) + 8 * (i // 2), g] = xs[g, k0 + i]
-                d += a @ b
+                for x_tile in range(MAX_MMA_ROWS // 8):
+                    b = torch.zeros((16, 8))
+                    for i in range(4):  # b_i: row 2t + (i & 1) + 8 (i >= 2), column g: x[8 x_tile + g, k0 + i]
+                        b[2 * t + (i % 2) + 8 * (i // 2), g] = xs[8 * x_tile + g, k0 + i]
+                    d[:, 8 * x_tile:8 * x_tile + 8] += a @ b
             y[:, 16 * tile:16 * tile + 16] += (d * sc[16 * tile:16 * tile + 16, None]).t()
     y = y[:m]
     if bias is not None:
@@ -152,25 +156,27 @@ def mma_reference(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, ze
 
 @triton.jit
 def _mma_step(w, xv, z_lo, z_hi, c0, c1, c2, c3, F16: tl.constexpr):
-    if F16:
-        return tl.inline_asm_elementwise(MMA_PTX_F16, "=r,=r,=r,=r,r,l,r,r,r,r,r,r",
-                                         [w, xv, z_lo, z_hi, c0, c1, c2, c3],
-                                         dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
-    return tl.inline_asm_elementwise(MMA_PTX_BF16, "=r,=r,=r,=r,r,l,r,r,r,r,r,r",
-                                     [w, xv, z_lo, z_hi, c0, c1, c2, c3],
-                                     dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
+    """One word against one 8-row tile of x, the zero point taken away per pair (mma_ptx(F16, False, 1))."""
+    f = tl.float32
+    return tl.inline_asm_elementwise(SUB_F16 if F16 else SUB_BF16, SUB_OPERANDS, [w, xv, z_lo, z_hi, c0, c1, c2, c3],
+                                     dtype=(f, f, f, f), is_pure=True, pack=1)
 
 
 @triton.jit
 def _xsum_step(w, xv, c0, c1, c2, c3, s0, s1, s2, s3, F16: tl.constexpr):
+    """One word against one 8-row tile of x, with the step's sums of x (mma_ptx(F16, True, 1))."""
     f = tl.float32
-    if F16:
-        return tl.inline_asm_elementwise(XSUM_PTX_F16, "=r,=r,=r,=r,=r,=r,=r,=r,r,l,r,r,r,r,r,r,r,r",
-                                         [w, xv, c0, c1, c2, c3, s0, s1, s2, s3], dtype=(f, f, f, f, f, f, f, f),
-                                         is_pure=True, pack=1)
-    return tl.inline_asm_elementwise(XSUM_PTX_BF16, "=r,=r,=r,=r,=r,=r,=r,=r,r,l,r,r,r,r,r,r,r,r",
-                                     [w, xv, c0, c1, c2, c3, s0, s1, s2, s3], dtype=(f, f, f, f, f, f, f, f),
-                                     is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(XSUM_F16 if F16 else XSUM_BF16, XSUM_OPERANDS,
+                                     [w, xv, c0, c1, c2, c3, s0, s1, s2, s3], dtype=(f,) * 8, is_pure=True, pack=1)
+
+
+@triton.jit
+def _xsum2_step(w, xv, xv2, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7, F16: tl.constexpr):
+    """One word (one unpack) against two 8-row tiles of x, with the sums (mma_ptx(F16, True, 2))."""
+    f = tl.float32
+    return tl.inline_asm_elementwise(XSUM2_F16 if F16 else XSUM2_BF16, XSUM2_OPERANDS,
+                                     [w, xv, xv2, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7],
+                                     dtype=(f,) * 16, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -195,16 +201,26 @@ def fragments_to_tile(y0, y1, y2, y3, WARPS: tl.constexpr):
 
 
 @triton.jit
+def _chunk_sums(zeros_ptr, at, c0, c1, c2, c3, s0, s1, MAGIC: tl.constexpr):
+    """A chunk's XSUM sums less (MAGIC + z) * sum(x): c0, c1 of the lane's column (at), c2, c3 of column + 8."""
+    z_lo = tl.load(zeros_ptr + at).to(tl.float32) + MAGIC
+    z_hi = tl.load(zeros_ptr + at + 8).to(tl.float32) + MAGIC
+    return c0 - z_lo * s0, c1 - z_lo * s1, c2 - z_hi * s0, c3 - z_hi * s1
+
+
+@triton.jit
 def _int4_mma_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, partial_ptr, count_ptr, M, N, K,
                      K_SPLIT, G, stride_xm, stride_om, HAS_BIAS: tl.constexpr, WARPS: tl.constexpr,
-                     SPLIT_K: tl.constexpr, F16: tl.constexpr, XSUM: tl.constexpr = False, PDL: tl.constexpr = False):
+                     SPLIT_K: tl.constexpr, F16: tl.constexpr, XSUM: tl.constexpr = False, TILES: tl.constexpr = 1,
+                     PDL: tl.constexpr = False):
     """Grid (N / (16 WARPS), SPLIT_K): warp w of program pid_n takes W's 16-column tile pid_n * WARPS + w over
-    this split's chunks of K. Every tensor of the loop is [32 WARPS], one element a thread (element e is lane
-    e % 32 of warp e // 32: the inline PTX's operands are that thread's registers), loaded with strides that
-    Triton does not vectorize."""
+    this split's chunks of K, against TILES 8-row tiles of x (2: rows 8-15 too, with XSUM, one unpack for both).
+    Every tensor of the loop is [32 WARPS], one element a thread (element e is lane e % 32 of warp e // 32: the
+    inline PTX's operands are that thread's registers), loaded with strides that Triton does not vectorize."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     BLOCK_N: tl.constexpr = 16 * WARPS
+    MAGIC: tl.constexpr = 1024.0 if F16 else 128.0
     e = tl.arange(0, 32 * WARPS)
     lane = e % 32
     g = lane // 4
@@ -216,43 +232,38 @@ def _int4_mma_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
     k_hi = tl.minimum(k_lo + K_SPLIT, K)
     words = w_ptr + (tile.to(tl.int64) * chunks * 32 + lane) * 8  # + (chunk * 32) * 8 + j
     x_words = x_ptr.to(tl.pointer_type(tl.int64))  # 4 x values a load
-    x_rows = x_words + g.to(tl.int64) * (stride_xm // 4) + t * 8  # + k0 / 4 + j
-    row_ok = g < M
+    x_rows = x_words + g.to(tl.int64) * (stride_xm // 4) + t * 8  # + k0 / 4 + j; rows 8 + g: + 8 stride_xm / 4
     if PDL:  # the first chunk's words into L2 before the wait (the weights are the model's: no kernel writes them)
         dependent_start(words + (k_lo // 128) * 256)
-    y0 = tl.zeros([32 * WARPS], dtype=tl.float32)
-    y1 = tl.zeros([32 * WARPS], dtype=tl.float32)
-    y2 = tl.zeros([32 * WARPS], dtype=tl.float32)
-    y3 = tl.zeros([32 * WARPS], dtype=tl.float32)
-    MAGIC: tl.constexpr = 1024.0 if F16 else 128.0
+    zero = tl.zeros([32 * WARPS], dtype=tl.float32)
+    y0, y1, y2, y3, y4, y5, y6, y7 = zero, zero, zero, zero, zero, zero, zero, zero
     for k0 in range(k_lo, k_hi, 128):
         group = (k0 // G) * N
-        c0 = tl.zeros([32 * WARPS], dtype=tl.float32)
-        c1 = tl.zeros([32 * WARPS], dtype=tl.float32)
-        c2 = tl.zeros([32 * WARPS], dtype=tl.float32)
-        c3 = tl.zeros([32 * WARPS], dtype=tl.float32)
         step_words = words + (k0 // 128) * 256
-        if XSUM:
-            s0 = tl.zeros([32 * WARPS], dtype=tl.float32)
-            s1 = tl.zeros([32 * WARPS], dtype=tl.float32)
-            s2 = tl.zeros([32 * WARPS], dtype=tl.float32)
-            s3 = tl.zeros([32 * WARPS], dtype=tl.float32)
+        c0, c1, c2, c3, c4, c5, c6, c7 = zero, zero, zero, zero, zero, zero, zero, zero
+        if TILES == 2:
+            s0, s1, s2, s3, s4, s5, s6, s7 = zero, zero, zero, zero, zero, zero, zero, zero
             for j in tl.static_range(8):
                 w = tl.load(step_words + j)
-                xv = tl.load(x_rows + (k0 // 4 + j), mask=row_ok, other=0)
+                xv = tl.load(x_rows + (k0 // 4 + j), mask=g < M, other=0)
+                xv2 = tl.load(x_rows + (8 * (stride_xm // 4) + k0 // 4 + j), mask=g + 8 < M, other=0)
+                c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7 = _xsum2_step(
+                    w, xv, xv2, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7, F16)
+            c0, c1, c2, c3 = _chunk_sums(zeros_ptr, group + col, c0, c1, c2, c3, s0, s1, MAGIC)
+            c4, c5, c6, c7 = _chunk_sums(zeros_ptr, group + col, c4, c5, c6, c7, s4, s5, MAGIC)
+        elif XSUM:
+            s0, s1, s2, s3 = zero, zero, zero, zero
+            for j in tl.static_range(8):
+                w = tl.load(step_words + j)
+                xv = tl.load(x_rows + (k0 // 4 + j), mask=g < M, other=0)
                 c0, c1, c2, c3, s0, s1, s2, s3 = _xsum_step(w, xv, c0, c1, c2, c3, s0, s1, s2, s3, F16)
-            z_lo = tl.load(zeros_ptr + group + col).to(tl.float32) + MAGIC
-            z_hi = tl.load(zeros_ptr + group + col + 8).to(tl.float32) + MAGIC
-            c0 -= z_lo * s0
-            c1 -= z_lo * s1
-            c2 -= z_hi * s0
-            c3 -= z_hi * s1
+            c0, c1, c2, c3 = _chunk_sums(zeros_ptr, group + col, c0, c1, c2, c3, s0, s1, MAGIC)
         else:
             z_lo = _zero_pair(zeros_ptr, group + col, F16)
             z_hi = _zero_pair(zeros_ptr, group + col + 8, F16)
             for j in tl.static_range(8):
                 w = tl.load(step_words + j)
-                xv = tl.load(x_rows + (k0 // 4 + j), mask=row_ok, other=0)
+                xv = tl.load(x_rows + (k0 // 4 + j), mask=g < M, other=0)
                 c0, c1, c2, c3 = _mma_step(w, xv, z_lo, z_hi, c0, c1, c2, c3, F16)
         s_lo = tl.load(scales_ptr + group + col).to(tl.float32)
         s_hi = tl.load(scales_ptr + group + col + 8).to(tl.float32)
@@ -260,15 +271,23 @@ def _int4_mma_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         y1 += s_lo * c1
         y2 += s_hi * c2
         y3 += s_hi * c3
+        if TILES == 2:
+            y4 += s_lo * c4
+            y5 += s_lo * c5
+            y6 += s_hi * c6
+            y7 += s_hi * c7
     out = fragments_to_tile(y0, y1, y2, y3, WARPS)
-    offs_m = tl.arange(0, 8)
+    if TILES == 2:  # rows 8-15 under rows 0-7
+        out = tl.reshape(tl.permute(tl.join(out, fragments_to_tile(y4, y5, y6, y7, WARPS)), (2, 0, 1)),
+                         (16, BLOCK_N))
+    offs_m = tl.arange(0, 8 * TILES)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     finish_tile(out, bias_ptr, out_ptr, partial_ptr, count_ptr, pid_n, pid_k, offs_m, offs_n, offs_m < M,
-                offs_n < N, N, stride_om, HAS_BIAS, 8, BLOCK_N, SPLIT_K)
+                offs_n < N, N, stride_om, HAS_BIAS, 8 * TILES, BLOCK_N, SPLIT_K)
 
 
 def mma_usable(x: torch.Tensor, n: int, k: int, group_size: int) -> bool:
-    """Whether int4_mma_matmul runs for x: 1..8 rows of 16-bit x on an sm_90+ GPU, N % 16, K and the group % 128."""
+    """Whether int4_mma_matmul runs for x: 1..16 rows of 16-bit x on an sm_90+ GPU, N % 16, K and the group % 128."""
     return (x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0) and 1 <= x.shape[0] <= MAX_MMA_ROWS
             and x.dtype in (torch.bfloat16, torch.float16) and n % 16 == 0 and k % CHUNK == 0
             and group_size % CHUNK == 0)
@@ -277,29 +296,32 @@ def mma_usable(x: torch.Tensor, n: int, k: int, group_size: int) -> bool:
 def int4_mma_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                     bias: torch.Tensor | None = None, split_k: int = 8, warps: int = 4,
                     xsum: bool = True) -> torch.Tensor:
-    """x [M <= 8, K] @ W^T (+ bias) -> [M, N] in x's dtype, W from shuffle_int4_mma's words, GPTQ's scales and zeros
+    """x [M <= 16, K] @ W^T (+ bias) -> [M, N] in x's dtype, W from shuffle_int4_mma's words, GPTQ's scales and zeros
     [K/G, N]. split_k: K splits (whole chunks, none empty); warps: 16-column tiles a program; xsum: the zero point
-    taken away once a chunk from x's sums (the kernel's XSUM) rather than from every weight pair."""
+    taken away once a chunk from x's sums (the kernel's XSUM) rather than from every weight pair (9-16 rows: always,
+    both 8-row tiles from one unpack)."""
     m, k = x.shape
     tiles, chunks = words.shape[:2]
     n = tiles * 16
     group_size = k // scales.shape[0]
     assert words.shape == (tiles, k // CHUNK, 32, STEPS) and words.dtype == torch.int32 and words.is_contiguous()
     assert scales.shape == zeros.shape == (k // group_size, n) and scales.is_contiguous() and zeros.is_contiguous()
-    assert mma_usable(x, n, k, group_size), "int4_mma_matmul: 1-8 rows of 16-bit x on sm_90+, N % 16, K and G % 128"
+    assert mma_usable(x, n, k, group_size), "int4_mma_matmul: 1-16 rows of 16-bit x on sm_90+, N % 16, K and G % 128"
     assert x.stride(-1) == 1 and x.stride(0) % 4 == 0 and x.data_ptr() % 8 == 0
     assert n % (16 * warps) == 0
     out = x.new_empty((m, n))
     k_split = triton.cdiv(chunks, split_k) * CHUNK
     split_k = triton.cdiv(k, k_split)
     tiles_n = n // (16 * warps)
+    x_tiles = 1 if m <= 8 else 2
     partial = counters = out
     if split_k > 1:
         assert tiles_n <= MAX_COLUMN_TILES
-        partial = torch.empty((split_k, 8, n), dtype=torch.float32, device=x.device)
+        partial = torch.empty((split_k, 8 * x_tiles, n), dtype=torch.float32, device=x.device)
         counters = split_k_counters(x.device)
     _int4_mma_kernel[(tiles_n, split_k)](
         x, words, scales, zeros, scales if bias is None else bias, out, partial, counters, m, n, k, k_split,
         group_size, x.stride(0), out.stride(0), HAS_BIAS=bias is not None, WARPS=warps, SPLIT_K=split_k,
-        F16=x.dtype == torch.float16, XSUM=xsum, num_warps=warps, num_stages=1, **pdl_launch(x.device))
+        F16=x.dtype == torch.float16, XSUM=xsum or x_tiles == 2, TILES=x_tiles, num_warps=warps, num_stages=1,
+        **pdl_launch(x.device))
     return out

@@ -208,17 +208,18 @@ def int4_variants():
 
 
 def int4_mma_variants():
-    """int4_mma's tensor-core kernel (1-8 rows, opt-in): bfloat16 and float16 x, the zero point per weight pair and
-    from x's sums (XSUM), split and not, under PDL."""
+    """int4_mma's tensor-core kernel (1-16 rows, opt-in): bfloat16 and float16 x, the zero point per weight pair and
+    from x's sums (XSUM), split and not, two 8-row tiles of x (TILES 2), under PDL."""
     types = {"x_ptr": "*bf16", "w_ptr": "*i32", "scales_ptr": "*bf16", "zeros_ptr": "*bf16", "bias_ptr": "*bf16",
              "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32"}
     f16 = {**types, "x_ptr": "*fp16", "scales_ptr": "*fp16", "zeros_ptr": "*fp16", "bias_ptr": "*fp16",
            "out_ptr": "*fp16"}
-    for xsum, warps, split, dtypes, is_f16 in ((True, 4, 8, types, False), (False, 4, 8, types, False),
-                                              (True, 8, 1, types, False), (True, 4, 4, f16, True)):
+    for xsum, warps, split, dtypes, is_f16, tiles in ((True, 4, 8, types, False, 1), (False, 4, 8, types, False, 1),
+                                                     (True, 8, 1, types, False, 1), (True, 4, 4, f16, True, 1),
+                                                     (True, 4, 8, types, False, 2)):
         yield int4_mma._int4_mma_kernel, dtypes, dict(HAS_BIAS=True, WARPS=warps, SPLIT_K=split, F16=is_f16,
-                                                      XSUM=xsum, PDL=True), {"num_warps": warps, "num_stages": 1,
-                                                                              "launch_pdl": True}
+                                                      XSUM=xsum, TILES=tiles, PDL=True), {
+            "num_warps": warps, "num_stages": 1, "launch_pdl": True}
 
 
 def pdl_variants():
@@ -410,7 +411,7 @@ def main() -> int:
                                                                "SORTED", "BY_EXPERT", "PAIRS", "BLOCK_M", "RENORMALIZE",
                                                                "X_MODE", "PROLOGUE", "EPILOGUE", "SUMSQ", "PDL",
                                                                "NORM", "RSTD_GROUPS", "F16", "PREFETCH", "XSUM",
-                                                               "WARPS")}
+                                                               "WARPS", "TILES")}
         try:
             print(f"{kernel.__name__} {flags}: {check(kernel, types, constexprs, options)}", flush=True)
         except Exception as error:  # noqa: BLE001 - report every variant, then fail

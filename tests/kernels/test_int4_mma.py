@@ -37,10 +37,10 @@ def test_the_layout_refuses_shapes_it_cannot_tile():
         shuffle_int4_mma(torch.zeros(12, 32, dtype=torch.int32))  # K = 96
 
 
-@pytest.mark.parametrize("m, group", [(1, 128), (3, 256), (8, 128)])
+@pytest.mark.parametrize("m, group", [(1, 128), (3, 256), (8, 128), (13, 128), (16, 256)])
 def test_the_lanes_compute_the_linear(m, group):
-    """mma_reference builds each lane's A and B registers as the kernel does and places them by PTX's fragment
-    tables: the product is the int4 linear's, up to float32 rounding."""
+    """mma_reference builds each lane's A and B registers as the kernel does (B from x's rows 0-7, then 8-15) and
+    places them by PTX's fragment tables: the product is the int4 linear's, up to float32 rounding."""
     n, k = 48, 512
     qweight, scales, zeros, bias = quantized(n, k, group)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1))
@@ -89,7 +89,7 @@ def test_the_fragments_land_in_their_rows_and_columns(warps):
 
 @pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU (mma.sync with sub.rn.bf16x2)")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
 @pytest.mark.parametrize("xsum, warps, split_k, group", [(True, 4, 8, 128), (False, 4, 8, 128), (True, 8, 1, 256),
                                                          (False, 8, 4, 512), (True, 4, 3, 128)])
 def test_the_kernel_matches_the_reference(dtype, m, xsum, warps, split_k, group):
