@@ -49,6 +49,8 @@
 #   STAGE-rs   any bench stage with --row-sumsq (bf16 pairs too; int4 takes its pairs by default since s44: the norms
 #              between int4 linears split into the product before and the one after, no norm kernel at 1-16 rows;
 #              before -epi / -nopdl if combined), e.g. latency1-triton-epi-rs; STAGE-nors with --no-row-sumsq
+#   STAGE-mma  any bench stage with --int4-mma (int4 linears on kernels/int4_mma.py's tensor-core kernel up to 16
+#              rows, without the int4 folds: the A/B is qlat-int4-mma against qlat-int4-nofold and qlat-int4)
 #   STAGE-nofold  any bench stage with --no-row-sumsq --no-linear-epilogue (int4: the A/B of the default's folds,
 #              e.g. qlat-int4-nofold against qlat-int4)
 #   STAGE-snp  any bench stage with --shared-norm-prologue (a MoE layer's post-attention norm in the router's one-row
@@ -91,8 +93,8 @@
 #              best configs written into int4_matmul.CONFIGS on the device's copy (apply_sweep_configs.py), so
 #              that later stages of the same call (qlat-int4) run them; qsweep-pairs  the same at 1, 4 and 16 rows
 #              with the nibble-pair dot tiles first; qsweep-int4-16  the same at 16 rows (batch 16's bucket);
-#              qtests-mma  int4_mma's tensor-core kernel against the reference (s44, opt-in; qsweep-int4 times it
-#              beside the GEMV up to 8 rows: the sweep table's mma column);
+#              qtests-mma  int4_mma's tensor-core kernel against the reference and the int4 engine with --int4-mma
+#              (s44, opt-in; qsweep-int4 times it beside the GEMV up to 16 rows: the sweep table's mma column);
 #              qtests-int4  the int4 kernel tests (and the engine's int4 agreement); qtests-gemv  the one-row GEMV's
 #              (F16, the 8B shapes) and the agreement alone; ncu-quant  hardware
 #              counters (stall reasons, DRAM and issue use) of the int4 and fp8 kernels at the 8B shapes
@@ -178,6 +180,7 @@ for tag in "$@"; do
   stage=$tag BENCH_EXTRA="" BENCH_TIMEOUT=0 XM=""  # tag names the outputs; stage picks the commands below
   case $stage in *-xm) stage=${stage%-xm} XM=1 ;; esac
   case $tag in *-nopdl) stage=${tag%-nopdl} BENCH_EXTRA="--no-enable-pdl" ;; esac
+  case $stage in *-mma) stage=${stage%-mma} BENCH_EXTRA="$BENCH_EXTRA --int4-mma" ;; esac
   case $stage in *-nofold) stage=${stage%-nofold} BENCH_EXTRA="$BENCH_EXTRA --no-row-sumsq --no-linear-epilogue" ;; esac
   case $stage in *-rs) stage=${stage%-rs} BENCH_EXTRA="$BENCH_EXTRA --row-sumsq" ;; esac
   case $stage in *-nors) stage=${stage%-nors} BENCH_EXTRA="$BENCH_EXTRA --no-row-sumsq" ;; esac
@@ -460,8 +463,9 @@ d = Path('$WORK/models/llama-3-8b'); d.is_dir() or write_preset('llama-3-8b', d)
         --metrics "$(python3 benchmarks/ncu_attention.py metrics)" python3 benchmarks/ncu_attention.py launch \
         > "$OUT/r/ncu-attention.csv" 2> "$OUT/r/ncu-attention.err"; tail -5 "$OUT/r/ncu-attention.err"
         python3 benchmarks/ncu_attention.py table "$OUT/r/ncu-attention.csv" | tee "$OUT/r/ncu-attention.txt" ;;
-    qtests-mma) timeout 300 python3 -m pytest -q -rfE -p no:cacheprovider -p no:hypothesispytest \
-        tests/kernels/test_int4_mma.py ;;
+    qtests-mma) timeout 300 python3 -m pytest -q -rfE -s -p no:cacheprovider -p no:hypothesispytest \
+        tests/kernels/test_int4_mma.py tests/gpu/test_quantized.py::test_int4_mma_keeps_the_agreement 2>&1 \
+        | grep -E "FAILED|ERROR|Error|agreement|passed|failed|^E " | tail -40 ;;
     qtests-int4) timeout 400 python3 -m pytest -q -rfEs -s -p no:cacheprovider -p no:hypothesispytest \
         tests/kernels/test_int4_matmul.py tests/passes/test_quantize_int4.py \
         "tests/gpu/test_quantized.py::test_quantized_teacher_forced_agreement[int4]" tests/gpu/test_quantized.py::test_int4_folds_keep_the_agreement 2>&1 \

@@ -106,6 +106,7 @@ class EngineConfig:
     fuse_moe_router: bool = False
     fp8_linear_prologue: bool = False
     persistent_norms: bool = True
+    int4_mma: bool = False
     quantization: str | None = None
     quantization_group_size: int = DEFAULT_QUANTIZATION_GROUP_SIZE
     quantize_lm_head: bool = False
@@ -167,6 +168,7 @@ class EngineConfig:
                              linear_prologue=self.linear_prologue, linear_epilogue=self.linear_epilogue,
                              row_sumsq=self.row_sumsq, shared_norm_prologue=self.shared_norm_prologue,
                              fuse_moe_router=self.fuse_moe_router, fp8_linear_prologue=self.fp8_linear_prologue,
+                             int4_mma=self.int4_mma,
                              inductor_pdl=self.enable_pdl, persistent_norms=self.persistent_norms,
                              quantization=self.quantization,
                              quantization_group_size=self.quantization_group_size,
@@ -253,6 +255,10 @@ class CompileConfig:
     # norm + quantize. Off by default: measured slower at batch 1 on the H200 (282.2 tok/s against 309.5, 2026-11-29,
     # benchmarks/RESULTS.md; needs linear_prologue)
     fp8_linear_prologue: bool = False
+    # GPU graphs, int4: plain int4 linears read their weight in the tensor-core kernel's layout (kernels/int4_mma.py,
+    # graphllm/passes/lowering/int4_mma_layout.py) and run it up to 16 rows; turns the int4 folds' default off.
+    # Opt-in and not yet run on a GPU (s44)
+    int4_mma: bool = False
     # GPU graphs: q/k rotary inside the attention op's KV write, one Triton launch instead of two
     # rotary kernels and store_kv (was GRAPHLLM_FUSED_ROPE=1). On by default since the fifteenth
     # session: on the H200 its launch without fp contraction gives the unfused path's bf16

@@ -18,7 +18,7 @@ SAMPLING_FLAGS = {  # flag -> (type, SamplingParams field)
 }
 # CompileConfig / EngineConfig fields that change the generated code
 PASS_SWITCHES = ("fuse_rope_attention", "skinny_linear", "linear_prologue", "linear_epilogue", "row_sumsq",
-                 "shared_norm_prologue", "fuse_moe_router", "fp8_linear_prologue", "persistent_norms",
+                 "shared_norm_prologue", "fuse_moe_router", "fp8_linear_prologue", "persistent_norms", "int4_mma",
                  "quantization", "quantization_group_size", "quantize_lm_head", "tensor_parallel_size")
 
 
@@ -66,6 +66,9 @@ def add_pass_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fp8-linear-prologue", action="store_true",
                         help="GPU graphs, fp8: fold norms and SwiGLU into the fp8 linears too (one launch at batch 1 "
                              "that also quantizes the activation; off by default: measured slower on an H200)")
+    parser.add_argument("--int4-mma", action="store_true",
+                        help="GPU graphs, int4: plain int4 linears in the tensor-core kernel's weight layout "
+                             "(kernels/int4_mma.py) up to 16 rows, without the int4 folds (opt-in: not yet measured)")
     parser.add_argument("--quantization", "-q", choices=QUANTIZATIONS + CHECKPOINT_QUANTIZATIONS,
                         help="quantize the linears of a float checkpoint: fp8 (W8A8: float8 weights per channel, "
                              "activations per token), int8 or int4 (weight-only). A pre-quantized checkpoint "

@@ -150,7 +150,7 @@ QUANTIZED_OPS = {"fp8_linear": ("fp8", 1), "fp8_linear_quantized": ("fp8", 2), "
                  "int4_linear": ("int4", 1), "fp8_rms_norm_linear": ("fp8", 3), "fp8_add_rms_norm_linear": ("fp8", 4),
                  "fp8_silu_and_mul_linear": ("fp8", 1), "fp8_gelu_tanh_and_mul_linear": ("fp8", 1),
                  "int4_linear_act_and_mul": ("int4", 1), "int4_linear_add_norm": ("int4", 1),
-                 "int4_norm_linear": ("int4", 3)}  # op -> (scheme, index of its weight argument)
+                 "int4_norm_linear": ("int4", 3), "int4_mma_linear": ("int4_mma", 1)}  # op -> (scheme, weight arg)
 
 
 def kernel_plan(graph, buckets) -> dict[str, dict[str, str]]:
@@ -163,7 +163,12 @@ def kernel_plan(graph, buckets) -> dict[str, dict[str, str]]:
                                                (None, 0))
         if scheme:
             qweight = graph.gm.get_parameter(node.args[weight_arg].target)
-            n, k = (qweight.shape[1], qweight.shape[0] * 8) if scheme == "int4" else tuple(qweight.shape)
+            if scheme == "int4":
+                n, k = qweight.shape[1], qweight.shape[0] * 8
+            elif scheme == "int4_mma":  # words [N/16, K/128, 32, 8]
+                n, k = qweight.shape[0] * 16, qweight.shape[1] * 128
+            else:
+                n, k = qweight.shape
             shapes.add((scheme, n, k))
     return {f"{scheme} {n}x{k}": {str(b): kernel_route(scheme, b, n, k, graph.device) for b in buckets}
             for scheme, n, k in sorted(shapes)}

@@ -325,3 +325,48 @@ def int4_mma_matmul(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, 
         F16=x.dtype == torch.float16, XSUM=xsum or x_tiles == 2, TILES=x_tiles, num_warps=warps, num_stages=1,
         **pdl_launch(x.device))
     return out
+
+
+# (N, K) -> int4_mma_matmul's (split_k, warps, xsum): none measured yet (s44); MMA_DEFAULT elsewhere
+MMA_CONFIGS: dict[tuple[int, int], tuple[int, int, bool]] = {}
+MMA_DEFAULT = (8, 4, True)
+
+
+@triton.jit
+def _int4_mma_dequant_kernel(w_ptr, scales_ptr, zeros_ptr, out_ptr, N, K, G):
+    """Grid (N / 16, K / 128): one tile's chunk of words [32 lanes, 8 steps] -> W^T[k, n] in out's dtype, each nibble
+    p at column 16 tile + g + 8 (p % 2) and K offset 128 chunk + 32 t + 4 j + 2 ((p // 2) % 2) + p // 4 (NIBBLES)."""
+    tile = tl.program_id(0)
+    chunk = tl.program_id(1)
+    lane = tl.arange(0, 32)[:, None]
+    j = tl.arange(0, 8)[None, :]
+    words = tl.load(w_ptr + ((tile.to(tl.int64) * (K // 128) + chunk) * 32 + lane) * 8 + j)
+    for p in tl.static_range(8):
+        n = tile * 16 + lane // 4 + 8 * (p % 2)
+        k = chunk * 128 + 32 * (lane % 4) + 4 * j + 2 * ((p // 2) % 2) + p // 4
+        at = (k // G) * N + n
+        q = ((words >> (4 * p)) & 0xF).to(tl.float32)
+        w = (q - tl.load(zeros_ptr + at).to(tl.float32)) * tl.load(scales_ptr + at).to(tl.float32)
+        tl.store(out_ptr + k.to(tl.int64) * N + n, w.to(out_ptr.dtype.element_ty))
+
+
+def int4_mma_dequantize(words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                        dtype: torch.dtype) -> torch.Tensor:
+    """A new dense W^T [K, N] in `dtype` from the MMA layout (int4_dequant.int4_dequantize's, from the GPTQ one)."""
+    tiles, chunks = words.shape[:2]
+    n, k = tiles * 16, chunks * CHUNK
+    out = torch.empty((k, n), dtype=dtype, device=words.device)
+    _int4_mma_dequant_kernel[(tiles, chunks)](words, scales, zeros, out, n, k, k // scales.shape[0])
+    return out
+
+
+def int4_mma_linear_rows(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] on a GPU @ W^T (+ bias): the tensor-core kernel where mma_usable (MMA_CONFIGS' launch), else the
+    dequantized weight and cuBLAS (rows past 16: prefill)."""
+    n, k = words.shape[0] * 16, x.shape[1]
+    if mma_usable(x, n, k, k // scales.shape[0]):
+        split_k, warps, xsum = MMA_CONFIGS.get((n, k), MMA_DEFAULT)
+        return int4_mma_matmul(x, words, scales, zeros, bias, split_k=split_k, warps=warps, xsum=xsum)
+    out = x @ int4_mma_dequantize(words, scales, zeros, x.dtype)
+    return out if bias is None else out + bias

@@ -12,6 +12,8 @@
                                                                       halves or column pairs (linear_epilogue)
     graphllm.int4_linear_add_norm / int4_norm_linear                  an int4 product, the add_rms_norm after
                                                                       it and the next int4 product (row_sumsq)
+    graphllm.int4_mma_linear(x, words, scales, zeros, bias)            int4_linear over the MMA layout
+                                                                      (int4_mma_layout, opt-in)
 
 and fp8_linear of a norm's or activation's output, one launch at one row (the linear_prologue pass with
 CompileConfig.fp8_linear_prologue; other rows run the two ops): graphllm.fp8_rms_norm_linear,
@@ -248,6 +250,28 @@ def _(x, qweight, scales, zeros, bias=None):
     return x.new_empty((*x.shape[:-1], qweight.shape[1]))
 
 
+@torch.library.custom_op("graphllm::int4_mma_linear", mutates_args=())
+def int4_mma_linear(x: torch.Tensor, words: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """int4_linear over the MMA layout (kernels/int4_mma.py's words [N/16, K/128, 32, 8], the int4_mma_layout
+    pass's): on CUDA its tensor-core kernel up to 16 rows, the dequantized weight and cuBLAS past that; elsewhere
+    the GPTQ layout again and the reference."""
+    rows = _rows(x)
+    n = words.shape[0] * 16
+    if _on_kernel(x):
+        from graphllm.kernels.int4_mma import int4_mma_linear_rows
+        out = int4_mma_linear_rows(rows, words, scales, zeros, bias)
+    else:
+        from graphllm.kernels.int4_mma import unshuffle_int4_mma
+        out = Q.int4_linear_reference(rows, unshuffle_int4_mma(words), scales, zeros, bias)
+    return out.view(*x.shape[:-1], n)
+
+
+@int4_mma_linear.register_fake
+def _(x, words, scales, zeros, bias=None):
+    return x.new_empty((*x.shape[:-1], words.shape[0] * 16))
+
+
 @torch.library.custom_op("graphllm::int4_linear_act_and_mul", mutates_args=())
 def int4_linear_act_and_mul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                             bias: torch.Tensor | None = None, gelu: bool = False,
@@ -368,6 +392,12 @@ def kernel_route(scheme: str, rows: int, n: int, k: int, device: torch.device) -
         if config is None and kernel.takes_scaled_mm(rows) and n % 16 == 0 and k % 16 == 0:  # scaled_mm_takes
             return "torch._scaled_mm row-wise"
         return f"fp8_matmul {_tiles(config or kernel.default_config(rows, n, k, device))}"
+    if scheme == "int4_mma":
+        from graphllm.kernels.int4_mma import MAX_MMA_ROWS, MMA_CONFIGS, MMA_DEFAULT
+        if rows > MAX_MMA_ROWS:
+            return "dequantize + cuBLAS"
+        split_k, warps, xsum = MMA_CONFIGS.get((n, k), MMA_DEFAULT)
+        return f"int4_mma {warps} warps/{split_k}" + (" xsum" if xsum or rows > 8 else "")
     if rows > SMALL_M:
         return "dequantize + cuBLAS"
     if scheme == "int8":

@@ -66,6 +66,7 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     from graphllm.passes.fusion.fuse_rope_attention import FuseRopeAttention
     from graphllm.passes.fusion.fuse_silu_mul import FuseSiluMul
     from graphllm.passes.lowering.fuse_moe_router import FuseMoeRouter
+    from graphllm.passes.lowering.int4_mma_layout import Int4MMALayout
     from graphllm.passes.lowering.linear_epilogue import LinearEpilogue
     from graphllm.passes.lowering.linear_prologue import LinearPrologue
     from graphllm.passes.lowering.row_sumsq import RowSumsq
@@ -80,8 +81,9 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
     scheme = prequantized.scheme if prequantized is not None else config.quantization
     # None (the default): the int4 folds only, measured faster at batch 1 (benchmarks/RESULTS.md, s44); off
     # elsewhere, where bf16's A/Bs measured them neutral or slower
-    epilogue = scheme == "int4" if config.linear_epilogue is None else config.linear_epilogue
-    sumsq = scheme == "int4" if config.row_sumsq is None else config.row_sumsq
+    int4_folds = scheme == "int4" and not config.int4_mma  # the MMA layout takes plain int4_linear nodes only
+    epilogue = int4_folds if config.linear_epilogue is None else config.linear_epilogue
+    sumsq = int4_folds if config.row_sumsq is None else config.row_sumsq
     chosen = [(config.fuse_qkv, FuseQKV), (config.fuse_gate_up, FuseGateUp),
               (config.fuse_silu_mul and config.fuse_gate_up, FuseSiluMul),
               (config.fuse_add_rmsnorm, FuseAddRMSNorm), (config.fuse_rope_attention, FuseRopeAttention),
@@ -92,7 +94,8 @@ def build_pass_list(config: CompileConfig, prequantized: Prequantized | None = N
               (config.skinny_linear and config.fuse_moe_router, FuseMoeRouter),
               (config.skinny_linear and epilogue, lambda: LinearEpilogue(int4_only=config.linear_epilogue is None)),
               (config.skinny_linear and config.linear_prologue and sumsq,
-               lambda: RowSumsq(int4_only=config.row_sumsq is None))]
+               lambda: RowSumsq(int4_only=config.row_sumsq is None)),
+              (config.int4_mma, Int4MMALayout)]
     linears = quantization_pass(config, prequantized)
     quantize = [linears] if linears else []
     if scheme == "fp8":  # the experts: quantized here, or the checkpoint's (a dense graph has none: a no-op)

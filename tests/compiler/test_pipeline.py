@@ -47,7 +47,7 @@ CHANGES = dict(dtype="bfloat16", max_num_seqs=8, max_model_len=128, max_num_batc
                buckets=(1, 4), fuse_qkv=False, fuse_gate_up=False, fuse_silu_mul=False, fuse_add_rmsnorm=False,
                skinny_linear=False, linear_prologue=False, linear_epilogue=True, row_sumsq=True, shared_norm_prologue=True,
                fuse_moe_router=True,
-               fp8_linear_prologue=True,
+               fp8_linear_prologue=True, int4_mma=True,
                fuse_rope_attention=False,
                lowering="inductor", inductor_pdl=False, persistent_norms=False, quantization="int4", quantization_group_size=64, quantize_lm_head=True,
                tensor_parallel_size=2)

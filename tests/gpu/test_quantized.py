@@ -123,3 +123,18 @@ def test_int4_folds_keep_the_agreement(bf16_model, histories_and_reference):  # 
     print(f"int4 with the epilogue and the norm pair: teacher-forced top-1 agreement with the eager bf16 engine "
           f"{value:.4f}")
     assert engine.runner.graphs.replays > 0 and value >= MIN_AGREEMENT["int4"]
+
+
+def test_int4_mma_keeps_the_agreement(bf16_model, histories_and_reference):  # noqa: F811
+    """int4 with --int4-mma (kernels/int4_mma.py, opt-in): every int4 linear in the tensor-core layout (this model's
+    512 / 1024 widths tile), decode on that kernel and prefill on the dequantized weight; int4's agreement bound
+    holds, and teacher forcing gives the GPTQ-layout engine's tokens but for rounding-order ties."""
+    histories, reference = histories_and_reference
+    config = EngineConfig(model=str(bf16_model), dtype="bfloat16", quantization="int4", int4_mma=True, **LIMITS)
+    art = compile_cached(config, bf16_model)
+    passes = {p["name"]: p for p in json.loads((art / "manifest.json").read_text())["passes"]}
+    assert passes["int4_mma_layout"]["counts"] == {"linears": 16, "kept": 0}  # 4 layers x (qkv, o, gate_up, down)
+    engine = Engine.load(art, async_scheduling=False)
+    value = agreement(reference, teacher_forced_top1(engine, histories))
+    print(f"int4 on the MMA layout: teacher-forced top-1 agreement with the eager bf16 engine {value:.4f}")
+    assert engine.runner.graphs.replays > 0 and value >= MIN_AGREEMENT["int4"]
