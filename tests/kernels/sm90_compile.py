@@ -209,7 +209,7 @@ def int4_variants():
 
 def int4_mma_variants():
     """int4_mma's tensor-core kernel (1-16 rows, opt-in): bfloat16 and float16 x, the zero point per weight pair and
-    from x's sums (XSUM), split and not, two 8-row tiles of x (TILES 2), under PDL."""
+    from x's sums (XSUM), split and not, two 8-row tiles of x (TILES 2), under PDL; and its dequantize kernel."""
     types = {"x_ptr": "*bf16", "w_ptr": "*i32", "scales_ptr": "*bf16", "zeros_ptr": "*bf16", "bias_ptr": "*bf16",
              "out_ptr": "*bf16", "partial_ptr": "*fp32", "count_ptr": "*i32"}
     f16 = {**types, "x_ptr": "*fp16", "scales_ptr": "*fp16", "zeros_ptr": "*fp16", "bias_ptr": "*fp16",
@@ -220,6 +220,8 @@ def int4_mma_variants():
         yield int4_mma._int4_mma_kernel, dtypes, dict(HAS_BIAS=True, WARPS=warps, SPLIT_K=split, F16=is_f16,
                                                       XSUM=xsum, TILES=tiles, PDL=True), {
             "num_warps": warps, "num_stages": 1, "launch_pdl": True}
+    yield int4_mma._int4_mma_dequant_kernel, {"w_ptr": "*i32", "scales_ptr": "*bf16", "zeros_ptr": "*bf16",
+                                             "out_ptr": "*bf16"}, {}, {"num_warps": 4}
 
 
 def pdl_variants():

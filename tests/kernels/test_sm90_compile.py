@@ -43,6 +43,7 @@ def test_attention_kernels_compile_for_sm90_and_rope_keeps_eager_rounding():
     # and mixed (bf16, float8 converted as loaded); + the int4 GEMV in packed float16 (F16), 2 and 4 column parts;
     # + the int4 dot tiles at CONFIGS' 2-16-row tiles (int4_variants); + the int4 GEMV with SwiGLU in its finish
     # (F16 and float32) and with row_sumsq's int4 pair (two add + norm finishes, two 1 / rms); + int4_mma's
-    # tensor-core kernel (int4_mma_variants: XSUM and not, split and not, float16, 16 rows), each with its mma.sync
+    # tensor-core kernel (int4_mma_variants: XSUM and not, split and not, float16, 16 rows), each with its mma.sync,
+    # and the dequantize kernel from its layout
     assert run.stdout.count("cubin") == (33 + 4 + 3 + 8 + 2 + 8 + 12 + 3 + 17 + 2 + 2 + 1 + 6 + 2 + 1 + 1 + 2 + 2
-                                         + 3 + 8 + 2 + 3 + 2 + 4 + 5), run.stdout
+                                         + 3 + 8 + 2 + 3 + 2 + 4 + 5 + 1), run.stdout
