@@ -367,6 +367,7 @@ def int4_mma_linear_rows(x: torch.Tensor, words: torch.Tensor, scales: torch.Ten
     n, k = words.shape[0] * 16, x.shape[1]
     if mma_usable(x, n, k, k // scales.shape[0]):
         split_k, warps, xsum = MMA_CONFIGS.get((n, k), MMA_DEFAULT)
+        warps = next(w for w in (warps, 4, 2, 1) if n % (16 * w) == 0)  # whole 16-column tiles a program
         return int4_mma_matmul(x, words, scales, zeros, bias, split_k=split_k, warps=warps, xsum=xsum)
     out = x @ int4_mma_dequantize(words, scales, zeros, x.dtype)
     return out if bias is None else out + bias
