@@ -106,3 +106,16 @@ def test_the_kernel_matches_the_reference(dtype, m, xsum, warps, split_k, group)
     assert got.dtype == dtype and got.shape == (m, n)
     again = int4_mma_matmul(x, words, s, z, b, split_k=split_k, warps=warps, xsum=xsum)
     assert torch.equal(got, again)  # the split-K finish sums in split order: deterministic
+
+
+@pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("m", [1, 16, 20])  # 20: past the kernel's rows, the dequantized weight and cuBLAS
+def test_the_op_routes_rows_and_narrow_widths(m):
+    """int4_mma_linear_rows at N = 48 (three 16-column tiles: fewer warps a program) and on both sides of 16 rows."""
+    from graphllm.kernels.int4_mma import int4_mma_linear_rows
+    qweight, scales, zeros, bias = quantized(48, 256, 128)
+    x = torch.randn(m, 256, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16).cuda()
+    s, z, b = (t.to(torch.bfloat16).cuda() for t in (scales, zeros, bias))
+    got = int4_mma_linear_rows(x, shuffle_int4_mma(qweight).cuda(), s, z, b)
+    want = int4_linear_reference(x.float(), qweight.cuda(), s.float(), z.float(), b.float())
+    assert (got.float() - want).abs().max().item() <= want.abs().max().item() * 2 ** -7
