@@ -1,9 +1,11 @@
-"""y = x @ W^T (+ bias) for 1..8 rows of a weight-only int4 linear on the tensor cores: one mma.sync per int32 word.
+"""y = x @ W^T (+ bias) for 1..16 rows of a weight-only int4 linear on the tensor cores: one mma.sync per int32 word
+and 8-row tile of x (--int4-mma, graphllm/passes/lowering/int4_mma_layout.py).
 
 Opt-in and unmeasured (s44): the one-row GEMV of int4_matmul multiplies on the FP32 pipe at ~4 instructions a
 weight (2.8 in packed float16), and s17's H200 counters and LOWBIT.md's tinygemm show int4 GEMVs issue- and
 latency-bound, not bandwidth-bound (benchmarks/RESULTS.md, s44). Here the weight is the MMA's A operand
-(mma.m16n8k16, 16 output columns x 16 K values) and up to 8 rows of x its B operand, so that each thread's
+(mma.m16n8k16, 16 output columns x 16 K values) and 8 rows of x its B operand (9-16 rows: a second MMA on the
+same A registers, XSUM only), so that each thread's
 32-bit word IS its A fragment: eight nibbles, one shift and one LOP3 per pair of them (q | 0x4300 read as bfloat16
 is 128 + q, 0x6400 float16 1024 + q), a packed subtraction of 128 + z (exact: q - z is a small integer), and one
 HMMA for 256 weights of the warp, with no FP32 multiply-add. XSUM drops the subtraction: the MMA multiplies 128 + q,
@@ -18,8 +20,9 @@ t = l % 4) of step j holds W's columns n = 16 tile + g (nibbles 0, 4, 2, 6) and 
 offsets 128 chunk + 32 t + 4 j + (0, 1, 2, 3): nibble pairs (0, 4), (1, 5), (2, 6), (3, 7) are PTX's A registers
 a0a1, a2a3, a4a5, a6a7, whose fragment columns 2t, 2t + 1, 2t + 8, 2t + 9 stand for those K offsets. The K order
 inside a chunk is free (a dot product), and this one gives each lane 4 contiguous x values a step: its B
-registers b0b1 and b2b3 are one 8-byte load of row g of x (lanes of rows >= M load zeros). D's registers then hold
-y[row 2t (+1), column n (+8)]; each chunk's sums are scaled by their columns' group scales in float32.
+registers b0b1 and b2b3 are one 8-byte load of row g (8 + g) of x (lanes of rows >= M load zeros). D's registers
+then hold y[row 2t (+1), column n (+8)]; each chunk's sums are scaled by their columns' group scales in float32.
+Past 16 rows, int4_mma_dequantize writes the dense weight from this layout for cuBLAS (int4_mma_linear_rows).
 
 Where it rounds: (q - z) is exact in 16 bits, the MMA's products are exact in float32 and summed in float32 (in the
 MMA's own order), then one float32 scale multiply-add per chunk and column: the reference up to float32 rounding.
