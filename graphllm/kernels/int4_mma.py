@@ -11,7 +11,7 @@ is 128 + q, 0x6400 float16 1024 + q), a packed subtraction of 128 + z (exact: q 
 HMMA for 256 weights of the warp, with no FP32 multiply-add. XSUM drops the subtraction: the MMA multiplies 128 + q,
 a second MMA (A all ones) sums each row of x over the step, and each chunk takes (128 + z) * sum(x) away once.
 Offline sm_90 SASS (Triton 3.6, 4 warps): the loop is 177 instructions for 64 weights a thread (2.77 a weight),
-153-159 with XSUM (2.39-2.48), against the float32 GEMV's 3.99 and F16's 2.83 (benchmarks/RESULTS.md, s44): bfloat16's
+151-152 with XSUM (2.36-2.38), against the float32 GEMV's 3.99 and F16's 2.83 (benchmarks/RESULTS.md, s44): bfloat16's
 7-bit mantissa holds one nibble a half, so each of a word's four pairs takes its own shift and LOP3.
 
 The layout (shuffle_int4_mma, from GPTQ's [K/8, N] qweight): words[tile, chunk, lane, j] int32, one 16-column tile
@@ -204,10 +204,8 @@ def fragments_to_tile(y0, y1, y2, y3, WARPS: tl.constexpr):
 
 
 @triton.jit
-def _chunk_sums(zeros_ptr, at, c0, c1, c2, c3, s0, s1, MAGIC: tl.constexpr):
-    """A chunk's XSUM sums less (MAGIC + z) * sum(x): c0, c1 of the lane's column (at), c2, c3 of column + 8."""
-    z_lo = tl.load(zeros_ptr + at).to(tl.float32) + MAGIC
-    z_hi = tl.load(zeros_ptr + at + 8).to(tl.float32) + MAGIC
+def _chunk_sums(z_lo, z_hi, c0, c1, c2, c3, s0, s1):
+    """A chunk's XSUM sums less (MAGIC + z) * sum(x): c0, c1 of the lane's column (z_lo), c2, c3 of column + 8."""
     return c0 - z_lo * s0, c1 - z_lo * s1, c2 - z_hi * s0, c3 - z_hi * s1
 
 
@@ -244,6 +242,9 @@ def _int4_mma_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
         group = (k0 // G) * N
         step_words = words + (k0 // 128) * 256
         c0, c1, c2, c3, c4, c5, c6, c7 = zero, zero, zero, zero, zero, zero, zero, zero
+        if XSUM or TILES == 2:  # MAGIC + z of the lane's two columns, for the chunk's offset
+            z_lo = tl.load(zeros_ptr + group + col).to(tl.float32) + MAGIC
+            z_hi = tl.load(zeros_ptr + group + col + 8).to(tl.float32) + MAGIC
         if TILES == 2:
             s0, s1, s2, s3, s4, s5, s6, s7 = zero, zero, zero, zero, zero, zero, zero, zero
             for j in tl.static_range(8):
@@ -252,22 +253,22 @@ def _int4_mma_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, bias_ptr, out_ptr, par
                 xv2 = tl.load(x_rows + (8 * (stride_xm // 4) + k0 // 4 + j), mask=g + 8 < M, other=0)
                 c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7 = _xsum2_step(
                     w, xv, xv2, c0, c1, c2, c3, c4, c5, c6, c7, s0, s1, s2, s3, s4, s5, s6, s7, F16)
-            c0, c1, c2, c3 = _chunk_sums(zeros_ptr, group + col, c0, c1, c2, c3, s0, s1, MAGIC)
-            c4, c5, c6, c7 = _chunk_sums(zeros_ptr, group + col, c4, c5, c6, c7, s4, s5, MAGIC)
+            c0, c1, c2, c3 = _chunk_sums(z_lo, z_hi, c0, c1, c2, c3, s0, s1)
+            c4, c5, c6, c7 = _chunk_sums(z_lo, z_hi, c4, c5, c6, c7, s4, s5)
         elif XSUM:
             s0, s1, s2, s3 = zero, zero, zero, zero
             for j in tl.static_range(8):
                 w = tl.load(step_words + j)
                 xv = tl.load(x_rows + (k0 // 4 + j), mask=g < M, other=0)
                 c0, c1, c2, c3, s0, s1, s2, s3 = _xsum_step(w, xv, c0, c1, c2, c3, s0, s1, s2, s3, F16)
-            c0, c1, c2, c3 = _chunk_sums(zeros_ptr, group + col, c0, c1, c2, c3, s0, s1, MAGIC)
+            c0, c1, c2, c3 = _chunk_sums(z_lo, z_hi, c0, c1, c2, c3, s0, s1)
         else:
-            z_lo = _zero_pair(zeros_ptr, group + col, F16)
-            z_hi = _zero_pair(zeros_ptr, group + col + 8, F16)
+            pair_lo = _zero_pair(zeros_ptr, group + col, F16)
+            pair_hi = _zero_pair(zeros_ptr, group + col + 8, F16)
             for j in tl.static_range(8):
                 w = tl.load(step_words + j)
                 xv = tl.load(x_rows + (k0 // 4 + j), mask=g < M, other=0)
-                c0, c1, c2, c3 = _mma_step(w, xv, z_lo, z_hi, c0, c1, c2, c3, F16)
+                c0, c1, c2, c3 = _mma_step(w, xv, pair_lo, pair_hi, c0, c1, c2, c3, F16)
         s_lo = tl.load(scales_ptr + group + col).to(tl.float32)
         s_hi = tl.load(scales_ptr + group + col + 8).to(tl.float32)
         y0 += s_lo * c0
